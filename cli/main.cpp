@@ -1,0 +1,53 @@
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "actors/base/log.hpp"
+#include "cli/command.hpp"
+
+namespace tessera::cli {
+int not_yet(const char* command, int issue) {
+  std::fprintf(stderr, "tessera %s: not available in this build yet (tracked in issue #%d)\n",
+               command, issue);
+  return 2;
+}
+}  // namespace tessera::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera — pool several machines into one LLM inference service"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tessera 0.1.0");
+  std::string log_level = "info";
+  std::string log_format = "text";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  app.add_option("--log-format", log_format, "text or json")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+
+  int exit_code = 0;
+  namespace c = tessera::cli;
+  c::register_node(app, exit_code);
+  c::register_ask(app, exit_code);
+  c::register_status(app, exit_code);
+  c::register_run(app, exit_code);
+  c::register_bench(app, exit_code);
+  c::register_model(app, exit_code);
+  c::register_fault(app, exit_code);
+  c::register_keygen(app, exit_code);
+  c::register_demo(app, exit_code);
+
+  // Logging must be configured before any subcommand callback runs.
+  app.parse_complete_callback([&] {
+    auto r = tessera::log::init(log_level, log_format == "json" ? tessera::log::format::json
+                                                                 : tessera::log::format::text);
+    if (!r) throw CLI::ValidationError("--log-level", r.error().message);
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
