@@ -7,3 +7,31 @@ function(tessera_target_warnings target)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
 endfunction()
+
+# Adds every immediate sub-folder of the current source folder that has a CMakeLists.txt, in name
+# order. Lets a module grow sub-concepts (transport/control, transport/bulk, ...) without a shared
+# list that every change must edit.
+function(tessera_add_subdirs)
+  file(GLOB children LIST_DIRECTORIES true ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  list(SORT children)
+  foreach(dir ${children})
+    if(IS_DIRECTORY ${dir} AND EXISTS ${dir}/CMakeLists.txt)
+      add_subdirectory(${dir})
+    endif()
+  endforeach()
+endfunction()
+
+# A module made of sub-libraries: tessera::<module> is an INTERFACE target that links every
+# tessera_<module>_<sub> library its sub-folders define.
+function(tessera_module module)
+  add_library(tessera_${module} INTERFACE)
+  add_library(tessera::${module} ALIAS tessera_${module})
+  tessera_add_subdirs()
+  file(GLOB children LIST_DIRECTORIES true ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  foreach(dir ${children})
+    get_filename_component(sub ${dir} NAME)
+    if(TARGET tessera_${module}_${sub})
+      target_link_libraries(tessera_${module} INTERFACE tessera_${module}_${sub})
+    endif()
+  endforeach()
+endfunction()
