@@ -1,0 +1,156 @@
+#include "actors/actor_cell.hpp"
+
+#include "actors/base/log.hpp"
+
+#include <exception>
+#include <thread>
+
+#include "actors/system.hpp"
+
+namespace tessera::actors {
+
+void intrusive_add_ref(actor_cell* cell) noexcept {
+  cell->refs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void intrusive_release(actor_cell* cell) noexcept {
+  if (cell->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete cell;
+}
+
+actor_cell::actor_cell(actor_system& sys, actor_id id, std::unique_ptr<actor> behaviour,
+                       std::size_t data_capacity, std::size_t control_capacity,
+                       int pinned_worker, actor_ref parent)
+    : sys_(sys), id_(id), behaviour_(std::move(behaviour)),
+      mailbox_(data_capacity, control_capacity), pinned_worker_(pinned_worker),
+      parent_(std::move(parent)) {}
+
+actor_cell::~actor_cell() = default;
+
+result<void> actor_cell::enqueue(message_node* node, bool bypass_bound) noexcept {
+  TESSERA_TRY(mailbox_.push(node, bypass_bound));
+  if (!scheduled_.exchange(true, std::memory_order_seq_cst)) {
+    intrusive_add_ref(this);
+    sys_.scheduler_->schedule(this);
+  }
+  return ok();
+}
+
+void actor_cell::start() {
+  scheduled_.store(true, std::memory_order_seq_cst);
+  intrusive_add_ref(this);
+  sys_.scheduler_->schedule(this);
+}
+
+bool actor_cell::quiescent() const noexcept {
+  return mailbox_.size() == 0 && !scheduled_.load(std::memory_order_seq_cst);
+}
+
+bool actor_cell::add_watcher(const actor_ref& watcher, exit_reason& reason_if_dead) {
+  std::lock_guard lock(watch_mutex_);
+  if (stopped_.load(std::memory_order_relaxed)) {
+    reason_if_dead = exit_reason_;
+    return false;
+  }
+  watchers_.push_back(watcher);
+  return true;
+}
+
+void actor_cell::process(message_node* node) {
+  std::unique_ptr<message_node> owned(node);
+  if (sys_.config_.trace) {
+    sys_.trace(trace_event{sys_.clock().now(), id_, node->sender, node->type_id, node->kind});
+  }
+  try {
+    behaviour_->dispatch(*node);
+  } catch (const std::exception& e) {
+    sys_.counters_.handler_failures.fetch_add(1, std::memory_order_relaxed);
+    behaviour_->current_ = nullptr;
+    behaviour_->quit(exit_reason{
+        exit_kind::failed, fmt::format("handler of {} threw: {}", node->type_name(), e.what())});
+  } catch (...) {
+    sys_.counters_.handler_failures.fetch_add(1, std::memory_order_relaxed);
+    behaviour_->current_ = nullptr;
+    behaviour_->quit(exit_reason{exit_kind::failed,
+                                 fmt::format("handler of {} threw a non-exception",
+                                             node->type_name())});
+  }
+}
+
+resume_result actor_cell::resume(std::size_t max_batch) {
+  if (stopped_.load(std::memory_order_acquire)) return resume_result::done;
+  if (!started_) {
+    started_ = true;
+    try {
+      behaviour_->on_start();
+    } catch (const std::exception& e) {
+      behaviour_->quit(exit_reason{exit_kind::failed, fmt::format("on_start threw: {}", e.what())});
+    }
+  }
+  for (std::size_t i = 0; i < max_batch && !behaviour_->quitting_; ++i) {
+    message_node* node = mailbox_.pop();
+    if (node == nullptr) break;
+    process(node);
+  }
+  if (behaviour_->quitting_) {
+    finalize(behaviour_->quit_reason_);
+    return resume_result::done;
+  }
+  // Dekker with enqueue(): clear the flag, then look again, so a push that saw the flag still
+  // set is not stranded.
+  scheduled_.store(false, std::memory_order_seq_cst);
+  if (mailbox_.size() > 0 && !scheduled_.exchange(true, std::memory_order_seq_cst)) {
+    return resume_result::again;
+  }
+  return resume_result::idle;
+}
+
+void actor_cell::drain_after_close() {
+  while (mailbox_.size() > 0) {
+    message_node* node = mailbox_.pop();
+    if (node == nullptr) {
+      std::this_thread::yield();  // a push that passed the closed check is still linking
+      continue;
+    }
+    std::unique_ptr<message_node> owned(node);
+    if (node->kind == message_kind::request) {
+      behaviour_->reply_error(*node, make_error(errc::closed, "{} stopped before handling {} ({})",
+                                                behaviour_->self(), node->type_name(),
+                                                exit_reason_.describe()));
+    } else if (node->kind == message_kind::message) {
+      sys_.counters_.dropped_on_stop.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+void actor_cell::finalize(exit_reason reason) {
+  actor& b = *behaviour_;
+  b.stopping_ = true;
+  exit_reason_ = reason;
+  auto guarded = [&](auto&& fn, const char* what) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      SPDLOG_WARN("{}: {} threw while stopping: {}", b.self(), what, e.what());
+    }
+  };
+  guarded([&] {
+    b.fail_pending(make_error(errc::closed, "{} stopped before the answer came ({})", b.self(),
+                              reason.describe()));
+  }, "a request continuation");
+  guarded([&] { b.on_stop(reason); }, "on_stop");
+  b.cancel_all_timers();
+  mailbox_.close();
+  drain_after_close();
+  std::vector<actor_ref> watchers;
+  {
+    std::lock_guard lock(watch_mutex_);
+    stopped_.store(true, std::memory_order_release);
+    watchers = std::move(watchers_);
+    watchers_.clear();
+  }
+  actor_ref self = b.self();
+  behaviour_.reset();  // the state dies on its own thread; this also drops self's cycle
+  sys_.cell_stopped(*this, self, reason, std::move(watchers), parent_);
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,69 @@
+// actor_cell: the runtime's side of one actor — mailbox, scheduling flag, lifecycle, monitors.
+// The actor (behaviour and state) lives inside; the cell outlives it while refs to it exist.
+//
+// Lifecycle:   spawned --first turn--> running --quit / throw / stop_request--> stopped
+//   stopped: pending requests failed (errc::closed), on_stop, timers cancelled, mailbox closed
+//   and drained (queued requests answered errc::closed), names removed, monitors get `down`,
+//   the parent gets `child_exit`. All of it on the actor's own thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "actors/actor.hpp"
+#include "actors/actor_ref.hpp"
+#include "actors/mailbox.hpp"
+#include "actors/scheduler.hpp"
+
+namespace tessera::actors {
+
+class actor_system;
+
+class actor_cell {
+ public:
+  actor_cell(actor_system& sys, actor_id id, std::unique_ptr<actor> behaviour,
+             std::size_t data_capacity, std::size_t control_capacity, int pinned_worker,
+             actor_ref parent);
+  ~actor_cell();
+  actor_cell(const actor_cell&) = delete;
+  actor_cell& operator=(const actor_cell&) = delete;
+
+  /// Pushes `node` and makes the actor runnable. On error the caller keeps `node`.
+  [[nodiscard]] result<void> enqueue(message_node* node, bool bypass_bound) noexcept;
+  /// One turn: up to `max_batch` messages (control lane first). Scheduler only.
+  resume_result resume(std::size_t max_batch);
+  /// Schedules the first turn (on_start).
+  void start();
+  /// Adds `watcher` to the monitors; false (and the exit reason) when the actor already stopped.
+  bool add_watcher(const actor_ref& watcher, exit_reason& reason_if_dead);
+  /// Nothing queued and not scheduled (shutdown uses it to detect the end of draining).
+  [[nodiscard]] bool quiescent() const noexcept;
+  [[nodiscard]] bool stopped() const noexcept { return stopped_.load(std::memory_order_acquire); }
+  [[nodiscard]] actor_id id() const noexcept { return id_; }
+  [[nodiscard]] int pinned_worker() const noexcept { return pinned_worker_; }
+
+  std::atomic<std::uint32_t> refs{0};
+
+ private:
+  void process(message_node* node);
+  void finalize(exit_reason reason);
+  void drain_after_close();
+
+  actor_system& sys_;
+  actor_id id_;
+  std::unique_ptr<actor> behaviour_;
+  mailbox mailbox_;
+  alignas(64) std::atomic<bool> scheduled_{false};
+  int pinned_worker_;
+  actor_ref parent_;
+  bool started_ = false;
+  std::atomic<bool> stopped_{false};
+  std::mutex watch_mutex_;
+  std::vector<actor_ref> watchers_;
+  exit_reason exit_reason_;
+};
+
+}  // namespace tessera::actors

@@ -1,0 +1,93 @@
+#include "actors/mailbox.hpp"
+
+#include <thread>
+
+namespace tessera::actors {
+
+mpsc_lane::mpsc_lane() noexcept : head_(&stub_), tail_(&stub_) {}
+
+void mpsc_lane::push(message_node* node) noexcept {
+  node->next.store(nullptr, std::memory_order_relaxed);
+  message_node* prev = head_.exchange(node, std::memory_order_acq_rel);
+  prev->next.store(node, std::memory_order_release);
+}
+
+message_node* mpsc_lane::pop() noexcept {
+  message_node* tail = tail_;
+  message_node* next = tail->next.load(std::memory_order_acquire);
+  if (tail == &stub_) {
+    if (next == nullptr) return nullptr;
+    tail_ = next;
+    tail = next;
+    next = next->next.load(std::memory_order_acquire);
+  }
+  if (next != nullptr) {
+    tail_ = next;
+    return tail;
+  }
+  if (tail != head_.load(std::memory_order_acquire)) return nullptr;  // a push is half done
+  push(&stub_);
+  next = tail->next.load(std::memory_order_acquire);
+  if (next != nullptr) {
+    tail_ = next;
+    return tail;
+  }
+  return nullptr;
+}
+
+mailbox::mailbox(std::size_t data_capacity, std::size_t control_capacity) noexcept
+    : data_capacity_(data_capacity), control_capacity_(control_capacity) {}
+
+mailbox::~mailbox() {
+  // Whatever is left belongs to nobody now; the owner has stopped.
+  while (message_node* n = pop()) delete n;
+}
+
+result<void> mailbox::push(message_node* node, bool bypass_bound) noexcept {
+  if (node->lane_ == lane::control) return push_lane(control_, control_capacity_, node, false);
+  return push_lane(data_, data_capacity_, node, bypass_bound);
+}
+
+result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_node* node,
+                                bool bypass) {
+  std::int64_t before = l.count.fetch_add(1, std::memory_order_seq_cst);
+  if (before & closed_bit) {
+    l.count.fetch_sub(1, std::memory_order_relaxed);
+    return error{errc::closed, "mailbox closed"};
+  }
+  if (!bypass && static_cast<std::size_t>(before) >= capacity) {
+    l.count.fetch_sub(1, std::memory_order_relaxed);
+    return make_error(errc::overloaded, "{} lane full ({} messages)",
+                      node->lane_ == lane::control ? "control" : "data", capacity);
+  }
+  l.queue.push(node);
+  return ok();
+}
+
+message_node* mailbox::pop_lane(lane_state& l) noexcept {
+  if ((l.count.load(std::memory_order_relaxed) & ~closed_bit) == 0) return nullptr;
+  message_node* n = l.queue.pop();
+  if (n) l.count.fetch_sub(1, std::memory_order_relaxed);
+  return n;
+}
+
+message_node* mailbox::pop() noexcept {
+  if (message_node* n = pop_lane(control_)) return n;
+  return pop_lane(data_);
+}
+
+std::size_t mailbox::size() const noexcept {
+  return static_cast<std::size_t>((control_.count.load(std::memory_order_seq_cst) & ~closed_bit) +
+                                  (data_.count.load(std::memory_order_seq_cst) & ~closed_bit));
+}
+
+void mailbox::close() noexcept {
+  control_.count.fetch_or(closed_bit, std::memory_order_seq_cst);
+  data_.count.fetch_or(closed_bit, std::memory_order_seq_cst);
+}
+
+bool mailbox::closed() const noexcept {
+  return (data_.count.load(std::memory_order_acquire) & closed_bit) != 0;
+}
+
+}  // namespace tessera::actors

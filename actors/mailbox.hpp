@@ -1,0 +1,129 @@
+// mailbox: the bounded, two-lane, multi-producer single-consumer queue of one actor.
+//
+// Each lane is an intrusive Vyukov MPSC queue (a push is one atomic exchange, no lock) with its own
+// counter and bound. The control lane (down, child exits, timers, stop) is always served before
+// the data lane, so an actor that is flooded with data still hears that it must stop.
+//
+// Bounds (designed behaviour at the limit):
+//  - data lane full   -> push returns errc::overloaded; the sender learns, nothing is dropped.
+//  - control lane full -> push returns errc::overloaded; the runtime counts it
+//                         (stats::control_overflow) and logs it.
+//  - responses to this actor's own requests bypass the data bound: they are already bounded by
+//    the actor's limit on pending requests, and refusing one would turn a reply into a timeout.
+//  - closed (actor stopped) -> push returns errc::closed.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "actors/actor_ref.hpp"
+#include "actors/base/result.hpp"
+#include "actors/envelope.hpp"
+
+namespace tessera::actors {
+
+/// One queued message. Local messages are typed_node<T> (the struct itself, never serialised);
+/// messages that came from the network are bytes_node (decoded by the receiver's handler).
+struct message_node {
+  std::atomic<message_node*> next{nullptr};
+  std::uint32_t type_id = 0;
+  message_kind kind = message_kind::message;
+  lane lane_ = lane::data;
+  std::uint64_t request_id = 0;  ///< request correlation, or the timer id for kind::timer
+  actor_ref sender;
+
+  message_node() = default;
+  message_node(const message_node&) = delete;
+  message_node& operator=(const message_node&) = delete;
+  virtual ~message_node() = default;
+
+  /// The local typed value, or null when the body is still msgpack bytes.
+  virtual void* payload() noexcept { return nullptr; }
+  /// The msgpack body, when this node came from the network.
+  virtual std::span<const char> bytes() const noexcept { return {}; }
+  /// Packs the payload for an envelope (local nodes); bytes nodes return their bytes.
+  virtual std::vector<char> encode() const = 0;
+  /// The declared name of the payload type (for error messages).
+  virtual std::string_view type_name() const noexcept = 0;
+};
+
+/// A node carrying a local message struct.
+template <class T>
+struct typed_node final : message_node {
+  T value;
+  explicit typed_node(T v) : value(std::move(v)) { type_id = T::type_id; }
+  void* payload() noexcept override { return &value; }
+  std::vector<char> encode() const override { return pack_message(value); }
+  std::string_view type_name() const noexcept override { return T::type_name; }
+};
+
+/// A node carrying a message body that arrived in an envelope.
+struct bytes_node final : message_node {
+  std::vector<char> body;
+  explicit bytes_node(std::vector<char> b) : body(std::move(b)) {}
+  std::span<const char> bytes() const noexcept override { return body; }
+  std::vector<char> encode() const override { return body; }
+  std::string_view type_name() const noexcept override { return "<remote>"; }
+};
+
+/// Intrusive lock-free MPSC queue (Dmitry Vyukov's design). push from any thread; pop from the
+/// owner only. pop may return null while a push is half done; the counter tells the owner that a
+/// message is on its way.
+class mpsc_lane {
+ public:
+  mpsc_lane() noexcept;
+  mpsc_lane(const mpsc_lane&) = delete;
+  mpsc_lane& operator=(const mpsc_lane&) = delete;
+
+  void push(message_node* node) noexcept;
+  message_node* pop() noexcept;
+
+ private:
+  struct stub_node final : message_node {
+    std::vector<char> encode() const override { return {}; }
+    std::string_view type_name() const noexcept override { return "<stub>"; }
+  };
+  alignas(64) std::atomic<message_node*> head_;
+  alignas(64) message_node* tail_;
+  stub_node stub_;
+};
+
+/// The two lanes, their bounds and the closed flag.
+class mailbox {
+ public:
+  mailbox(std::size_t data_capacity, std::size_t control_capacity) noexcept;
+  ~mailbox();
+  mailbox(const mailbox&) = delete;
+  mailbox& operator=(const mailbox&) = delete;
+
+  /// Enqueues `node` (ownership passes on success only). `bypass_bound` is for responses.
+  [[nodiscard]] result<void> push(message_node* node, bool bypass_bound = false) noexcept;
+  /// Next message, control lane first; null when nothing is (yet) visible. Owner only.
+  message_node* pop() noexcept;
+  /// Messages pushed and not yet popped (both lanes), including pushes still in progress.
+  [[nodiscard]] std::size_t size() const noexcept;
+  /// Refuses every later push with errc::closed and waits for pushes in progress to land.
+  void close() noexcept;
+  [[nodiscard]] bool closed() const noexcept;
+  [[nodiscard]] std::size_t data_capacity() const noexcept { return data_capacity_; }
+  [[nodiscard]] std::size_t control_capacity() const noexcept { return control_capacity_; }
+
+ private:
+  static constexpr std::int64_t closed_bit = std::int64_t{1} << 62;
+  struct lane_state {
+    mpsc_lane queue;
+    alignas(64) std::atomic<std::int64_t> count{0};  // | closed_bit once closed
+  };
+  result<void> push_lane(lane_state& l, std::size_t capacity, message_node* node, bool bypass);
+  message_node* pop_lane(lane_state& l) noexcept;
+
+  lane_state control_;
+  lane_state data_;
+  std::size_t data_capacity_;
+  std::size_t control_capacity_;
+};
+
+}  // namespace tessera::actors

@@ -1,0 +1,227 @@
+#include "actors/scheduler.hpp"
+
+#include "actors/actor_cell.hpp"
+
+namespace tessera::actors {
+namespace {
+thread_local const void* tl_pool = nullptr;
+thread_local void* tl_worker = nullptr;
+constexpr unsigned next_slot_streak_limit = 32;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
+thread_pool_scheduler::thread_pool_scheduler(unsigned workers, std::size_t max_batch,
+                                             std::chrono::microseconds spin)
+    : max_batch_(max_batch), spin_(spin) {
+  if (workers == 0) workers = 1;
+  for (unsigned i = 0; i < workers; ++i) {
+    workers_.push_back(std::make_unique<worker>());
+    workers_.back()->index = i;
+  }
+  for (auto& w : workers_) {
+    worker* wp = w.get();
+    w->thread = std::thread([this, wp] { worker_main(*wp); });
+  }
+}
+
+thread_pool_scheduler::~thread_pool_scheduler() { stop(); }
+
+bool thread_pool_scheduler::on_worker_thread() const noexcept { return tl_pool == this; }
+
+void thread_pool_scheduler::push_back(worker& w, actor_cell* cell, bool pinned) {
+  {
+    std::lock_guard lock(w.mutex);
+    (pinned ? w.pinned : w.queue).push_back(cell);
+  }
+  w.queued.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void thread_pool_scheduler::schedule(actor_cell* cell) noexcept {
+  int pin = cell->pinned_worker();
+  worker* self = tl_pool == this ? static_cast<worker*>(tl_worker) : nullptr;
+  if (pin >= 0) {
+    worker& target = *workers_[static_cast<std::size_t>(pin) % workers_.size()];
+    push_back(target, cell, true);
+    if (&target != self) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (target.parked.load(std::memory_order_seq_cst)) wake(target);
+    }
+    return;
+  }
+  if (self != nullptr) {
+    actor_cell* displaced = self->next;
+    self->next = cell;
+    if (displaced == nullptr) return;  // this worker runs it right after the current turn
+    push_back(*self, displaced, displaced->pinned_worker() >= 0);
+  } else {
+    {
+      std::lock_guard lock(global_mutex_);
+      global_.push_back(cell);
+    }
+    global_queued_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  notify_if_needed();
+}
+
+void thread_pool_scheduler::notify_if_needed() noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (spinning_.load(std::memory_order_seq_cst) > 0) return;  // a spinner will find it
+  if (parked_.load(std::memory_order_seq_cst) == 0) return;
+  for (auto& w : workers_) {
+    if (w->parked.load(std::memory_order_seq_cst)) {
+      wake(*w);
+      return;
+    }
+  }
+}
+
+void thread_pool_scheduler::wake(worker& w) noexcept {
+  {
+    std::lock_guard lock(w.park_mutex);
+    w.wake_token = true;
+  }
+  w.park_cv.notify_one();
+}
+
+bool thread_pool_scheduler::has_work(const worker& w) const noexcept {
+  if (w.queued.load(std::memory_order_seq_cst) > 0) return true;
+  if (global_queued_.load(std::memory_order_seq_cst) > 0) return true;
+  for (const auto& other : workers_) {
+    if (other.get() != &w && other->queued.load(std::memory_order_seq_cst) > 0) return true;
+  }
+  return false;
+}
+
+actor_cell* thread_pool_scheduler::find_work(worker& w) {
+  if (w.next != nullptr) {
+    if (++w.streak <= next_slot_streak_limit) return std::exchange(w.next, nullptr);
+    // Two actors keep waking each other: let the queue in, and others steal the pair.
+    actor_cell* n = std::exchange(w.next, nullptr);
+    push_back(w, n, n->pinned_worker() >= 0);
+  }
+  w.streak = 0;
+  auto take = [](worker& from, std::deque<actor_cell*>& q) -> actor_cell* {
+    if (from.queued.load(std::memory_order_acquire) == 0) return nullptr;
+    std::lock_guard lock(from.mutex);
+    if (q.empty()) return nullptr;
+    actor_cell* c = q.front();
+    q.pop_front();
+    from.queued.fetch_sub(1, std::memory_order_relaxed);
+    return c;
+  };
+  auto take_global = [this]() -> actor_cell* {
+    if (global_queued_.load(std::memory_order_acquire) == 0) return nullptr;
+    std::lock_guard lock(global_mutex_);
+    if (global_.empty()) return nullptr;
+    actor_cell* c = global_.front();
+    global_.pop_front();
+    global_queued_.fetch_sub(1, std::memory_order_relaxed);
+    return c;
+  };
+  // Local work first (cache-warm), but never forever: the global queue gets every 8th turn.
+  if (++w.ticks % 8 == 0) {
+    if (actor_cell* c = take_global()) return c;
+  }
+  if (actor_cell* c = take(w, w.pinned)) return c;
+  if (actor_cell* c = take(w, w.queue)) return c;
+  if (actor_cell* c = take_global()) return c;
+  for (std::size_t i = 1; i < workers_.size(); ++i) {
+    worker& victim = *workers_[(w.index + i) % workers_.size()];
+    if (actor_cell* c = take(victim, victim.queue)) return c;
+  }
+  return nullptr;
+}
+
+void thread_pool_scheduler::run(worker& w, actor_cell* cell) {
+  resume_result r = cell->resume(max_batch_);
+  if (r == resume_result::again) {
+    push_back(w, cell, cell->pinned_worker() >= 0);  // the queue keeps our count
+    if (cell->pinned_worker() < 0) notify_if_needed();
+    return;
+  }
+  intrusive_release(cell);
+}
+
+void thread_pool_scheduler::park(worker& w) {
+  w.parked.store(true, std::memory_order_seq_cst);
+  parked_.fetch_add(1, std::memory_order_seq_cst);
+  // Re-check after announcing: a producer that pushed before seeing `parked` is caught here.
+  if (!has_work(w) && !stopping_.load(std::memory_order_seq_cst)) {
+    std::unique_lock lock(w.park_mutex);
+    w.park_cv.wait(lock, [&] { return w.wake_token || stopping_.load(); });
+    w.wake_token = false;
+  }
+  parked_.fetch_sub(1, std::memory_order_seq_cst);
+  w.parked.store(false, std::memory_order_seq_cst);
+}
+
+void thread_pool_scheduler::worker_main(worker& w) {
+  tl_pool = this;
+  tl_worker = &w;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    actor_cell* cell = find_work(w);
+    if (cell == nullptr) {
+      spinning_.fetch_add(1, std::memory_order_seq_cst);
+      auto until = std::chrono::steady_clock::now() + spin_;
+      bool found = false;
+      while (!found && std::chrono::steady_clock::now() < until &&
+             !stopping_.load(std::memory_order_relaxed)) {
+        for (int i = 0; i < 32 && !(found = has_work(w)); ++i) cpu_relax();
+      }
+      spinning_.fetch_sub(1, std::memory_order_seq_cst);
+      if (!found) park(w);
+      continue;
+    }
+    run(w, cell);
+  }
+  if (w.next != nullptr) intrusive_release(std::exchange(w.next, nullptr));
+  tl_pool = nullptr;
+  tl_worker = nullptr;
+}
+
+void thread_pool_scheduler::stop() {
+  if (stopping_.exchange(true)) return;
+  for (auto& w : workers_) wake(*w);
+  for (auto& w : workers_) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+  auto release_all = [](std::deque<actor_cell*>& q) {
+    for (actor_cell* c : q) intrusive_release(c);
+    q.clear();
+  };
+  for (auto& w : workers_) {
+    release_all(w->queue);
+    release_all(w->pinned);
+  }
+  release_all(global_);
+}
+
+deterministic_scheduler::~deterministic_scheduler() { stop(); }
+
+void deterministic_scheduler::schedule(actor_cell* cell) noexcept { ready_.push_back(cell); }
+
+bool deterministic_scheduler::run_one() {
+  if (ready_.empty()) return false;
+  std::size_t i = static_cast<std::size_t>(rng_.uniform(ready_.size()));
+  actor_cell* cell = ready_[i];
+  // Keep the order of the rest stable (erase, not swap) so only the rng decides.
+  ready_.erase(ready_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (cell->resume(1) == resume_result::again) {
+    ready_.push_back(cell);
+  } else {
+    intrusive_release(cell);
+  }
+  return true;
+}
+
+void deterministic_scheduler::stop() {
+  for (actor_cell* c : ready_) intrusive_release(c);
+  ready_.clear();
+}
+
+}  // namespace tessera::actors

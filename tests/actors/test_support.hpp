@@ -1,0 +1,55 @@
+// Messages and helpers shared by the actor-runtime tests.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "actors/system.hpp"
+
+namespace tessera::actors::test {
+
+struct ping {
+  TESSERA_MESSAGE("tessera.test.ping");
+  std::uint64_t seq = 0;
+  MSGPACK_DEFINE(seq);
+};
+struct pong {
+  TESSERA_MESSAGE("tessera.test.pong");
+  std::uint64_t seq = 0;
+  MSGPACK_DEFINE(seq);
+};
+struct boom {
+  TESSERA_MESSAGE("tessera.test.boom");
+  std::string why;
+  MSGPACK_DEFINE(why);
+};
+struct tick {
+  TESSERA_MESSAGE("tessera.test.tick");
+  std::uint32_t n = 0;
+  MSGPACK_DEFINE(n);
+};
+
+/// Answers ping with pong(seq); throws on boom.
+class echo : public actor {
+ public:
+  echo() {
+    on<ping>([](ping& p) { return pong{p.seq}; });
+    on<boom>([](boom& b) -> void { throw std::runtime_error(b.why); });
+  }
+};
+
+/// Polls `pred` until it holds or a generous deadline passes (loaded 2-core CI machines).
+inline bool eventually(const std::function<bool()>& pred,
+                       std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace tessera::actors::test
