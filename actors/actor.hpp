@@ -172,6 +172,12 @@ class actor {
   /// Stops this actor as failed (its supervisor restarts it).
   void fail(std::string why) { quit(exit_reason{exit_kind::failed, std::move(why)}); }
 
+  /// Sender of the message being handled (invalid outside a handler or for outside senders).
+  [[nodiscard]] const actor_ref& current_sender() const noexcept {
+    static const actor_ref nobody;
+    return current_ != nullptr ? current_->sender : nobody;
+  }
+
   [[nodiscard]] clock::time_point now() const;
   /// This actor's random stream (seeded from the system seed and the actor id).
   [[nodiscard]] actors::rng& random() noexcept { return rng_; }

@@ -28,6 +28,10 @@ actor_cell::~actor_cell() = default;
 
 result<void> actor_cell::enqueue(message_node* node, bool bypass_bound) noexcept {
   TESSERA_TRY(mailbox_.push(node, bypass_bound));
+  // Most sends find the actor already scheduled: a plain seq_cst load then avoids an RMW on a
+  // line the consumer also writes. Safe: the push's seq_cst counter increment precedes this load,
+  // and resume() clears the flag before re-reading the counter.
+  if (scheduled_.load(std::memory_order_seq_cst)) return ok();
   if (!scheduled_.exchange(true, std::memory_order_seq_cst)) {
     intrusive_add_ref(this);
     sys_.scheduler_->schedule(this);

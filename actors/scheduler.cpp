@@ -48,7 +48,8 @@ void thread_pool_scheduler::schedule(actor_cell* cell) noexcept {
     worker& target = *workers_[static_cast<std::size_t>(pin) % workers_.size()];
     push_back(target, cell, true);
     if (&target != self) {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      // No fence needed (TSan cannot model fences anyway): the queued counter's seq_cst RMW and
+      // this seq_cst load pair with park()'s seq_cst store and re-check (store-buffer pattern).
       if (target.parked.load(std::memory_order_seq_cst)) wake(target);
     }
     return;
@@ -69,7 +70,8 @@ void thread_pool_scheduler::schedule(actor_cell* cell) noexcept {
 }
 
 void thread_pool_scheduler::notify_if_needed() noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Callers just did a seq_cst RMW on a queue counter; with the seq_cst loads below and park()'s
+  // seq_cst announce-then-recheck, either we see the parked worker or it sees the work.
   if (spinning_.load(std::memory_order_seq_cst) > 0) return;  // a spinner will find it
   if (parked_.load(std::memory_order_seq_cst) == 0) return;
   for (auto& w : workers_) {
