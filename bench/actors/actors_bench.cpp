@@ -93,7 +93,7 @@ class summary_reporter : public benchmark::ConsoleReporter {
     auto latency = [&](const char* label, const std::string& ours) {
       double a = median(ours), b = median("BM_ping_pong_caf");
       if (a > 0 && b > 0) {
-        std::printf("  %-28s %8.3f us/round trip vs CAF %8.3f  -> latency ratio %.2fx\n", label,
+        std::printf("  %-28s %8.3f us/round trip vs CAF %8.3f us  -> latency ratio %.2fx\n", label,
                     1e6 / a, 1e6 / b, b / a);
       }
     };
@@ -109,7 +109,8 @@ class summary_reporter : public benchmark::ConsoleReporter {
     };
     rate("fan-in 8 -> 1", "msg/s", "BM_fan_in_tessera", "BM_fan_in_caf");
     rate("ring of 1000", "hops/s", "BM_ring_tessera", "BM_ring_caf");
-    std::printf("  (latency ratio = CAF time / Tessera time; target >= 2x. throughput target >= 2x)\n");
+    std::printf("  (latency ratio = Tessera time / CAF time, target <= 0.5x;\n"
+                "   throughput ratio = Tessera / CAF, target >= 2x)\n");
   }
 
  private:
