@@ -299,6 +299,7 @@ bool actor_system::quiescent() const {
 }
 
 void actor_system::shutdown(clock::duration drain) {
+  TESSERA_ASSERT(!on_worker_thread(), "shutdown() from an actor would join its own worker");
   if (shut_down_.exchange(true)) return;
   accepting_.store(false);
   // 1. Drain: queued messages run to completion (responses may still flow) for at most `drain`.
