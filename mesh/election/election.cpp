@@ -463,7 +463,11 @@ void election::change_config(std::uint64_t now_ms, election_output& out) {
     const bool gone = p->second.status == member_status::left ||
                       (p->second.status == member_status::dead &&
                        now_ms >= p->second.since_ms + cfg_.remove_dead_after_ms);
-    if (!gone) continue;
+    // Membership's view can lag (a healed partition is seen dead until it refutes); a member
+    // that acks our heartbeats is not removed whatever that view says, unless it left.
+    auto a = acks_.find(id);
+    const bool acking = a != acks_.end() && now_ms < a->second.last_ack_ms + cfg_.election_timeout_ms;
+    if (!gone || (acking && p->second.status != member_status::left)) continue;
     member_config next = d_.config;
     std::erase(next.members, id);
     propose(std::move(next), out);

@@ -36,6 +36,8 @@ result<void> membership_config::validate() const {
                       probe_timeout_ms, probe_interval_ms);
   if (suspicion_timeout_ms == 0)
     return make_error(errc::invalid_argument, "membership: suspicion_timeout_ms is 0");
+  if (reconnect_interval_ms == 0)
+    return make_error(errc::invalid_argument, "membership: reconnect_interval_ms is 0");
   if (join_retry_ms == 0) return make_error(errc::invalid_argument, "membership: join_retry_ms is 0");
   if (retransmit_mult == 0)
     return make_error(errc::invalid_argument, "membership: retransmit_mult is 0");
@@ -76,6 +78,7 @@ membership_output membership::step(const membership_input& input, std::uint64_t 
   if (!started_) {
     started_ = true;
     next_probe_ms_ = now_ms + cfg_.probe_interval_ms;
+    next_reconnect_ms_ = now_ms + cfg_.reconnect_interval_ms;
   }
   std::visit(
       [&](const auto& in) {
@@ -103,6 +106,10 @@ void membership::on_tick(std::uint64_t now_ms, membership_output& out) {
     run_probe_round(now_ms, out);
     next_probe_ms_ = now_ms + cfg_.probe_interval_ms;
   }
+  if (now_ms >= next_reconnect_ms_) {
+    reconnect(out);
+    next_reconnect_ms_ = now_ms + cfg_.reconnect_interval_ms;
+  }
   if (!joined_ && !seeds_.empty() && now_ms >= next_join_ms_) {
     send_joins(out);
     next_join_ms_ = now_ms + cfg_.join_retry_ms;
@@ -111,7 +118,7 @@ void membership::on_tick(std::uint64_t now_ms, membership_output& out) {
 
 std::optional<std::uint64_t> membership::next_timer() const {
   if (leaving_) return std::nullopt;
-  std::uint64_t t = next_probe_ms_;
+  std::uint64_t t = std::min(next_probe_ms_, next_reconnect_ms_);
   if (probe_phase_ == probe_phase::direct) t = std::min(t, probe_direct_deadline_ms_);
   if (!joined_ && !seeds_.empty()) t = std::min(t, next_join_ms_);
   for (const auto& [id, m] : members_) {
@@ -193,6 +200,19 @@ void membership::send_joins(membership_output& out) {
   for (const auto& s : seeds_) out.messages.push_back(make(mtype::join, s.id, 0, no_node));
 }
 
+void membership::reconnect(membership_output& out) {
+  std::vector<node_id> candidates;
+  for (const auto& [id, m] : members_)
+    if (m.status == member_status::dead) candidates.push_back(id);
+  for (const auto& s : seeds_) {
+    auto it = members_.find(s.id);
+    if (it == members_.end()) candidates.push_back(s.id);
+  }
+  if (candidates.empty()) return;
+  out.messages.push_back(
+      make(mtype::join, candidates[rng_.uniform(0, candidates.size())], 0, no_node));
+}
+
 // ---- inputs ----------------------------------------------------------------------------------
 
 void membership::on_join(const membership_join& join, std::uint64_t now_ms,
@@ -251,6 +271,13 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
     }
     apply_update(u, now_ms, out);
   }
+  // The sender talks to us but we hold it suspect/dead at an incarnation it has not refuted:
+  // tell it now (the ack of a ping carries this anyway) instead of waiting for gossip.
+  auto known = members_.find(from);
+  if (type != mtype::ping && type != mtype::join && type != mtype::leave &&
+      known != members_.end() && (known->second.status == member_status::suspect ||
+                                  known->second.status == member_status::dead))
+    out.messages.push_back(make(mtype::ping, from, 0, no_node));
   switch (type) {
     case mtype::ping:
       out.messages.push_back(make(mtype::ack, from, msg.seq, no_node));
@@ -283,7 +310,10 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
     case mtype::join: {
       membership_message ack = make(mtype::join_ack, from, 0, no_node);
       ack.updates.clear();
-      ack.updates.push_back(self_update());
+      // If we hold the joiner suspect/dead at its incarnation, say so: it refutes at once.
+      auto j = members_.find(from);
+      if (j != members_.end() && j->second.status != member_status::alive)
+        ack.updates.push_back(update_of(j->second));
       for (const auto& [id, m] : members_)
         if (id != from && ack.updates.size() < cfg_.max_members) ack.updates.push_back(update_of(m));
       out.messages.push_back(std::move(ack));

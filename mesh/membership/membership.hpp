@@ -18,6 +18,8 @@
 //       |                              | left |---------------------------+-> alive
 //       +------------------------------+------+<--------------------------+
 //
+//   A dead member (or a seed not known live) gets a join every reconnect_interval_ms, so two
+//   sides of a healed partition meet again.
 //   dead and left entries stay as tombstones for tombstone_ms (so a stale alive(i) cannot
 //   resurrect them), then are forgotten. A node that hears suspect/dead/left about itself with
 //   incarnation >= its own refutes: it bumps its incarnation and gossips alive.
@@ -94,6 +96,10 @@ struct membership_config {
   std::uint32_t suspicion_timeout_ms = 400; ///< suspect -> dead without refutation
   std::uint32_t tombstone_ms = 30'000;      ///< dead/left entries are kept this long
   std::uint32_t join_retry_ms = 500;        ///< join re-sent to seeds until answered
+  /// Every interval, one join goes to a random dead member or a seed not known live: after a
+  /// partition heals, both sides hold each other dead and neither probes the other; this is how
+  /// they meet again (and refute).
+  std::uint32_t reconnect_interval_ms = 1'000;
   std::uint32_t retransmit_mult = 3;        ///< gossip sent retransmit_mult*ceil(log2(n+1)) times
   std::size_t max_members = 128;            ///< table bound (tombstones included)
   std::size_t max_piggyback = 64;           ///< queued gossip bound; at the bound the most-sent
@@ -202,6 +208,7 @@ class membership {
   void send_indirect_probes(membership_output& out);
   void expire(std::uint64_t now_ms, membership_output& out);
   void send_joins(membership_output& out);
+  void reconnect(membership_output& out);
 
   void apply_update(const member_update& u, std::uint64_t now_ms, membership_output& out);
   void refute(std::uint64_t seen_incarnation);
@@ -238,6 +245,7 @@ class membership {
   std::vector<member_update> seeds_;
   bool joined_ = false;
   std::uint64_t next_join_ms_ = 0;
+  std::uint64_t next_reconnect_ms_ = 0;
   membership_counters counters_;
 };
 

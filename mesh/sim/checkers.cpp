@@ -27,12 +27,13 @@ bool election_checker::side_has_majority(node_id id, const member_config& cfg) c
 void election_checker::observe() {
   if (world_.clean_partition() != partition_) {
     partition_ = world_.clean_partition();
-    partition_since_ms_ = world_.now_ms();
+    minority_since_ms_.clear();
   }
   for (node_id id : world_.ids()) {
     const mesh_node* n = mesh_node_of(world_, id);
     const bool leads = n && n->election().role() == election_role::leader;
     const std::uint64_t term = leads ? n->election().term() : 0;
+    if (!leads) minority_since_ms_.erase(id);
     const std::uint64_t before = leader_term_[id];
     leader_term_[id] = term;
     if (!leads) continue;
@@ -41,15 +42,23 @@ void election_checker::observe() {
       violations_.push_back(fmt::format("t={} two leaders in term {}: {} and {}", world_.now_ms(),
                                         term, it->second, id));
     const bool majority = side_has_majority(id, n->election().config());
+    if (majority || world_.is_paused(id)) {
+      minority_since_ms_.erase(id);
+    } else {
+      minority_since_ms_.emplace(id, world_.now_ms());
+    }
     if (before != term && !majority)
-      violations_.push_back(fmt::format("t={} node {} became leader of term {} on a minority side",
-                                        world_.now_ms(), id, term));
-    if (!majority && !partition_.empty() &&
-        world_.now_ms() > partition_since_ms_ + step_down_bound_ms_ && !world_.is_paused(id))
-      violations_.push_back(fmt::format("t={} node {} still leads term {} on a minority side {} ms "
-                                        "after the partition",
+      violations_.push_back(fmt::format("t={} node {} became leader of term {} on a minority side "
+                                        "of {} (its config {})",
+                                        world_.now_ms(), id, term, partition_,
+                                        n->election().config().members));
+    auto since = minority_since_ms_.find(id);
+    if (since != minority_since_ms_.end() && world_.now_ms() > since->second + step_down_bound_ms_)
+      violations_.push_back(fmt::format("t={} node {} still leads term {} on a minority side for {} ms "
+                                        "(partition {}, its config {})",
                                         world_.now_ms(), id, term,
-                                        world_.now_ms() - partition_since_ms_));
+                                        world_.now_ms() - since->second, partition_,
+                                        n->election().config().members));
   }
 }
 

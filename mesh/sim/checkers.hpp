@@ -39,8 +39,8 @@ class election_checker {
   std::uint64_t step_down_bound_ms_;
   std::map<std::uint64_t, node_id> leaders_;
   std::map<node_id, std::uint64_t> leader_term_;  // node -> term it leads (0 = not leader)
+  std::map<node_id, std::uint64_t> minority_since_ms_;  // leader -> since when on a minority side
   std::vector<std::vector<node_id>> partition_;
-  std::uint64_t partition_since_ms_ = 0;
   std::vector<std::string> violations_;
 };
 

@@ -1,4 +1,22 @@
+// Randomized deterministic simulation of the mesh protocols (membership + election) under faults.
+//
+// Each seed builds a cluster, lets it converge, then runs a schedule of fault episodes (clean
+// partitions, one-way links, bridges, crash/restart, pause, lossy/duplicating/slow links, leader
+// isolation) with clock skew throughout, healing after each; the checkers watch every event.
+// A failure prints its seed; replay exactly with TESSERA_SIM_SEED=<seed>.
+//
+//   TESSERA_SIM_SEEDS=5000 TESSERA_SIM_FIRST_SEED=1 ./tessera_mesh_sim_tests
+//       --gtest_filter='SimRandom.*'        (one line; many seeds, default 300)
+//   TESSERA_SIM_SEED=1234 TESSERA_SIM_VERBOSE=1 ./tessera_mesh_sim_tests --gtest_filter='SimRandom.*'
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "mesh/sim/checkers.hpp"
@@ -7,17 +25,207 @@
 namespace tessera::mesh::sim {
 namespace {
 
-TEST(SimSmoke, ColdStartConverges) {
-  for (std::size_t n : {1, 3, 5}) {
-    auto w = make_mesh_world(42, n, cluster_options(n));
-    election_checker check(*w, 1000);
-    w->set_observer([&] { check.observe(); });
-    for (node_id id : w->ids()) w->start(id);
-    auto t = run_until_converged(*w, 10'000);
-    ASSERT_TRUE(t.has_value()) << describe(*w) << " " << converged(*w).value_or("");
-    std::printf("n=%zu converged after %llu ms\n", n, static_cast<unsigned long long>(*t));
-    EXPECT_TRUE(check.violations().empty());
+std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
+node_id leader_of(const world& w) {
+  for (node_id id : w.ids()) {
+    const mesh_node* n = mesh_node_of(w, id);
+    if (n && n->election().role() == election_role::leader) return id;
   }
+  return no_node;
+}
+
+struct seed_result {
+  std::string failure;  // empty = passed
+  std::uint64_t cold_start_ms = 0;
+  std::vector<std::uint64_t> heal_ms;
+  std::uint64_t faults = 0;
+};
+
+constexpr std::uint64_t converge_bound_ms = 15'000;
+
+// One seeded run. Everything random comes from `rng` (schedule) and the world's seed (network).
+seed_result run_seed(std::uint64_t seed, bool verbose) {
+  seed_result r;
+  det_rng rng(seed * 0x2545f4914f6cdd1dULL + 7);
+  const std::size_t n = 3 + rng.uniform(0, 3);  // 3, 4 or 5 nodes
+  auto w = make_mesh_world(seed, n, cluster_options(n));
+  const auto& eopt = cluster_options(n).election;
+  // CheckQuorum bound: one election timeout after the last ack, checked at the next heartbeat,
+  // stretched by clock skew (2%) and delivery delay.
+  election_checker check(*w, eopt.election_timeout_ms * 2 + 200);
+  std::map<node_id, std::string> last;
+  w->set_observer([&] {
+    check.observe();
+    if (!verbose) return;
+    for (node_id id : w->ids()) {
+      const mesh_node* nd = mesh_node_of(*w, id);
+      std::string s = nd ? fmt::format("{} t{} leader {} cfg v{}/t{} {} commit {}",
+                                       to_string(nd->election().role()), nd->election().term(),
+                                       nd->election().leader(), nd->election().config().version,
+                                       nd->election().config().term,
+                                       nd->election().config().members,
+                                       nd->election().commit_version())
+                         : "down";
+      if (last[id] != s) std::printf("  t=%llu node %llu: %s\n",
+                                     static_cast<unsigned long long>(w->now_ms()),
+                                     static_cast<unsigned long long>(id), s.c_str());
+      last[id] = s;
+    }
+  });
+  auto fail = [&](const std::string& what) {
+    r.failure = fmt::format("seed {}: n={} t={}: {} | {}", seed, n, w->now_ms(), what, describe(*w));
+  };
+  for (node_id id : w->ids())
+    w->set_clock(id, rng.uniform(0, 10'000), static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000);
+  for (node_id id : w->ids()) {
+    w->run_for(rng.uniform(0, 200));
+    w->start(id);
+  }
+  auto cold = run_until_converged(*w, converge_bound_ms);
+  if (!cold) {
+    fail("cold start did not converge: " + converged(*w).value_or(""));
+    return r;
+  }
+  r.cold_start_ms = *cold;
+  const std::uint64_t episodes = 4 + rng.uniform(0, 4);
+  for (std::uint64_t ep = 0; ep < episodes; ++ep) {
+    std::vector<node_id> ids = w->ids();
+    for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.uniform(0, i)]);
+    const node_id current = leader_of(*w);
+    const node_id leader = current == no_node ? ids[0] : current;
+    std::vector<node_id> crashed, paused;
+    std::string what;
+    switch (rng.uniform(0, 8)) {
+      case 0: {
+        const std::size_t k = rng.uniform(1, n);
+        std::vector<node_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
+        std::vector<node_id> b(ids.begin() + static_cast<long>(k), ids.end());
+        w->partition({a, b});
+        what = fmt::format("partition {} | {}", a, b);
+        break;
+      }
+      case 1: {
+        std::vector<node_id> rest;
+        for (node_id id : ids)
+          if (id != leader) rest.push_back(id);
+        w->partition({{leader}, rest});
+        what = fmt::format("isolate leader {}", leader);
+        break;
+      }
+      case 2: {
+        const std::size_t links = 1 + rng.uniform(0, n);
+        for (std::size_t i = 0; i < links; ++i) {
+          node_id a = ids[rng.uniform(0, n)], b = ids[rng.uniform(0, n)];
+          if (a != b) w->block(a, b);
+        }
+        what = "one-way blocks";
+        break;
+      }
+      case 3: {
+        const std::size_t k = rng.uniform(1, n - 1);
+        std::vector<node_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
+        std::vector<node_id> b(ids.begin() + static_cast<long>(k) + 1, ids.end());
+        w->bridge(a, ids[k], b);
+        what = fmt::format("bridge {} <{}> {}", a, ids[k], b);
+        break;
+      }
+      case 4: {
+        const node_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
+        w->crash(victim);
+        crashed.push_back(victim);
+        what = fmt::format("crash {}", victim);
+        break;
+      }
+      case 5: {
+        const node_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
+        w->pause(victim);
+        paused.push_back(victim);
+        what = fmt::format("pause {}", victim);
+        break;
+      }
+      case 6: {
+        link_faults f;
+        f.drop_ppm = static_cast<std::uint32_t>(rng.uniform(50'000, 300'000));
+        f.duplicate_ppm = static_cast<std::uint32_t>(rng.uniform(0, 100'000));
+        f.delay_min_ms = 1;
+        f.delay_max_ms = static_cast<std::uint32_t>(rng.uniform(5, 60));
+        w->set_link_faults(f);
+        what = fmt::format("lossy links drop {}ppm dup {}ppm delay<= {}ms", f.drop_ppm,
+                           f.duplicate_ppm, f.delay_max_ms);
+        break;
+      }
+      default: {  // crash a minority and partition the rest
+        const node_id victim = ids[0];
+        w->crash(victim);
+        crashed.push_back(victim);
+        if (n >= 4) w->partition({{ids[1]}, std::vector<node_id>(ids.begin() + 2, ids.end())});
+        what = fmt::format("crash {} + partition", victim);
+        break;
+      }
+    }
+    ++r.faults;
+    const std::uint64_t duration = rng.uniform(100, 3'500);
+    if (verbose) std::printf("seed %llu t=%llu %s for %llu ms\n", static_cast<unsigned long long>(seed),
+                             static_cast<unsigned long long>(w->now_ms()), what.c_str(),
+                             static_cast<unsigned long long>(duration));
+    w->run_for(duration);
+    w->heal();
+    w->set_link_faults(link_faults{});
+    for (node_id id : crashed) w->restart(id);
+    for (node_id id : paused) w->resume(id);
+    auto healed = run_until_converged(*w, converge_bound_ms);
+    if (!check.violations().empty()) {
+      fail(check.violations().front() + " (after " + what + ")");
+      return r;
+    }
+    if (!healed) {
+      fail("did not converge after healing " + what + ": " + converged(*w).value_or(""));
+      return r;
+    }
+    r.heal_ms.push_back(*healed);
+    w->run_for(rng.uniform(0, 500));
+  }
+  for (node_id id : w->ids())
+    if (mesh_node_of(*w, id)->undecodable() != 0) fail(fmt::format("node {} got undecodable bytes", id));
+  return r;
+}
+
+TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
+  const std::uint64_t single = env_u64("TESSERA_SIM_SEED", 0);
+  const std::uint64_t first = single ? single : env_u64("TESSERA_SIM_FIRST_SEED", 1);
+  const std::uint64_t count = single ? 1 : env_u64("TESSERA_SIM_SEEDS", 300);
+  const bool verbose = env_u64("TESSERA_SIM_VERBOSE", 0) != 0;
+  std::vector<std::uint64_t> cold, heal;
+  std::uint64_t failures = 0, faults = 0;
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    seed_result r = run_seed(seed, verbose);
+    faults += r.faults;
+    if (!r.failure.empty()) {
+      ++failures;
+      ADD_FAILURE() << r.failure << "\n  replay: TESSERA_SIM_SEED=" << seed
+                    << " TESSERA_SIM_VERBOSE=1 " << "tessera_mesh_sim_tests --gtest_filter='SimRandom.*'";
+      if (failures >= 5) break;
+      continue;
+    }
+    cold.push_back(r.cold_start_ms);
+    heal.insert(heal.end(), r.heal_ms.begin(), r.heal_ms.end());
+  }
+  std::sort(cold.begin(), cold.end());
+  std::sort(heal.begin(), heal.end());
+  if (!cold.empty())
+    std::printf("seeds %llu..%llu: %llu fault episodes; cold start -> converged median %llu ms max "
+                "%llu ms; heal -> converged median %llu ms max %llu ms (simulated)\n",
+                static_cast<unsigned long long>(first),
+                static_cast<unsigned long long>(first + count - 1),
+                static_cast<unsigned long long>(faults),
+                static_cast<unsigned long long>(cold[cold.size() / 2]),
+                static_cast<unsigned long long>(cold.back()),
+                static_cast<unsigned long long>(heal.empty() ? 0 : heal[heal.size() / 2]),
+                static_cast<unsigned long long>(heal.empty() ? 0 : heal.back()));
 }
 
 }  // namespace
