@@ -153,9 +153,11 @@ void election::maybe_bootstrap(std::uint64_t now_ms, election_output& out) {
   // it can see creates one; everyone else waits to be added by a leader (design doc, "Cold start").
   if (leaving_ || d_.term != 0 || heard_cluster_ || now_ms < boot_ms_ + cfg_.bootstrap_wait_ms)
     return;
+  // Suspect counts as present: on a slow network a lower id may be suspected for a moment, and
+  // bootstrapping past it would split the cluster into two lineages.
   std::size_t alive = 1;
   for (const auto& [id, p] : peers_) {
-    if (p.status != member_status::alive) continue;
+    if (p.status != member_status::alive && p.status != member_status::suspect) continue;
     if (id < cfg_.self) return;
     ++alive;
   }
@@ -379,6 +381,7 @@ void election::on_heartbeat(const election_message& m, std::uint64_t now_ms,
     commit_version_ = 0;
     out.persist = true;
     out.events.push_back(config_changed{d_.config, false});
+    if (role_ != election_role::follower) become_follower(d_.term, no_node, now_ms, out);
   }
   if (m.term < d_.term) {
     // A stale leader, or we ran ahead: answer with our term so the leader moves past it.
