@@ -9,10 +9,14 @@
 //
 // Clients (the code under test) stay in the test process: they reach avahi over D-Bus through
 // DBUS_SYSTEM_BUS_ADDRESS=unix:path=<tmp>/bus.sock, which the caller sets (see bus_address()).
+// libdbus reads that variable once per process and caches it: use one bus per test process and
+// start/stop avahi-daemon on it per test.
 //
-// Finding recorded for docs: a new namespace's `lo` lacks the MULTICAST flag; avahi-daemon still
-// starts and answers its own browses (they are served from its cache) but the fixture sets
-// `ip link set lo multicast on` inside the namespace so mDNS behaves as on a real link.
+// Finding (checked 2026-11-23, avahi 0.8): a new namespace's `lo` lacks the MULTICAST flag, and
+// with it off the tests still pass: every client talks to the one daemon, which answers browses
+// for locally published services from its own records without any packet on the wire. The
+// fixture sets `ip link set lo multicast on` inside its namespace anyway (it is private, so this
+// costs the host nothing) so that the daemon's multicast socket path is the one production uses.
 #pragma once
 
 #include <memory>
