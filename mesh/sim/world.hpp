@@ -139,6 +139,8 @@ class world {
   [[nodiscard]] sim_node* node(node_id id) const;
   [[nodiscard]] const world_counters& counters() const { return counters_; }
   [[nodiscard]] std::uint64_t local_time(node_id id, std::uint64_t global_ms) const;
+  /// A node's durable bytes (its data dir), also while it is down (tests edit them).
+  [[nodiscard]] bytes& durable_of(node_id id) { return at(id).durable; }
 
  private:
   friend class node_context;
