@@ -122,7 +122,13 @@ void election::reset_election_deadline(std::uint64_t now_ms) {
 
 bool election::lease_fresh(std::uint64_t now_ms) const {
   if (role_ == election_role::leader) return true;
-  return leader_ != no_node && now_ms < last_leader_contact_ms_ + cfg_.election_timeout_ms;
+  // One heartbeat shorter than the shortest election timeout: a follower still hearing the
+  // leader renews it every heartbeat, while a follower whose timer fired (>= election_timeout
+  // after its own last heartbeat) finds its peers' leases expired even if their last heartbeat
+  // arrived a few ms later than its own (without the margin, that race costs a whole extra
+  // randomized timeout).
+  const std::uint64_t lease_ms = cfg_.election_timeout_ms - cfg_.heartbeat_interval_ms;
+  return leader_ != no_node && now_ms < last_leader_contact_ms_ + lease_ms;
 }
 
 bool election::quorum_fresh(std::uint64_t now_ms) const {

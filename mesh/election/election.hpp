@@ -102,8 +102,8 @@ struct election_config {
   std::uint64_t rng_seed = 1;
   std::uint32_t heartbeat_interval_ms = 50;
   /// Followers time out after a random value in [election_timeout_ms, 2*election_timeout_ms);
-  /// it is also the lease (no votes granted while a leader was heard this recently) and the
-  /// CheckQuorum window.
+  /// it is also the CheckQuorum window. The lease (no votes granted while a leader was heard
+  /// this recently) is election_timeout_ms - heartbeat_interval_ms.
   std::uint32_t election_timeout_ms = 300;
   /// The leader removes a member that membership has reported dead for this long, or left.
   std::uint32_t remove_dead_after_ms = 2'000;

@@ -234,5 +234,56 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
                 static_cast<unsigned long long>(heal.empty() ? 0 : heal.back()));
 }
 
+// Simulated failover and cold-start times with default timeouts on a LAN-like link (1-3 ms).
+// Prints the distribution (reported in bench/RESULTS.md); asserts only liveness (a new leader
+// within a generous bound), never a time.
+TEST(SimTiming, LeaderKillAndColdStart) {
+  const std::uint64_t seeds = env_u64("TESSERA_SIM_TIMING_SEEDS", 100);
+  for (std::size_t n : {3, 5}) {
+    std::vector<std::uint64_t> elected, agreed, cold_leader, cold_all;
+    for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+      auto w = make_mesh_world(seed, n, cluster_options(n));
+      for (node_id id : w->ids()) w->start(id);
+      std::uint64_t first_leader = 0;
+      while (leader_of(*w) == no_node && w->now_ms() < 10'000) w->run_for(1);
+      first_leader = w->now_ms();
+      auto all = run_until_converged(*w, 10'000, 1);
+      ASSERT_TRUE(all.has_value()) << "seed " << seed << " " << describe(*w);
+      cold_leader.push_back(first_leader);
+      cold_all.push_back(w->now_ms());
+      det_rng rng(seed);
+      w->run_for(rng.uniform(0, 1000));
+      const node_id old = leader_of(*w);
+      ASSERT_NE(old, no_node);
+      w->crash(old);
+      const std::uint64_t t0 = w->now_ms();
+      node_id next = no_node;
+      while ((next = leader_of(*w)) == no_node && w->now_ms() < t0 + 10'000) w->run_for(1);
+      ASSERT_NE(next, no_node) << "seed " << seed << ": no new leader within 10 s";
+      elected.push_back(w->now_ms() - t0);
+      auto follows = [&] {
+        for (node_id id : w->ids()) {
+          const mesh_node* nd = mesh_node_of(*w, id);
+          if (nd && (nd->election().leader() != next ||
+                     nd->election().term() != mesh_node_of(*w, next)->election().term()))
+            return false;
+        }
+        return true;
+      };
+      while (!follows() && w->now_ms() < t0 + 10'000) w->run_for(1);
+      ASSERT_TRUE(follows()) << "seed " << seed << " " << describe(*w);
+      agreed.push_back(w->now_ms() - t0);
+    }
+    auto stat = [](std::vector<std::uint64_t> v) {
+      std::sort(v.begin(), v.end());
+      return fmt::format("median {} p90 {} max {}", v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+    };
+    std::printf("n=%zu over %llu seeds (simulated ms): cold start -> first leader %s; -> all members "
+                "committed %s; leader kill -> new leader %s; -> all survivors follow it %s\n",
+                n, static_cast<unsigned long long>(seeds), stat(cold_leader).c_str(),
+                stat(cold_all).c_str(), stat(elected).c_str(), stat(agreed).c_str());
+  }
+}
+
 }  // namespace
 }  // namespace tessera::mesh::sim
