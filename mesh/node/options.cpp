@@ -22,7 +22,7 @@ std::unique_ptr<node_options> add_node_options(CLI::App& app, node_config& confi
       case detail::value_kind::boolean:
         // --mdns / --no-mdns; a value may also be given: --mdns=false.
         if (k.key == "reset_identity") {
-          flag->option = app.add_flag(name + "{true}", flag->scalar, help);
+          flag->option = app.add_flag(name, flag->scalar, help);
         } else {
           flag->option = app.add_flag(
               fmt::format("{}{{true}},--no-{}{{false}}", name, name.substr(2)), flag->scalar,
@@ -30,7 +30,10 @@ std::unique_ptr<node_options> add_node_options(CLI::App& app, node_config& confi
         }
         break;
       case detail::value_kind::list:
-        flag->option = app.add_option(name, flag->items, help)->take_all()->allow_extra_args(false);
+        flag->option = app.add_option(name, flag->items, help)
+                           ->take_all()
+                           ->allow_extra_args(false)
+                           ->type_name(k.key == "discovery.seeds" ? "HOST:PORT" : "PATH");
         flag->is_list = true;
         break;
       default: {
@@ -44,7 +47,10 @@ std::unique_ptr<node_options> add_node_options(CLI::App& app, node_config& confi
         }
         const auto& v = (*at)[key.substr(start)];
         flag->option = app.add_option(name, flag->scalar, help)
-                           ->default_str(v.is_string() ? v.get<std::string>() : v.dump());
+                           ->default_str(v.is_string() ? v.get<std::string>() : v.dump())
+                           ->type_name(k.kind == detail::value_kind::port    ? "PORT"
+                                       : k.kind == detail::value_kind::count ? "N"
+                                                                             : "TEXT");
         break;
       }
     }
