@@ -8,6 +8,15 @@ namespace tessera::mesh {
 namespace {
 using etype = election_message_type;
 
+election_event config_event(const member_config& c, bool committed) {
+  election_event e;
+  e.kind = election_event_kind::config_changed;
+  e.term = c.term;
+  e.config = c;
+  e.committed = committed;
+  return e;
+}
+
 member_config header_of(const member_config& c) {
   return member_config{c.version, c.term, c.genesis, {}};
 }
@@ -23,12 +32,12 @@ const char* to_string(election_role role) noexcept {
   return "unknown";
 }
 
-bool member_config::contains(node_id id) const {
+bool member_config::contains(member_id id) const {
   return std::binary_search(members.begin(), members.end(), id);
 }
 
 result<void> election_config::validate() const {
-  if (self == no_node) return make_error(errc::invalid_argument, "election: self id is 0");
+  if (self == no_member) return make_error(errc::invalid_argument, "election: self id is 0");
   if (heartbeat_interval_ms == 0)
     return make_error(errc::invalid_argument, "election: heartbeat_interval_ms is 0");
   if (election_timeout_ms < 2 * heartbeat_interval_ms)
@@ -48,7 +57,7 @@ result<election> election::create(const election_config& cfg,
   const auto& m = restored.config.members;
   if (m.size() > cfg.max_members || !std::is_sorted(m.begin(), m.end()) ||
       std::adjacent_find(m.begin(), m.end()) != m.end() ||
-      std::find(m.begin(), m.end(), no_node) != m.end() || restored.config.term > restored.term ||
+      std::find(m.begin(), m.end(), no_member) != m.end() || restored.config.term > restored.term ||
       (restored.config.version == 0) != m.empty())
     return make_error(errc::corrupt,
                       "election: restored state is inconsistent (term {}, config v{} t{} with {} "
@@ -101,7 +110,7 @@ void election::on_tick(std::uint64_t now_ms, election_output& out) {
       election_deadline_ms_ = now_ms + cfg_.heartbeat_interval_ms;  // poll for bootstrap
     return;
   }
-  if (leader_ != no_node && !lease_fresh(now_ms)) set_leader(no_node, out);
+  if (leader_ != no_member && !lease_fresh(now_ms)) set_leader(no_member, out);
   if (may_campaign()) {
     start_pre_vote(now_ms, out);
   } else {
@@ -128,12 +137,12 @@ bool election::lease_fresh(std::uint64_t now_ms) const {
   // arrived a few ms later than its own (without the margin, that race costs a whole extra
   // randomized timeout).
   const std::uint64_t lease_ms = cfg_.election_timeout_ms - cfg_.heartbeat_interval_ms;
-  return leader_ != no_node && now_ms < last_leader_contact_ms_ + lease_ms;
+  return leader_ != no_member && now_ms < last_leader_contact_ms_ + lease_ms;
 }
 
 bool election::quorum_fresh(std::uint64_t now_ms) const {
   std::size_t heard = 0;
-  for (node_id id : d_.config.members) {
+  for (member_id id : d_.config.members) {
     if (id == cfg_.self) {
       ++heard;
       continue;
@@ -172,17 +181,17 @@ void election::maybe_bootstrap(std::uint64_t now_ms, election_output& out) {
   d_.voted_for = cfg_.self;
   d_.config = member_config{1, 1, cfg_.self, {cfg_.self}};
   out.persist = true;
-  out.events.push_back(config_changed{d_.config, false});
+  out.events.push_back(config_event(d_.config, false));
   become_leader(now_ms, out);
 }
 
 void election::start_pre_vote(std::uint64_t now_ms, election_output& out) {
   ++counters_.pre_votes_started;
   set_role(election_role::pre_candidate, out);
-  set_leader(no_node, out);
+  set_leader(no_member, out);
   votes_ = {cfg_.self};
   reset_election_deadline(now_ms);
-  for (node_id id : d_.config.members) {
+  for (member_id id : d_.config.members) {
     if (id == cfg_.self) continue;
     election_message m = make(etype::pre_vote, id);
     m.term = d_.term + 1;  // the term we would campaign in; ours does not change yet
@@ -198,10 +207,10 @@ void election::start_election(std::uint64_t now_ms, bool force, election_output&
   d_.voted_for = cfg_.self;
   out.persist = true;
   set_role(election_role::candidate, out);
-  set_leader(no_node, out);
+  set_leader(no_member, out);
   votes_ = {cfg_.self};
   reset_election_deadline(now_ms);
-  for (node_id id : d_.config.members) {
+  for (member_id id : d_.config.members) {
     if (id == cfg_.self) continue;
     election_message m = make(etype::vote, id);
     m.force = force;
@@ -211,18 +220,18 @@ void election::start_election(std::uint64_t now_ms, bool force, election_output&
   if (votes_.size() >= d_.config.majority()) become_leader(now_ms, out);
 }
 
-void election::become_follower(std::uint64_t term, node_id leader, std::uint64_t now_ms,
+void election::become_follower(std::uint64_t term, member_id leader, std::uint64_t now_ms,
                                election_output& out) {
   if (term > d_.term) {
     d_.term = term;
-    d_.voted_for = no_node;
+    d_.voted_for = no_member;
     out.persist = true;
   }
   set_role(election_role::follower, out);
   set_leader(leader, out);
   votes_.clear();
   acks_.clear();
-  if (leader != no_node) last_leader_contact_ms_ = now_ms;
+  if (leader != no_member) last_leader_contact_ms_ = now_ms;
   reset_election_deadline(now_ms);
 }
 
@@ -232,7 +241,7 @@ void election::become_leader(std::uint64_t now_ms, election_output& out) {
   set_leader(cfg_.self, out);
   acks_.clear();
   // A granted vote is a sign of life for CheckQuorum; it acks no config version yet.
-  for (node_id v : votes_)
+  for (member_id v : votes_)
     if (v != cfg_.self) acks_[v] = ack_state{now_ms, 0, 0};
   votes_.clear();
   check_quorum_ms_ = now_ms + cfg_.election_timeout_ms;
@@ -248,25 +257,33 @@ void election::check_quorum(std::uint64_t now_ms, election_output& out) {
     return;
   }
   ++counters_.check_quorum_step_downs;
-  become_follower(d_.term, no_node, now_ms, out);
+  become_follower(d_.term, no_member, now_ms, out);
 }
 
-void election::set_leader(node_id leader, election_output& out) {
+void election::set_leader(member_id leader, election_output& out) {
   if (leader == leader_) return;
   leader_ = leader;
-  out.events.push_back(leader_changed{d_.term, leader});
+  election_event e;
+  e.kind = election_event_kind::leader_changed;
+  e.term = d_.term;
+  e.leader = leader;
+  out.events.push_back(std::move(e));
 }
 
 void election::set_role(election_role role, election_output& out) {
   if (role == role_) return;
   role_ = role;
-  out.events.push_back(role_changed{d_.term, role});
+  election_event e;
+  e.kind = election_event_kind::role_changed;
+  e.term = d_.term;
+  e.role = role;
+  out.events.push_back(std::move(e));
 }
 
 // ---- inputs ----------------------------------------------------------------------------------
 
 void election::on_peer(const peer_status_changed& p, std::uint64_t now_ms, election_output& out) {
-  if (p.id == cfg_.self || p.id == no_node) return;
+  if (p.id == cfg_.self || p.id == no_member) return;
   auto it = peers_.find(p.id);
   if (it == peers_.end()) {
     if (peers_.size() >= 4 * cfg_.max_members) {
@@ -281,7 +298,7 @@ void election::on_peer(const peer_status_changed& p, std::uint64_t now_ms, elect
   // of one election timeout later. Peers hear the same news and stop defending the lease.
   if (role_ != election_role::leader && p.id == leader_ &&
       (p.status == member_status::left || p.status == member_status::dead)) {
-    set_leader(no_node, out);
+    set_leader(no_member, out);
     election_deadline_ms_ =
         now_ms + rng_.uniform(cfg_.heartbeat_interval_ms, 4ULL * cfg_.heartbeat_interval_ms);
   }
@@ -291,13 +308,13 @@ void election::on_leave(std::uint64_t now_ms, election_output& out) {
   if (leaving_) return;
   leaving_ = true;
   if (role_ != election_role::follower || leader_ == cfg_.self)
-    become_follower(d_.term, no_node, now_ms, out);
+    become_follower(d_.term, no_member, now_ms, out);
 }
 
 void election::on_receive(const election_message& m, std::uint64_t now_ms, election_output& out) {
   const bool type_ok = m.type >= static_cast<std::uint8_t>(etype::pre_vote) &&
                        m.type <= static_cast<std::uint8_t>(etype::heartbeat_resp);
-  if (!type_ok || m.to != cfg_.self || m.from == no_node || m.from == cfg_.self ||
+  if (!type_ok || m.to != cfg_.self || m.from == no_member || m.from == cfg_.self ||
       m.config.members.size() > cfg_.max_members) {
     ++counters_.malformed;
     return;
@@ -339,8 +356,8 @@ void election::on_vote(const election_message& m, std::uint64_t now_ms, election
     ++counters_.votes_ignored_lease;
     return;
   }
-  if (m.term > d_.term) become_follower(m.term, no_node, now_ms, out);
-  const bool grant = (d_.voted_for == no_node || d_.voted_for == m.from) && up_to_date(m.config);
+  if (m.term > d_.term) become_follower(m.term, no_member, now_ms, out);
+  const bool grant = (d_.voted_for == no_member || d_.voted_for == m.from) && up_to_date(m.config);
   if (grant && d_.voted_for != m.from) {
     d_.voted_for = m.from;
     out.persist = true;
@@ -355,7 +372,7 @@ void election::on_vote_resp(const election_message& m, std::uint64_t now_ms,
                             election_output& out) {
   const bool pre = m.type == static_cast<std::uint8_t>(etype::pre_vote_resp);
   if (m.term > d_.term && !(pre && m.granted)) {
-    become_follower(m.term, no_node, now_ms, out);  // learn the cluster's term
+    become_follower(m.term, no_member, now_ms, out);  // learn the cluster's term
     return;
   }
   const auto want_role = pre ? election_role::pre_candidate : election_role::candidate;
@@ -374,7 +391,7 @@ void election::on_vote_resp(const election_message& m, std::uint64_t now_ms,
 void election::on_heartbeat(const election_message& m, std::uint64_t now_ms,
                             election_output& out) {
   const auto& mem = m.config.members;
-  if (m.config.version == 0 || m.config.genesis == no_node || m.config.term > m.term ||
+  if (m.config.version == 0 || m.config.genesis == no_member || m.config.term > m.term ||
       !std::is_sorted(mem.begin(), mem.end()) ||
       std::adjacent_find(mem.begin(), mem.end()) != mem.end() || !m.config.contains(m.from)) {
     ++counters_.malformed;
@@ -386,8 +403,8 @@ void election::on_heartbeat(const election_message& m, std::uint64_t now_ms,
     d_.config = member_config{};
     commit_version_ = 0;
     out.persist = true;
-    out.events.push_back(config_changed{d_.config, false});
-    if (role_ != election_role::follower) become_follower(d_.term, no_node, now_ms, out);
+    out.events.push_back(config_event(d_.config, false));
+    if (role_ != election_role::follower) become_follower(d_.term, no_member, now_ms, out);
   }
   if (m.term < d_.term) {
     // A stale leader, or we ran ahead: answer with our term so the leader moves past it.
@@ -402,7 +419,7 @@ void election::on_heartbeat(const election_message& m, std::uint64_t now_ms,
   adopt_config(m.config, out);
   if (m.commit_version == d_.config.version && commit_version_ != m.commit_version) {
     commit_version_ = m.commit_version;
-    out.events.push_back(config_changed{d_.config, true});
+    out.events.push_back(config_event(d_.config, true));
   }
   election_message r = make(etype::heartbeat_resp, m.from);
   r.granted = true;
@@ -421,10 +438,10 @@ void election::on_heartbeat_resp(const election_message& m, std::uint64_t now_ms
       // alone): re-elect itself past that term rather than step down and let the cluster churn.
       ++counters_.forced_reelections;
       d_.term = m.term;
-      d_.voted_for = no_node;
+      d_.voted_for = no_member;
       start_election(now_ms, true, out);
     } else {
-      become_follower(m.term, no_node, now_ms, out);
+      become_follower(m.term, no_member, now_ms, out);
     }
     return;
   }
@@ -435,9 +452,9 @@ void election::on_heartbeat_resp(const election_message& m, std::uint64_t now_ms
 
 // ---- leader: heartbeats and member-set changes --------------------------------------------------
 
-std::vector<node_id> election::learners(std::uint64_t now_ms) const {
+std::vector<member_id> election::learners(std::uint64_t now_ms) const {
   (void)now_ms;
-  std::vector<node_id> out;
+  std::vector<member_id> out;
   for (const auto& [id, p] : peers_)
     if (p.status == member_status::alive && !d_.config.contains(id) && out.size() < cfg_.max_members)
       out.push_back(id);
@@ -445,15 +462,15 @@ std::vector<node_id> election::learners(std::uint64_t now_ms) const {
 }
 
 void election::send_heartbeats(std::uint64_t now_ms, election_output& out) {
-  auto send = [&](node_id id) {
+  auto send = [&](member_id id) {
     election_message m = make(etype::heartbeat, id);
     m.config = d_.config;
     m.commit_version = commit_version_;
     out.messages.push_back(std::move(m));
   };
-  for (node_id id : d_.config.members)
+  for (member_id id : d_.config.members)
     if (id != cfg_.self) send(id);
-  for (node_id id : learners(now_ms)) send(id);
+  for (member_id id : learners(now_ms)) send(id);
 }
 
 void election::change_config(std::uint64_t now_ms, election_output& out) {
@@ -465,7 +482,7 @@ void election::change_config(std::uint64_t now_ms, election_output& out) {
     return;
   }
   if (commit_version_ < d_.config.version) return;  // one change at a time
-  for (node_id id : d_.config.members) {
+  for (member_id id : d_.config.members) {
     if (id == cfg_.self) continue;
     auto p = peers_.find(id);
     if (p == peers_.end()) continue;
@@ -506,14 +523,14 @@ void election::propose(member_config next, election_output& out) {
   TESSERA_ASSERT(next.contains(cfg_.self), "leader {} proposed a config without itself", cfg_.self);
   d_.config = std::move(next);
   out.persist = true;
-  out.events.push_back(config_changed{d_.config, false});
+  out.events.push_back(config_event(d_.config, false));
   maybe_commit(out);
 }
 
 void election::maybe_commit(election_output& out) {
   if (role_ != election_role::leader || commit_version_ == d_.config.version) return;
   std::size_t acked = 0;
-  for (node_id id : d_.config.members) {
+  for (member_id id : d_.config.members) {
     if (id == cfg_.self) {
       ++acked;
       continue;
@@ -525,17 +542,17 @@ void election::maybe_commit(election_output& out) {
   }
   if (acked < d_.config.majority()) return;
   commit_version_ = d_.config.version;
-  out.events.push_back(config_changed{d_.config, true});
+  out.events.push_back(config_event(d_.config, true));
 }
 
 void election::adopt_config(const member_config& c, election_output& out) {
   if (c == d_.config) return;
   d_.config = c;
   out.persist = true;
-  out.events.push_back(config_changed{d_.config, false});
+  out.events.push_back(config_event(d_.config, false));
 }
 
-election_message election::make(election_message_type type, node_id to) const {
+election_message election::make(election_message_type type, member_id to) const {
   election_message m;
   m.type = static_cast<std::uint8_t>(type);
   m.from = cfg_.self;

@@ -49,11 +49,11 @@ namespace tessera::mesh {
 struct member_config {
   std::uint64_t version = 0;   ///< 0 = no config yet (never bootstrapped nor joined)
   std::uint64_t term = 0;      ///< term of the leader that created this version
-  node_id genesis = no_node;   ///< the node that bootstrapped this cluster lineage
-  std::vector<node_id> members;  ///< sorted, unique, at most max_members
+  member_id genesis = no_member;   ///< the node that bootstrapped this cluster lineage
+  std::vector<member_id> members;  ///< sorted, unique, at most max_members
   MSGPACK_DEFINE(version, term, genesis, members);
 
-  [[nodiscard]] bool contains(node_id id) const;
+  [[nodiscard]] bool contains(member_id id) const;
   [[nodiscard]] std::size_t majority() const { return members.size() / 2 + 1; }
   bool operator==(const member_config&) const = default;
 };
@@ -62,7 +62,7 @@ struct member_config {
 /// same step are sent): losing it could let this node vote twice in one term.
 struct durable_election_state {
   std::uint64_t term = 0;
-  node_id voted_for = no_node;
+  member_id voted_for = no_member;
   member_config config;
   MSGPACK_DEFINE(term, voted_for, config);
   bool operator==(const durable_election_state&) const = default;
@@ -85,8 +85,8 @@ enum class election_message_type : std::uint8_t {
 /// (members empty); heartbeats carry the full member list (bounded by max_members).
 struct election_message {
   std::uint8_t type = 0;  ///< an election_message_type
-  node_id from = no_node;
-  node_id to = no_node;
+  member_id from = no_member;
+  member_id to = no_member;
   std::uint64_t term = 0;
   bool granted = false;
   bool force = false;
@@ -98,7 +98,7 @@ struct election_message {
 /// Tunables; defaults for a LAN/loopback cluster (a dead leader is replaced in about
 /// election_timeout_ms .. 2*election_timeout_ms plus two round trips).
 struct election_config {
-  node_id self = no_node;
+  member_id self = no_member;
   std::uint64_t rng_seed = 1;
   std::uint32_t heartbeat_interval_ms = 50;
   /// Followers time out after a random value in [election_timeout_ms, 2*election_timeout_ms);
@@ -123,7 +123,7 @@ struct election_receive {
 };
 /// Membership's view of a peer (the node forwards membership events here).
 struct peer_status_changed {
-  node_id id = no_node;
+  member_id id = no_member;
   member_status status = member_status::alive;
 };
 /// Graceful leave: stop leading (if leading) and never campaign again.
@@ -131,20 +131,21 @@ struct election_leave {};
 using election_input = std::variant<election_tick, election_receive, peer_status_changed,
                                     election_leave>;
 
-/// Events for subscribers.
-struct leader_changed {
-  std::uint64_t term = 0;
-  node_id leader = no_node;  ///< no_node = no known leader
+/// Events for subscribers: one struct with a kind (not a variant) so that the node can forward
+/// it as is.
+enum class election_event_kind : std::uint8_t {
+  leader_changed = 0,  ///< `leader` is the leader now known for `term` (no_member = none)
+  role_changed = 1,    ///< this node's `role` in `term`
+  config_changed = 2,  ///< `config` adopted/proposed (committed = false) or committed (true)
 };
-struct role_changed {
+struct election_event {
+  election_event_kind kind = election_event_kind::leader_changed;
   std::uint64_t term = 0;
+  member_id leader = no_member;
   election_role role = election_role::follower;
-};
-struct config_changed {
   member_config config;
-  bool committed = false;  ///< false: adopted/proposed; true: acked by a majority
+  bool committed = false;
 };
-using election_event = std::variant<leader_changed, role_changed, config_changed>;
 
 struct election_output {
   std::vector<election_message> messages;  ///< send each to message.to
@@ -178,7 +179,7 @@ class election {
   [[nodiscard]] const durable_election_state& durable() const { return d_; }
   [[nodiscard]] election_role role() const { return role_; }
   [[nodiscard]] std::uint64_t term() const { return d_.term; }
-  [[nodiscard]] node_id leader() const { return leader_; }
+  [[nodiscard]] member_id leader() const { return leader_; }
   [[nodiscard]] const member_config& config() const { return d_.config; }
   [[nodiscard]] std::uint64_t commit_version() const { return commit_version_; }
   [[nodiscard]] const election_counters& counters() const { return counters_; }
@@ -210,7 +211,7 @@ class election {
   void maybe_bootstrap(std::uint64_t now_ms, election_output& out);
   void start_pre_vote(std::uint64_t now_ms, election_output& out);
   void start_election(std::uint64_t now_ms, bool force, election_output& out);
-  void become_follower(std::uint64_t term, node_id leader, std::uint64_t now_ms,
+  void become_follower(std::uint64_t term, member_id leader, std::uint64_t now_ms,
                        election_output& out);
   void become_leader(std::uint64_t now_ms, election_output& out);
   void send_heartbeats(std::uint64_t now_ms, election_output& out);
@@ -219,7 +220,7 @@ class election {
   void propose(member_config next, election_output& out);
   void maybe_commit(election_output& out);
   void adopt_config(const member_config& c, election_output& out);
-  void set_leader(node_id leader, election_output& out);
+  void set_leader(member_id leader, election_output& out);
   void set_role(election_role role, election_output& out);
   void reset_election_deadline(std::uint64_t now_ms);
 
@@ -227,31 +228,31 @@ class election {
   [[nodiscard]] bool quorum_fresh(std::uint64_t now_ms) const;
   [[nodiscard]] bool up_to_date(const member_config& c) const;
   [[nodiscard]] bool may_campaign() const;
-  [[nodiscard]] std::vector<node_id> learners(std::uint64_t now_ms) const;
-  [[nodiscard]] election_message make(election_message_type type, node_id to) const;
+  [[nodiscard]] std::vector<member_id> learners(std::uint64_t now_ms) const;
+  [[nodiscard]] election_message make(election_message_type type, member_id to) const;
   [[nodiscard]] std::optional<std::uint64_t> next_timer() const;
 
   election_config cfg_;
   det_rng rng_;
   durable_election_state d_;
   election_role role_ = election_role::follower;
-  node_id leader_ = no_node;
+  member_id leader_ = no_member;
   bool started_ = false;
   bool leaving_ = false;
   bool heard_cluster_ = false;
   std::uint64_t boot_ms_ = 0;
   std::uint64_t last_leader_contact_ms_ = 0;
   std::uint64_t election_deadline_ms_ = 0;
-  std::set<node_id> votes_;
+  std::set<member_id> votes_;
   bool vote_force_ = false;
   // Leader state.
-  std::map<node_id, ack_state> acks_;
+  std::map<member_id, ack_state> acks_;
   std::uint64_t next_heartbeat_ms_ = 0;
   std::uint64_t check_quorum_ms_ = 0;
   bool committed_in_term_ = false;
   std::uint64_t commit_version_ = 0;
   // Membership's view.
-  std::map<node_id, peer_state> peers_;
+  std::map<member_id, peer_state> peers_;
   election_counters counters_;
 };
 

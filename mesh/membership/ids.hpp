@@ -1,4 +1,4 @@
-// Node ids and the deterministic random source shared by the mesh protocol state machines.
+// Member ids and the deterministic random source shared by the mesh protocol state machines.
 #pragma once
 
 #include <cstdint>
@@ -7,10 +7,11 @@
 
 namespace tessera::mesh {
 
-/// An opaque 64-bit node identity (mesh/node derives it from the persistent identity). 0 means
-/// "no node" and is never a valid identity.
-using node_id = std::uint64_t;
-inline constexpr node_id no_node = 0;
+/// The id of a node inside the mesh protocols: an opaque 64-bit value. The node derives it from
+/// its persistent 128-bit identity (mesh/node/node_id.hpp) as the low 64 bits, which are random,
+/// so every peer computes the same member_id for a node. 0 means "no member" and is never valid.
+using member_id = std::uint64_t;
+inline constexpr member_id no_member = 0;
 
 /// A small seeded generator (splitmix64). Protocol state machines own one, seeded by their
 /// config, so a run is reproduced exactly from its seed: no std::random_device, no global state.

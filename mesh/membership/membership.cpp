@@ -27,7 +27,7 @@ const char* to_string(member_status status) noexcept {
 }
 
 result<void> membership_config::validate() const {
-  if (self == no_node) return make_error(errc::invalid_argument, "membership: self id is 0");
+  if (self == no_member) return make_error(errc::invalid_argument, "membership: self id is 0");
   if (probe_interval_ms == 0)
     return make_error(errc::invalid_argument, "membership: probe_interval_ms is 0");
   if (probe_timeout_ms == 0 || probe_timeout_ms >= probe_interval_ms)
@@ -60,7 +60,7 @@ result<membership> membership::create(const membership_config& cfg, std::uint64_
 membership::membership(const membership_config& cfg, std::uint64_t incarnation)
     : cfg_(cfg), rng_(cfg.rng_seed ^ (cfg.self * 0x9e3779b97f4a7c15ULL)), incarnation_(incarnation) {}
 
-std::optional<member_status> membership::status_of(node_id id) const {
+std::optional<member_status> membership::status_of(member_id id) const {
   if (id == cfg_.self) return leaving_ ? member_status::left : member_status::alive;
   auto it = members_.find(id);
   if (it == members_.end()) return std::nullopt;
@@ -157,21 +157,21 @@ void membership::run_probe_round(std::uint64_t now_ms, membership_output& out) {
     }
     probe_phase_ = probe_phase::idle;
   }
-  node_id target = next_probe_target();
-  if (target == no_node) return;
+  member_id target = next_probe_target();
+  if (target == no_member) return;
   probe_target_ = target;
   probe_seq_ = next_seq_++;
   probe_phase_ = probe_phase::direct;
   probe_direct_deadline_ms_ = now_ms + cfg_.probe_timeout_ms;
-  out.messages.push_back(make(mtype::ping, target, probe_seq_, no_node));
+  out.messages.push_back(make(mtype::ping, target, probe_seq_, no_member));
 }
 
-node_id membership::next_probe_target() {
+member_id membership::next_probe_target() {
   // Shuffled round robin (SWIM section 4.3): every live member is probed once per pass, in an
   // order re-shuffled each pass, which bounds the time to first detection.
   for (int pass = 0; pass < 2; ++pass) {
     while (probe_index_ < probe_order_.size()) {
-      node_id id = probe_order_[probe_index_++];
+      member_id id = probe_order_[probe_index_++];
       auto it = members_.find(id);
       if (it != members_.end() && is_live(it->second.status)) return id;
     }
@@ -182,12 +182,12 @@ node_id membership::next_probe_target() {
     for (std::size_t i = probe_order_.size(); i > 1; --i)
       std::swap(probe_order_[i - 1], probe_order_[rng_.uniform(0, i)]);
   }
-  return no_node;
+  return no_member;
 }
 
 void membership::send_indirect_probes(membership_output& out) {
   probe_phase_ = probe_phase::indirect;
-  std::vector<node_id> helpers;
+  std::vector<member_id> helpers;
   for (const auto& [id, m] : members_)
     if (id != probe_target_ && m.status == member_status::alive) helpers.push_back(id);
   for (std::size_t i = 0; i < helpers.size() && i < cfg_.indirect_probes; ++i) {
@@ -197,11 +197,11 @@ void membership::send_indirect_probes(membership_output& out) {
 }
 
 void membership::send_joins(membership_output& out) {
-  for (const auto& s : seeds_) out.messages.push_back(make(mtype::join, s.id, 0, no_node));
+  for (const auto& s : seeds_) out.messages.push_back(make(mtype::join, s.id, 0, no_member));
 }
 
 void membership::reconnect(membership_output& out) {
-  std::vector<node_id> candidates;
+  std::vector<member_id> candidates;
   for (const auto& [id, m] : members_)
     if (m.status == member_status::dead) candidates.push_back(id);
   for (const auto& s : seeds_) {
@@ -210,7 +210,7 @@ void membership::reconnect(membership_output& out) {
   }
   if (candidates.empty()) return;
   out.messages.push_back(
-      make(mtype::join, candidates[rng_.uniform(0, candidates.size())], 0, no_node));
+      make(mtype::join, candidates[rng_.uniform(0, candidates.size())], 0, no_member));
 }
 
 // ---- inputs ----------------------------------------------------------------------------------
@@ -236,12 +236,12 @@ void membership::on_leave(std::uint64_t now_ms, membership_output& out) {
   // Announced directly to every live member at once: peers learn without waiting for a
   // timeout or for gossip to spread.
   for (const auto& [id, m] : members_)
-    if (is_live(m.status)) out.messages.push_back(make(mtype::leave, id, 0, no_node));
+    if (is_live(m.status)) out.messages.push_back(make(mtype::leave, id, 0, no_member));
   (void)now_ms;
 }
 
 bool membership::valid(const member_update& u) const {
-  return u.id != no_node && u.status <= static_cast<std::uint8_t>(member_status::left) &&
+  return u.id != no_member && u.status <= static_cast<std::uint8_t>(member_status::left) &&
          u.address.size() <= cfg_.max_address_bytes;
 }
 
@@ -259,7 +259,7 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
     return;
   }
   const auto type = static_cast<mtype>(msg.type);
-  const node_id from = msg.sender.id;
+  const member_id from = msg.sender.id;
   member_update sender = msg.sender;
   sender.status = static_cast<std::uint8_t>(type == mtype::leave ? member_status::left
                                                                  : member_status::alive);
@@ -277,10 +277,10 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
   if (type != mtype::ping && type != mtype::join && type != mtype::leave &&
       known != members_.end() && (known->second.status == member_status::suspect ||
                                   known->second.status == member_status::dead))
-    out.messages.push_back(make(mtype::ping, from, 0, no_node));
+    out.messages.push_back(make(mtype::ping, from, 0, no_member));
   switch (type) {
     case mtype::ping:
-      out.messages.push_back(make(mtype::ack, from, msg.seq, no_node));
+      out.messages.push_back(make(mtype::ack, from, msg.seq, no_member));
       break;
     case mtype::ack: {
       auto r = relays_.find(msg.seq);
@@ -294,7 +294,7 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
       break;
     }
     case mtype::ping_req: {
-      if (msg.target == no_node || msg.target == cfg_.self) {
+      if (msg.target == no_member || msg.target == cfg_.self) {
         ++counters_.malformed;
         break;
       }
@@ -304,11 +304,11 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
       }
       const std::uint64_t seq = next_seq_++;
       relays_[seq] = relay{from, msg.seq, msg.target, now_ms + cfg_.probe_interval_ms};
-      out.messages.push_back(make(mtype::ping, msg.target, seq, no_node));
+      out.messages.push_back(make(mtype::ping, msg.target, seq, no_member));
       break;
     }
     case mtype::join: {
-      membership_message ack = make(mtype::join_ack, from, 0, no_node);
+      membership_message ack = make(mtype::join_ack, from, 0, no_member);
       ack.updates.clear();
       // If we hold the joiner suspect/dead at its incarnation, say so: it refutes at once.
       auto j = members_.find(from);
@@ -429,7 +429,7 @@ std::uint32_t membership::retransmit_limit() const {
   return cfg_.retransmit_mult * static_cast<std::uint32_t>(std::bit_width(n));
 }
 
-void membership::attach_gossip(membership_message& msg, node_id to) {
+void membership::attach_gossip(membership_message& msg, member_id to) {
   // Tell the receiver first if we hold it suspect/dead/left at an incarnation it may not know:
   // that is what makes it refute.
   auto it = members_.find(to);
@@ -458,8 +458,8 @@ member_update membership::update_of(const member_info& m) const {
   return member_update{m.id, m.incarnation, static_cast<std::uint8_t>(m.status), m.address};
 }
 
-membership_message membership::make(membership_message_type type, node_id to, std::uint64_t seq,
-                                    node_id target) {
+membership_message membership::make(membership_message_type type, member_id to, std::uint64_t seq,
+                                    member_id target) {
   membership_message msg;
   msg.type = static_cast<std::uint8_t>(type);
   msg.sender = self_update();

@@ -52,7 +52,7 @@ const char* to_string(member_status status) noexcept;
 /// One piece of gossip: "member `id` is `status` at `incarnation`, reachable at `address`".
 /// `address` is opaque to membership (the node puts its control endpoint there); empty = unknown.
 struct member_update {
-  node_id id = no_node;
+  member_id id = no_member;
   std::uint64_t incarnation = 0;
   std::uint8_t status = 0;  ///< a member_status
   std::string address;
@@ -75,9 +75,9 @@ enum class membership_message_type : std::uint8_t {
 struct membership_message {
   std::uint8_t type = 0;  ///< a membership_message_type
   member_update sender;
-  node_id to = no_node;
+  member_id to = no_member;
   std::uint64_t seq = 0;
-  node_id target = no_node;
+  member_id target = no_member;
   std::vector<member_update> updates;
   MSGPACK_DEFINE(type, sender, to, seq, target, updates);
 };
@@ -87,7 +87,7 @@ struct membership_message {
 /// declared dead suspicion_timeout_ms later. Leader failover does not wait for this: election
 /// has its own, faster lease/timeout (docs/design/001-election.md).
 struct membership_config {
-  node_id self = no_node;
+  member_id self = no_member;
   std::string self_address;
   std::uint64_t rng_seed = 1;
   std::uint32_t probe_interval_ms = 100;    ///< one probe round per interval
@@ -115,7 +115,7 @@ struct membership_config {
 /// A status change to publish to subscribers (the node routes these to subscribing actors and
 /// to election as peer_status_changed).
 struct member_event {
-  node_id id = no_node;
+  member_id id = no_member;
   member_status status = member_status::alive;
   std::uint64_t incarnation = 0;
   std::string address;
@@ -155,7 +155,7 @@ struct membership_counters {
 
 /// One member as seen by this node.
 struct member_info {
-  node_id id = no_node;
+  member_id id = no_member;
   std::uint64_t incarnation = 0;
   member_status status = member_status::alive;
   std::string address;
@@ -175,11 +175,11 @@ class membership {
   [[nodiscard]] membership_output step(const membership_input& input, std::uint64_t now_ms);
 
   /// Members other than self, including tombstones, ordered by id.
-  [[nodiscard]] const std::map<node_id, member_info>& members() const { return members_; }
+  [[nodiscard]] const std::map<member_id, member_info>& members() const { return members_; }
   /// Status of `id` as seen here (self: alive or left); nullopt when unknown.
-  [[nodiscard]] std::optional<member_status> status_of(node_id id) const;
+  [[nodiscard]] std::optional<member_status> status_of(member_id id) const;
   [[nodiscard]] std::uint64_t incarnation() const { return incarnation_; }
-  [[nodiscard]] node_id self() const { return cfg_.self; }
+  [[nodiscard]] member_id self() const { return cfg_.self; }
   [[nodiscard]] const membership_counters& counters() const { return counters_; }
   /// Number of members (self included) currently alive or suspect.
   [[nodiscard]] std::size_t live_count() const;
@@ -192,9 +192,9 @@ class membership {
     std::uint32_t transmits = 0;
   };
   struct relay {
-    node_id requester = no_node;
+    member_id requester = no_member;
     std::uint64_t requester_seq = 0;
-    node_id target = no_node;
+    member_id target = no_member;
     std::uint64_t deadline_ms = 0;
   };
   enum class probe_phase : std::uint8_t { idle, direct, indirect };
@@ -216,13 +216,13 @@ class membership {
                   membership_output& out);
   bool insert_member(const member_update& u, std::uint64_t now_ms);
   void enqueue_gossip(const member_update& u);
-  void attach_gossip(membership_message& msg, node_id to);
+  void attach_gossip(membership_message& msg, member_id to);
   [[nodiscard]] bool valid(const member_update& u) const;
   [[nodiscard]] member_update self_update() const;
   [[nodiscard]] member_update update_of(const member_info& m) const;
-  [[nodiscard]] membership_message make(membership_message_type type, node_id to,
-                                        std::uint64_t seq, node_id target);
-  [[nodiscard]] node_id next_probe_target();
+  [[nodiscard]] membership_message make(membership_message_type type, member_id to,
+                                        std::uint64_t seq, member_id target);
+  [[nodiscard]] member_id next_probe_target();
   [[nodiscard]] std::uint32_t retransmit_limit() const;
   [[nodiscard]] std::optional<std::uint64_t> next_timer() const;
 
@@ -231,14 +231,14 @@ class membership {
   std::uint64_t incarnation_ = 0;
   bool leaving_ = false;
   bool started_ = false;
-  std::map<node_id, member_info> members_;
+  std::map<member_id, member_info> members_;
   std::vector<piggyback_entry> piggyback_;
   std::map<std::uint64_t, relay> relays_;  // by the seq we used to ping the target
-  std::vector<node_id> probe_order_;
+  std::vector<member_id> probe_order_;
   std::size_t probe_index_ = 0;
   std::uint64_t next_seq_ = 1;
   std::uint64_t next_probe_ms_ = 0;
-  node_id probe_target_ = no_node;
+  member_id probe_target_ = no_member;
   std::uint64_t probe_seq_ = 0;
   std::uint64_t probe_direct_deadline_ms_ = 0;
   probe_phase probe_phase_ = probe_phase::idle;

@@ -7,18 +7,18 @@
 
 namespace tessera::mesh::sim {
 
-const mesh_node* mesh_node_of(const world& w, node_id id) {
+const mesh_node* mesh_node_of(const world& w, member_id id) {
   return dynamic_cast<const mesh_node*>(w.node(id));
 }
 
 election_checker::election_checker(world& w, std::uint64_t step_down_bound_ms)
     : world_(w), step_down_bound_ms_(step_down_bound_ms) {}
 
-bool election_checker::side_has_majority(node_id id, const member_config& cfg) const {
+bool election_checker::side_has_majority(member_id id, const member_config& cfg) const {
   for (const auto& group : partition_) {
     if (std::find(group.begin(), group.end(), id) == group.end()) continue;
     std::size_t n = 0;
-    for (node_id m : cfg.members) n += std::find(group.begin(), group.end(), m) != group.end();
+    for (member_id m : cfg.members) n += std::find(group.begin(), group.end(), m) != group.end();
     return n >= cfg.majority();
   }
   return true;  // not in any group: talks to everyone
@@ -29,7 +29,7 @@ void election_checker::observe() {
     partition_ = world_.clean_partition();
     minority_since_ms_.clear();
   }
-  for (node_id id : world_.ids()) {
+  for (member_id id : world_.ids()) {
     const mesh_node* n = mesh_node_of(world_, id);
     const bool leads = n && n->election().role() == election_role::leader;
     const std::uint64_t term = leads ? n->election().term() : 0;
@@ -64,7 +64,7 @@ void election_checker::observe() {
 
 std::string describe(const world& w) {
   std::string s;
-  for (node_id id : w.ids()) {
+  for (member_id id : w.ids()) {
     const mesh_node* n = mesh_node_of(w, id);
     if (!n) {
       s += fmt::format("[{}: down] ", id);
@@ -79,24 +79,24 @@ std::string describe(const world& w) {
 }
 
 std::optional<std::string> converged(const world& w) {
-  std::vector<node_id> up;
-  node_id leader = no_node;
-  for (node_id id : w.ids()) {
+  std::vector<member_id> up;
+  member_id leader = no_member;
+  for (member_id id : w.ids()) {
     const mesh_node* n = mesh_node_of(w, id);
     if (!n) continue;
     if (w.is_paused(id)) return fmt::format("node {} is paused", id);
     up.push_back(id);
     if (n->election().role() == election_role::leader) {
-      if (leader != no_node) return fmt::format("two leaders: {} and {}", leader, id);
+      if (leader != no_member) return fmt::format("two leaders: {} and {}", leader, id);
       leader = id;
     }
   }
-  if (leader == no_node) return std::string("no leader");
+  if (leader == no_member) return std::string("no leader");
   const auto& le = mesh_node_of(w, leader)->election();
   if (le.config().members != up)
     return fmt::format("leader config {} != up nodes {}", le.config().members, up);
   if (le.commit_version() != le.config().version) return std::string("config not committed");
-  for (node_id id : up) {
+  for (member_id id : up) {
     const auto& e = mesh_node_of(w, id)->election();
     if (e.leader() != leader || e.term() != le.term() || e.config() != le.config() ||
         e.commit_version() != le.commit_version())

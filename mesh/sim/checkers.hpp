@@ -30,22 +30,22 @@ class election_checker {
 
   [[nodiscard]] const std::vector<std::string>& violations() const { return violations_; }
   /// term -> leader, over the whole run.
-  [[nodiscard]] const std::map<std::uint64_t, node_id>& leaders() const { return leaders_; }
+  [[nodiscard]] const std::map<std::uint64_t, member_id>& leaders() const { return leaders_; }
 
  private:
-  [[nodiscard]] bool side_has_majority(node_id id, const member_config& cfg) const;
+  [[nodiscard]] bool side_has_majority(member_id id, const member_config& cfg) const;
 
   world& world_;
   std::uint64_t step_down_bound_ms_;
-  std::map<std::uint64_t, node_id> leaders_;
-  std::map<node_id, std::uint64_t> leader_term_;  // node -> term it leads (0 = not leader)
-  std::map<node_id, std::uint64_t> minority_since_ms_;  // leader -> since when on a minority side
-  std::vector<std::vector<node_id>> partition_;
+  std::map<std::uint64_t, member_id> leaders_;
+  std::map<member_id, std::uint64_t> leader_term_;  // node -> term it leads (0 = not leader)
+  std::map<member_id, std::uint64_t> minority_since_ms_;  // leader -> since when on a minority side
+  std::vector<std::vector<member_id>> partition_;
   std::vector<std::string> violations_;
 };
 
 /// The mesh_node of `id`, or nullptr while down.
-[[nodiscard]] const mesh_node* mesh_node_of(const world& w, node_id id);
+[[nodiscard]] const mesh_node* mesh_node_of(const world& w, member_id id);
 
 /// Nullopt when every up, unpaused node follows the same leader in the same term, and all hold
 /// the same committed config whose members are exactly the up nodes; otherwise what differs.

@@ -33,7 +33,7 @@ template std::optional<membership_message> decode(const bytes&);
 template std::optional<election_message> decode(const bytes&);
 template std::optional<durable_election_state> decode(const bytes&);
 
-mesh_node::mesh_node(node_id self, const mesh_node_options& options, std::uint64_t seed)
+mesh_node::mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed)
     : self_(self), options_(options) {
   options_.membership.self = self;
   options_.membership.rng_seed = seed * 31 + self;
@@ -129,7 +129,7 @@ mesh_node_options cluster_options(std::size_t n) {
 
 std::unique_ptr<world> make_mesh_world(std::uint64_t seed, std::size_t n,
                                        const mesh_node_options& options) {
-  auto w = std::make_unique<world>(seed, [options, seed](node_id id) {
+  auto w = std::make_unique<world>(seed, [options, seed](member_id id) {
     return std::make_unique<mesh_node>(id, options, seed);
   });
   for (std::size_t i = 1; i <= n; ++i) w->add_node(i);

@@ -33,7 +33,7 @@ struct observed_member_event {
 
 class mesh_node : public sim_node {
  public:
-  mesh_node(node_id self, const mesh_node_options& options, std::uint64_t seed);
+  mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed);
 
   void on_start(node_context& ctx) override;
   void on_message(node_context& ctx, const envelope& msg) override;
@@ -55,7 +55,7 @@ class mesh_node : public sim_node {
   void apply(node_context& ctx, election_output out);
   void rearm(node_context& ctx);
 
-  node_id self_;
+  member_id self_;
   mesh_node_options options_;
   std::optional<mesh::membership> membership_;
   std::optional<mesh::election> election_;

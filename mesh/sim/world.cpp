@@ -8,7 +8,7 @@ namespace tessera::mesh::sim {
 
 std::uint64_t node_context::now_ms() const { return world_.local_time(self_, world_.now_ms()); }
 
-void node_context::send(node_id to, std::uint8_t channel, bytes payload) {
+void node_context::send(member_id to, std::uint8_t channel, bytes payload) {
   world_.send(self_, envelope{self_, to, channel, std::move(payload)});
 }
 
@@ -21,29 +21,29 @@ bytes& node_context::durable() { return world_.at(self_).durable; }
 world::world(std::uint64_t seed, node_factory factory)
     : seed_(seed), rng_(seed), factory_(std::move(factory)) {}
 
-world::slot& world::at(node_id id) {
+world::slot& world::at(member_id id) {
   auto it = slots_.find(id);
   TESSERA_ASSERT(it != slots_.end(), "sim: unknown node {}", id);
   return it->second;
 }
 
-const world::slot& world::at(node_id id) const {
+const world::slot& world::at(member_id id) const {
   auto it = slots_.find(id);
   TESSERA_ASSERT(it != slots_.end(), "sim: unknown node {}", id);
   return it->second;
 }
 
-void world::add_node(node_id id) {
-  TESSERA_ASSERT(id != no_node && !slots_.contains(id), "sim: bad or duplicate node id {}", id);
+void world::add_node(member_id id) {
+  TESSERA_ASSERT(id != no_member && !slots_.contains(id), "sim: bad or duplicate node id {}", id);
   slots_.emplace(id, slot{});
   ids_.push_back(id);
 }
 
-bool world::is_up(node_id id) const { return at(id).node != nullptr; }
-bool world::is_paused(node_id id) const { return at(id).paused; }
-sim_node* world::node(node_id id) const { return at(id).node.get(); }
+bool world::is_up(member_id id) const { return at(id).node != nullptr; }
+bool world::is_paused(member_id id) const { return at(id).paused; }
+sim_node* world::node(member_id id) const { return at(id).node.get(); }
 
-void world::start(node_id id) {
+void world::start(member_id id) {
   slot& s = at(id);
   if (s.node) return;
   s.epoch += 1;
@@ -55,7 +55,7 @@ void world::start(node_id id) {
   s.node->on_start(ctx);
 }
 
-void world::crash(node_id id) {
+void world::crash(member_id id) {
   slot& s = at(id);
   s.node.reset();
   s.epoch += 1;
@@ -65,9 +65,9 @@ void world::crash(node_id id) {
   s.timer_gen += 1;
 }
 
-void world::pause(node_id id) { at(id).paused = true; }
+void world::pause(member_id id) { at(id).paused = true; }
 
-void world::resume(node_id id) {
+void world::resume(member_id id) {
   slot& s = at(id);
   if (!s.paused) return;
   s.paused = false;
@@ -83,7 +83,7 @@ void world::resume(node_id id) {
   }
 }
 
-void world::set_clock(node_id id, std::int64_t offset_ms, std::int32_t rate_ppm) {
+void world::set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_ppm) {
   TESSERA_ASSERT(rate_ppm > -500'000 && offset_ms >= 0, "sim: clock rate {} / offset {} out of range",
                  rate_ppm, offset_ms);
   slot& s = at(id);
@@ -96,32 +96,32 @@ void world::set_clock(node_id id, std::int64_t offset_ms, std::int32_t rate_ppm)
   if (after < before) s.offset_ms += static_cast<std::int64_t>(before - after);
 }
 
-std::uint64_t world::local_time(node_id id, std::uint64_t global_ms) const {
+std::uint64_t world::local_time(member_id id, std::uint64_t global_ms) const {
   const slot& s = at(id);
   const std::int64_t g = static_cast<std::int64_t>(global_ms);
   const std::int64_t local = s.offset_ms + g + g * s.rate_ppm / 1'000'000;
   return local < 0 ? 0 : static_cast<std::uint64_t>(local);
 }
 
-void world::partition(const std::vector<std::vector<node_id>>& groups) {
+void world::partition(const std::vector<std::vector<member_id>>& groups) {
   heal();
   for (std::size_t i = 0; i < groups.size(); ++i)
     for (std::size_t j = 0; j < groups.size(); ++j)
       if (i != j)
-        for (node_id a : groups[i])
-          for (node_id b : groups[j]) blocked_.insert({a, b});
+        for (member_id a : groups[i])
+          for (member_id b : groups[j]) blocked_.insert({a, b});
   clean_groups_ = groups;
 }
 
-void world::block(node_id from, node_id to) {
+void world::block(member_id from, member_id to) {
   blocked_.insert({from, to});
   clean_groups_.clear();
 }
 
-void world::bridge(const std::vector<node_id>& a, node_id bridge_node, const std::vector<node_id>& b) {
+void world::bridge(const std::vector<member_id>& a, member_id bridge_node, const std::vector<member_id>& b) {
   heal();
-  for (node_id x : a)
-    for (node_id y : b) {
+  for (member_id x : a)
+    for (member_id y : b) {
       if (x == bridge_node || y == bridge_node) continue;
       blocked_.insert({x, y});
       blocked_.insert({y, x});
@@ -133,9 +133,9 @@ void world::heal() {
   clean_groups_.clear();
 }
 
-bool world::can_deliver(node_id from, node_id to) const { return !blocked_.contains({from, to}); }
+bool world::can_deliver(member_id from, member_id to) const { return !blocked_.contains({from, to}); }
 
-void world::send(node_id from, envelope e) {
+void world::send(member_id from, envelope e) {
   ++counters_.sent;
   TESSERA_ASSERT(e.to != from, "sim: node {} sent to itself", from);
   if (!slots_.contains(e.to)) {
@@ -161,7 +161,7 @@ void world::send(node_id from, envelope e) {
   }
 }
 
-void world::set_timer(node_id id, std::optional<std::uint64_t> local_at_ms) {
+void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {
   slot& s = at(id);
   s.timer_gen += 1;
   s.timer_pending = false;
@@ -174,7 +174,7 @@ void world::set_timer(node_id id, std::optional<std::uint64_t> local_at_ms) {
   queue_.push(event{at_ms, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
 }
 
-void world::deliver(slot& s, node_id id, const envelope& e) {
+void world::deliver(slot& s, member_id id, const envelope& e) {
   ++counters_.delivered;
   node_context ctx(*this, id);
   s.node->on_message(ctx, e);
@@ -212,7 +212,7 @@ void world::dispatch(const event& e) {
   s.node->on_timer(ctx);
 }
 
-void world::invoke(node_id id, const std::function<void(sim_node&, node_context&)>& fn) {
+void world::invoke(member_id id, const std::function<void(sim_node&, node_context&)>& fn) {
   slot& s = at(id);
   if (!s.node) return;
   node_context ctx(*this, id);

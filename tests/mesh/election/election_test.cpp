@@ -8,21 +8,21 @@
 namespace tessera::mesh {
 namespace {
 
-election_config config_for(node_id id) {
+election_config config_for(member_id id) {
   election_config c;
   c.self = id;
   c.rng_seed = 5;
   return c;
 }
 
-durable_election_state member_of(std::vector<node_id> members, std::uint64_t term) {
+durable_election_state member_of(std::vector<member_id> members, std::uint64_t term) {
   durable_election_state d;
   d.term = term;
   d.config = member_config{3, term, 1, std::move(members)};
   return d;
 }
 
-election_message msg(election_message_type type, node_id from, node_id to, std::uint64_t term) {
+election_message msg(election_message_type type, member_id from, member_id to, std::uint64_t term) {
   election_message m;
   m.type = static_cast<std::uint8_t>(type);
   m.from = from;
@@ -31,8 +31,8 @@ election_message msg(election_message_type type, node_id from, node_id to, std::
   return m;
 }
 
-election_message heartbeat(node_id from, node_id to, std::uint64_t term,
-                           std::vector<node_id> members) {
+election_message heartbeat(member_id from, member_id to, std::uint64_t term,
+                           std::vector<member_id> members) {
   election_message m = msg(election_message_type::heartbeat, from, to, term);
   m.config = member_config{3, term, 1, std::move(members)};
   return m;
@@ -84,7 +84,7 @@ TEST(Election, MalformedMessagesAreCountedAndChangeNothing) {
   (void)e.step(election_receive{heartbeat(5, 2, 9, {1, 2, 3})}, 5);       // leader not in it
   EXPECT_EQ(e.counters().malformed, 5u);
   EXPECT_EQ(e.term(), 4u);
-  EXPECT_EQ(e.leader(), no_node);
+  EXPECT_EQ(e.leader(), no_member);
 }
 
 TEST(Election, LeaderAtMemberBoundRefusesToAddMore) {
@@ -104,7 +104,7 @@ TEST(Election, LeaderAtMemberBoundRefusesToAddMore) {
   resp.granted = true;
   (void)e.step(election_receive{resp}, now += 1);
   (void)e.step(election_tick{}, now += 100);
-  EXPECT_EQ(e.config().members, std::vector<node_id>{1});
+  EXPECT_EQ(e.config().members, std::vector<member_id>{1});
   EXPECT_GE(e.counters().members_refused, 1u);
 }
 
@@ -200,14 +200,14 @@ TEST(Election, BootstrapOnlyByTheLowestVisibleNeverConfiguredNode) {
   auto high = election::create(config_for(2)).value();
   for (auto* e : {&low, &high}) {
     (void)e->step(election_tick{}, 0);
-    (void)e->step(peer_status_changed{e == &low ? node_id{2} : node_id{1}, member_status::alive}, 0);
+    (void)e->step(peer_status_changed{e == &low ? member_id{2} : member_id{1}, member_status::alive}, 0);
   }
   for (std::uint64_t now = 0; now <= 1000; now += 10) {
     (void)low.step(election_tick{}, now);
     (void)high.step(election_tick{}, now);
   }
   EXPECT_EQ(low.role(), election_role::leader);
-  EXPECT_EQ(low.config().members, std::vector<node_id>{1});
+  EXPECT_EQ(low.config().members, std::vector<member_id>{1});
   EXPECT_EQ(low.config().genesis, 1u);
   EXPECT_EQ(high.role(), election_role::follower);  // waits to be added
   EXPECT_EQ(high.config().version, 0u);

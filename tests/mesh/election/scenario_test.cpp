@@ -93,17 +93,17 @@ class scenario {
     return fmt::format("{}:{}: `{}`: ", name_, l.number, fmt::join(l.words, " "));
   }
 
-  static node_id id(const std::string& s) { return std::stoull(s); }
+  static member_id id(const std::string& s) { return std::stoull(s); }
 
-  std::vector<node_id> ids(const line& l, std::size_t from, std::size_t to = ~std::size_t{0}) {
-    std::vector<node_id> v;
+  std::vector<member_id> ids(const line& l, std::size_t from, std::size_t to = ~std::size_t{0}) {
+    std::vector<member_id> v;
     for (std::size_t i = from; i < l.words.size() && i < to; ++i) v.push_back(id(l.words[i]));
     return v;
   }
 
   // Splits the words from `from` on "|" into groups of ids.
-  std::vector<std::vector<node_id>> groups(const line& l, std::size_t from) {
-    std::vector<std::vector<node_id>> g(1);
+  std::vector<std::vector<member_id>> groups(const line& l, std::size_t from) {
+    std::vector<std::vector<member_id>> g(1);
     for (std::size_t i = from; i < l.words.size(); ++i) {
       if (l.words[i] == "|") {
         g.emplace_back();
@@ -114,19 +114,19 @@ class scenario {
     return g;
   }
 
-  const mesh_node& node(const line& l, node_id x) {
+  const mesh_node& node(const line& l, member_id x) {
     const mesh_node* n = mesh_node_of(*w_, x);
     if (!n) ADD_FAILURE() << where(l) << "node " << x << " is down";
     TESSERA_ASSERT(n != nullptr, "scenario: node {} is down", x);
     return *n;
   }
 
-  node_id current_leader() const {
-    for (node_id x : w_->ids()) {
+  member_id current_leader() const {
+    for (member_id x : w_->ids()) {
       const mesh_node* n = mesh_node_of(*w_, x);
       if (n && n->election().role() == election_role::leader) return x;
     }
-    return no_node;
+    return no_member;
   }
 
   void exec(const line& l) {
@@ -166,7 +166,7 @@ class scenario {
   void make_cluster(const line& l) {
     const std::size_t n = std::stoull(l.words.at(1));
     std::uint64_t seed = 1;
-    std::vector<node_id> start;
+    std::vector<member_id> start;
     bool listing = false;
     for (std::size_t i = 2; i < l.words.size(); ++i) {
       if (l.words[i] == "seed") {
@@ -182,7 +182,7 @@ class scenario {
     check_ = std::make_unique<election_checker>(*w_, 800);
     w_->set_observer([this] {
       check_->observe();
-      for (node_id x : w_->ids()) {
+      for (member_id x : w_->ids()) {
         const mesh_node* nd = mesh_node_of(*w_, x);
         const bool leads = nd && nd->election().role() == election_role::leader;
         if (leads && !was_leader_[x]) ++elections_;
@@ -190,22 +190,22 @@ class scenario {
       }
     });
     if (start.empty()) start = w_->ids();
-    for (node_id x : start) w_->start(x);
+    for (member_id x : start) w_->start(x);
   }
 
   void bump_term(const line& l) {
-    const node_id x = id(l.words.at(1));
+    const member_id x = id(l.words.at(1));
     ASSERT_FALSE(w_->is_up(x)) << where(l) << "node must be down";
     auto d = decode<durable_election_state>(w_->durable_of(x));
     ASSERT_TRUE(d.has_value()) << where(l) << "no durable state";
     d->term += std::stoull(l.words.at(2));
-    d->voted_for = no_node;
+    d->voted_for = no_member;
     w_->durable_of(x) = encode(*d);
   }
 
   void mark() {
     mark_terms_.clear();
-    for (node_id x : w_->ids()) {
+    for (member_id x : w_->ids()) {
       const mesh_node* n = mesh_node_of(*w_, x);
       if (n) mark_terms_[x] = n->election().term();
     }
@@ -217,9 +217,9 @@ class scenario {
     const std::string what = l.words.at(1);
     const std::string state = describe(*w_);
     if (what == "leader") {
-      const node_id x = id(l.words.at(2));
+      const member_id x = id(l.words.at(2));
       EXPECT_EQ(node(l, x).election().role(), election_role::leader) << where(l) << state;
-      for (node_id y : w_->ids()) {
+      for (member_id y : w_->ids()) {
         const mesh_node* n = mesh_node_of(*w_, y);
         if (!n || !w_->can_deliver(x, y) || !w_->can_deliver(y, x) || w_->is_paused(y)) continue;
         EXPECT_EQ(n->election().leader(), x) << where(l) << "node " << y << " | " << state;
@@ -228,32 +228,32 @@ class scenario {
       }
     } else if (what == "leader-in") {
       auto set = ids(l, 2);
-      std::vector<node_id> leaders;
-      for (node_id x : set)
+      std::vector<member_id> leaders;
+      for (member_id x : set)
         if (node(l, x).election().role() == election_role::leader) leaders.push_back(x);
       ASSERT_EQ(leaders.size(), 1u) << where(l) << state;
-      for (node_id x : set)
+      for (member_id x : set)
         EXPECT_EQ(node(l, x).election().leader(), leaders[0]) << where(l) << "node " << x << " | "
                                                               << state;
     } else if (what == "no-leader") {
-      for (node_id x : ids(l, 2)) {
+      for (member_id x : ids(l, 2)) {
         EXPECT_NE(node(l, x).election().role(), election_role::leader) << where(l) << state;
-        EXPECT_EQ(node(l, x).election().leader(), no_node) << where(l) << "node " << x << " | "
+        EXPECT_EQ(node(l, x).election().leader(), no_member) << where(l) << "node " << x << " | "
                                                            << state;
       }
     } else if (what == "role") {
       EXPECT_STREQ(to_string(node(l, id(l.words.at(2))).election().role()), l.words.at(3).c_str())
           << where(l) << state;
     } else if (what == "term-unchanged") {
-      for (node_id x : ids(l, 2))
+      for (member_id x : ids(l, 2))
         EXPECT_EQ(node(l, x).election().term(), mark_terms_[x]) << where(l) << "node " << x << " | "
                                                                 << state;
     } else if (what == "term-increased") {
-      for (node_id x : ids(l, 2))
+      for (member_id x : ids(l, 2))
         EXPECT_GT(node(l, x).election().term(), mark_terms_[x]) << where(l) << "node " << x
                                                                 << " | " << state;
     } else if (what == "leader-unchanged") {
-      EXPECT_NE(mark_leader_, no_node) << where(l) << "no leader at mark";
+      EXPECT_NE(mark_leader_, no_member) << where(l) << "no leader at mark";
       EXPECT_EQ(current_leader(), mark_leader_) << where(l) << state;
     } else if (what == "elections-since-mark") {
       EXPECT_EQ(elections_, std::stoull(l.words.at(2))) << where(l) << state;
@@ -278,9 +278,9 @@ class scenario {
   std::string name_;
   std::unique_ptr<world> w_;
   std::unique_ptr<election_checker> check_;
-  std::map<node_id, std::uint64_t> mark_terms_;
-  std::map<node_id, bool> was_leader_;
-  node_id mark_leader_ = no_node;
+  std::map<member_id, std::uint64_t> mark_terms_;
+  std::map<member_id, bool> was_leader_;
+  member_id mark_leader_ = no_member;
   std::uint64_t elections_ = 0;
 };
 

@@ -12,7 +12,7 @@
 namespace tessera::mesh {
 namespace {
 
-membership_config config_for(node_id id) {
+membership_config config_for(member_id id) {
   membership_config c;
   c.self = id;
   c.self_address = "addr-" + std::to_string(id);
@@ -23,8 +23,8 @@ membership_config config_for(node_id id) {
 // Delivers every message after one step of `latency_ms`; links in `cut` drop messages.
 class pump {
  public:
-  explicit pump(std::vector<node_id> ids, membership_config base = {}) {
-    for (node_id id : ids) {
+  explicit pump(std::vector<member_id> ids, membership_config base = {}) {
+    for (member_id id : ids) {
       membership_config c = base;
       c.self = id;
       c.self_address = "addr-" + std::to_string(id);
@@ -35,9 +35,9 @@ class pump {
     }
   }
 
-  membership& at(node_id id) { return nodes_.at(id); }
+  membership& at(member_id id) { return nodes_.at(id); }
 
-  void input(node_id id, const membership_input& in) { apply(id, nodes_.at(id).step(in, now_)); }
+  void input(member_id id, const membership_input& in) { apply(id, nodes_.at(id).step(in, now_)); }
 
   void run_for(std::uint64_t ms) {
     for (std::uint64_t end = now_ + ms; now_ < end;) {
@@ -54,41 +54,41 @@ class pump {
     }
   }
 
-  void cut(node_id a, node_id b) {
+  void cut(member_id a, member_id b) {
     cut_.insert({a, b});
     cut_.insert({b, a});
   }
   void heal() { cut_.clear(); }
-  void kill(node_id id) { down_.insert(id); }
+  void kill(member_id id) { down_.insert(id); }
 
-  std::vector<member_event> events_of(node_id id) const {
+  std::vector<member_event> events_of(member_id id) const {
     auto it = events_.find(id);
     return it == events_.end() ? std::vector<member_event>{} : it->second;
   }
   std::uint64_t now() const { return now_; }
 
  private:
-  void apply(node_id id, membership_output out) {
+  void apply(member_id id, membership_output out) {
     for (auto& m : out.messages) in_flight_.push_back(std::move(m));
     for (auto& e : out.events) events_[id].push_back(e);
     timers_[id] = out.timer_at_ms.value_or(0);
   }
 
-  std::map<node_id, membership> nodes_;
-  std::map<node_id, std::uint64_t> timers_;
-  std::map<node_id, std::vector<member_event>> events_;
+  std::map<member_id, membership> nodes_;
+  std::map<member_id, std::uint64_t> timers_;
+  std::map<member_id, std::vector<member_event>> events_;
   std::vector<membership_message> in_flight_;
-  std::set<std::pair<node_id, node_id>> cut_;
-  std::set<node_id> down_;
+  std::set<std::pair<member_id, member_id>> cut_;
+  std::set<member_id> down_;
   std::uint64_t now_ = 1;
 };
 
-void join_all(pump& p, const std::vector<node_id>& ids) {
-  for (node_id id : ids)
+void join_all(pump& p, const std::vector<member_id>& ids) {
+  for (member_id id : ids)
     p.input(id, membership_join{{member_update{1, 0, 0, "addr-1"}}});
 }
 
-std::vector<member_status> statuses_of(const std::vector<member_event>& evs, node_id about) {
+std::vector<member_status> statuses_of(const std::vector<member_event>& evs, member_id about) {
   std::vector<member_status> out;
   for (const auto& e : evs)
     if (e.id == about) out.push_back(e.status);
@@ -99,7 +99,7 @@ std::vector<member_status> statuses_of(const std::vector<member_event>& evs, nod
 
 TEST(MembershipConfig, RejectsUnusableValuesNamingTheField) {
   membership_config c = config_for(1);
-  c.self = no_node;
+  c.self = no_member;
   auto r = membership::create(c);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, errc::invalid_argument);
@@ -155,7 +155,7 @@ TEST(Membership, MemberTableBoundRefusesNewLiveMembersButEvictsTombstones) {
   membership_config c = config_for(1);
   c.max_members = 3;
   auto m = membership::create(c).value();
-  auto ping_from = [&](node_id id, std::uint64_t now, std::vector<member_update> ups = {}) {
+  auto ping_from = [&](member_id id, std::uint64_t now, std::vector<member_update> ups = {}) {
     membership_message p;
     p.type = static_cast<std::uint8_t>(membership_message_type::ping);
     p.sender = member_update{id, 0, 0, "a"};
@@ -182,7 +182,7 @@ TEST(Membership, PiggybackBoundEvictsTheMostSentEntry) {
   membership_config c = config_for(1);
   c.max_piggyback = 2;
   auto m = membership::create(c).value();
-  for (node_id id = 2; id <= 5; ++id) {
+  for (member_id id = 2; id <= 5; ++id) {
     membership_message p;
     p.type = static_cast<std::uint8_t>(membership_message_type::ping);
     p.sender = member_update{id, 0, 0, "a"};
@@ -196,7 +196,7 @@ TEST(Membership, RelayBoundRefusesPingReqs) {
   membership_config c = config_for(1);
   c.max_relays = 1;
   auto m = membership::create(c).value();
-  for (node_id target : {7, 8}) {
+  for (member_id target : {7, 8}) {
     membership_message r;
     r.type = static_cast<std::uint8_t>(membership_message_type::ping_req);
     r.sender = member_update{2, 0, 0, "a"};
@@ -231,8 +231,8 @@ TEST(Membership, JoinThroughASeedSpreadsToEveryone) {
   pump p({1, 2, 3, 4});
   join_all(p, {2, 3, 4});
   p.run_for(2000);
-  for (node_id a : {1, 2, 3, 4})
-    for (node_id b : {1, 2, 3, 4})
+  for (member_id a : {1, 2, 3, 4})
+    for (member_id b : {1, 2, 3, 4})
       EXPECT_EQ(p.at(a).status_of(b), member_status::alive) << a << " sees " << b;
   EXPECT_EQ(statuses_of(p.events_of(2), 3), std::vector<member_status>{member_status::alive});
   EXPECT_EQ(p.at(2).members().at(3).address, "addr-3");
@@ -244,7 +244,7 @@ TEST(Membership, CrashedMemberBecomesSuspectThenDead) {
   p.run_for(1000);
   p.kill(4);
   p.run_for(3000);
-  for (node_id a : {1, 2, 3}) {
+  for (member_id a : {1, 2, 3}) {
     EXPECT_EQ(p.at(a).status_of(4), member_status::dead) << a;
     auto seen = statuses_of(p.events_of(a), 4);
     // alive, then (suspect if this node suspected or heard of it first), then dead.
@@ -291,15 +291,15 @@ TEST(Membership, DeadMembersMeetAgainAfterAPartitionHeals) {
   pump p({1, 2, 3, 4});
   join_all(p, {2, 3, 4});
   p.run_for(1000);
-  for (node_id a : {1, 2})
-    for (node_id b : {3, 4}) p.cut(a, b);
+  for (member_id a : {1, 2})
+    for (member_id b : {3, 4}) p.cut(a, b);
   p.run_for(3000);
   EXPECT_EQ(p.at(1).status_of(3), member_status::dead);
   EXPECT_EQ(p.at(3).status_of(1), member_status::dead);
   p.heal();
   p.run_for(4000);  // reconnect_interval_ms brings them back; refutation makes it stick
-  for (node_id a : {1, 2, 3, 4})
-    for (node_id b : {1, 2, 3, 4})
+  for (member_id a : {1, 2, 3, 4})
+    for (member_id b : {1, 2, 3, 4})
       EXPECT_EQ(p.at(a).status_of(b), member_status::alive) << a << " sees " << b;
 }
 

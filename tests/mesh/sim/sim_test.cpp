@@ -30,12 +30,12 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   return v ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
-node_id leader_of(const world& w) {
-  for (node_id id : w.ids()) {
+member_id leader_of(const world& w) {
+  for (member_id id : w.ids()) {
     const mesh_node* n = mesh_node_of(w, id);
     if (n && n->election().role() == election_role::leader) return id;
   }
-  return no_node;
+  return no_member;
 }
 
 struct seed_result {
@@ -57,11 +57,11 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
   // CheckQuorum bound: one election timeout after the last ack, checked at the next heartbeat,
   // stretched by clock skew (2%) and delivery delay.
   election_checker check(*w, eopt.election_timeout_ms * 2 + 200);
-  std::map<node_id, std::string> last;
+  std::map<member_id, std::string> last;
   w->set_observer([&] {
     check.observe();
     if (!verbose) return;
-    for (node_id id : w->ids()) {
+    for (member_id id : w->ids()) {
       const mesh_node* nd = mesh_node_of(*w, id);
       std::string s = nd ? fmt::format("{} t{} leader {} cfg v{}/t{} {} commit {}",
                                        to_string(nd->election().role()), nd->election().term(),
@@ -85,9 +85,9 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
   base.delay_min_ms = 1;
   base.delay_max_ms = static_cast<std::uint32_t>(rng.uniform(0, 2) == 0 ? 3 : rng.uniform(10, 40));
   w->set_link_faults(base);
-  for (node_id id : w->ids())
+  for (member_id id : w->ids())
     w->set_clock(id, rng.uniform(0, 10'000), static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000);
-  for (node_id id : w->ids()) {
+  for (member_id id : w->ids()) {
     w->run_for(rng.uniform(0, 200));
     w->start(id);
   }
@@ -99,24 +99,24 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
   r.cold_start_ms = *cold;
   const std::uint64_t episodes = 4 + rng.uniform(0, 4);
   for (std::uint64_t ep = 0; ep < episodes; ++ep) {
-    std::vector<node_id> ids = w->ids();
+    std::vector<member_id> ids = w->ids();
     for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.uniform(0, i)]);
-    const node_id current = leader_of(*w);
-    const node_id leader = current == no_node ? ids[0] : current;
-    std::vector<node_id> crashed, paused;
+    const member_id current = leader_of(*w);
+    const member_id leader = current == no_member ? ids[0] : current;
+    std::vector<member_id> crashed, paused;
     std::string what;
     switch (rng.uniform(0, 8)) {
       case 0: {
         const std::size_t k = rng.uniform(1, n);
-        std::vector<node_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
-        std::vector<node_id> b(ids.begin() + static_cast<long>(k), ids.end());
+        std::vector<member_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
+        std::vector<member_id> b(ids.begin() + static_cast<long>(k), ids.end());
         w->partition({a, b});
         what = fmt::format("partition {} | {}", a, b);
         break;
       }
       case 1: {
-        std::vector<node_id> rest;
-        for (node_id id : ids)
+        std::vector<member_id> rest;
+        for (member_id id : ids)
           if (id != leader) rest.push_back(id);
         w->partition({{leader}, rest});
         what = fmt::format("isolate leader {}", leader);
@@ -125,7 +125,7 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
       case 2: {
         const std::size_t links = 1 + rng.uniform(0, n);
         for (std::size_t i = 0; i < links; ++i) {
-          node_id a = ids[rng.uniform(0, n)], b = ids[rng.uniform(0, n)];
+          member_id a = ids[rng.uniform(0, n)], b = ids[rng.uniform(0, n)];
           if (a != b) w->block(a, b);
         }
         what = "one-way blocks";
@@ -133,21 +133,21 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
       }
       case 3: {
         const std::size_t k = rng.uniform(1, n - 1);
-        std::vector<node_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
-        std::vector<node_id> b(ids.begin() + static_cast<long>(k) + 1, ids.end());
+        std::vector<member_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
+        std::vector<member_id> b(ids.begin() + static_cast<long>(k) + 1, ids.end());
         w->bridge(a, ids[k], b);
         what = fmt::format("bridge {} <{}> {}", a, ids[k], b);
         break;
       }
       case 4: {
-        const node_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
+        const member_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
         w->crash(victim);
         crashed.push_back(victim);
         what = fmt::format("crash {}", victim);
         break;
       }
       case 5: {
-        const node_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
+        const member_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
         w->pause(victim);
         paused.push_back(victim);
         what = fmt::format("pause {}", victim);
@@ -165,10 +165,10 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
         break;
       }
       default: {  // crash a minority and partition the rest
-        const node_id victim = ids[0];
+        const member_id victim = ids[0];
         w->crash(victim);
         crashed.push_back(victim);
-        if (n >= 4) w->partition({{ids[1]}, std::vector<node_id>(ids.begin() + 2, ids.end())});
+        if (n >= 4) w->partition({{ids[1]}, std::vector<member_id>(ids.begin() + 2, ids.end())});
         what = fmt::format("crash {} + partition", victim);
         break;
       }
@@ -181,8 +181,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     w->run_for(duration);
     w->heal();
     w->set_link_faults(base);
-    for (node_id id : crashed) w->restart(id);
-    for (node_id id : paused) w->resume(id);
+    for (member_id id : crashed) w->restart(id);
+    for (member_id id : paused) w->resume(id);
     auto healed = run_until_converged(*w, converge_bound_ms);
     if (!check.violations().empty()) {
       fail(check.violations().front() + " (after " + what + ")");
@@ -195,7 +195,7 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     r.heal_ms.push_back(*healed);
     w->run_for(rng.uniform(0, 500));
   }
-  for (node_id id : w->ids())
+  for (member_id id : w->ids())
     if (mesh_node_of(*w, id)->undecodable() != 0) fail(fmt::format("node {} got undecodable bytes", id));
   return r;
 }
@@ -243,9 +243,9 @@ TEST(SimTiming, LeaderKillAndColdStart) {
     std::vector<std::uint64_t> elected, agreed, cold_leader, cold_all;
     for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
       auto w = make_mesh_world(seed, n, cluster_options(n));
-      for (node_id id : w->ids()) w->start(id);
+      for (member_id id : w->ids()) w->start(id);
       std::uint64_t first_leader = 0;
-      while (leader_of(*w) == no_node && w->now_ms() < 10'000) w->run_for(1);
+      while (leader_of(*w) == no_member && w->now_ms() < 10'000) w->run_for(1);
       first_leader = w->now_ms();
       auto all = run_until_converged(*w, 10'000, 1);
       ASSERT_TRUE(all.has_value()) << "seed " << seed << " " << describe(*w);
@@ -253,16 +253,16 @@ TEST(SimTiming, LeaderKillAndColdStart) {
       cold_all.push_back(w->now_ms());
       det_rng rng(seed);
       w->run_for(rng.uniform(0, 1000));
-      const node_id old = leader_of(*w);
-      ASSERT_NE(old, no_node);
+      const member_id old = leader_of(*w);
+      ASSERT_NE(old, no_member);
       w->crash(old);
       const std::uint64_t t0 = w->now_ms();
-      node_id next = no_node;
-      while ((next = leader_of(*w)) == no_node && w->now_ms() < t0 + 10'000) w->run_for(1);
-      ASSERT_NE(next, no_node) << "seed " << seed << ": no new leader within 10 s";
+      member_id next = no_member;
+      while ((next = leader_of(*w)) == no_member && w->now_ms() < t0 + 10'000) w->run_for(1);
+      ASSERT_NE(next, no_member) << "seed " << seed << ": no new leader within 10 s";
       elected.push_back(w->now_ms() - t0);
       auto follows = [&] {
-        for (node_id id : w->ids()) {
+        for (member_id id : w->ids()) {
           const mesh_node* nd = mesh_node_of(*w, id);
           if (nd && (nd->election().leader() != next ||
                      nd->election().term() != mesh_node_of(*w, next)->election().term()))
