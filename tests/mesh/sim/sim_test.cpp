@@ -6,7 +6,7 @@
 // A failure prints its seed; replay exactly with TESSERA_SIM_SEED=<seed>.
 //
 //   TESSERA_SIM_SEEDS=5000 TESSERA_SIM_FIRST_SEED=1 ./tessera_mesh_sim_tests
-//       --gtest_filter='SimRandom.*'        (one line; many seeds, default 300)
+//       --gtest_filter='SimRandom.*'        (one line; many seeds, default 500)
 //   TESSERA_SIM_SEED=1234 TESSERA_SIM_VERBOSE=1 ./tessera_mesh_sim_tests --gtest_filter='SimRandom.*'
 #include <algorithm>
 #include <cstdio>
@@ -200,10 +200,35 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
   return r;
 }
 
+// The same seed replays the same run, event for event: compare the full traces of two runs.
+TEST(SimRandom, SameSeedReplaysExactly) {
+  auto trace = [](std::uint64_t seed) {
+    std::string t;
+    auto w = make_mesh_world(seed, 5, cluster_options(5));
+    w->set_link_faults(link_faults{1, 20, 50'000, 50'000});
+    w->set_observer([&] { t += describe(*w) + "\n"; });
+    for (member_id id : w->ids()) w->start(id);
+    w->run_for(1500);
+    w->crash(1);
+    w->partition({{2, 3}, {4, 5}});
+    w->run_for(1500);
+    w->heal();
+    w->restart(1);
+    w->run_for(3000);
+    const auto& c = w->counters();
+    return t + fmt::format("{} {} {} {}", c.events, c.delivered, c.dropped_random, c.duplicated);
+  };
+  for (std::uint64_t seed : {1, 2, 3}) {
+    const std::string a = trace(seed);
+    EXPECT_EQ(a, trace(seed)) << "seed " << seed;
+    EXPECT_NE(a, trace(seed + 100)) << "different seeds should differ";
+  }
+}
+
 TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
   const std::uint64_t single = env_u64("TESSERA_SIM_SEED", 0);
   const std::uint64_t first = single ? single : env_u64("TESSERA_SIM_FIRST_SEED", 1);
-  const std::uint64_t count = single ? 1 : env_u64("TESSERA_SIM_SEEDS", 300);
+  const std::uint64_t count = single ? 1 : env_u64("TESSERA_SIM_SEEDS", 500);
   const bool verbose = env_u64("TESSERA_SIM_VERBOSE", 0) != 0;
   std::vector<std::uint64_t> cold, heal;
   std::uint64_t failures = 0, faults = 0;
