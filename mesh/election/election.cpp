@@ -24,10 +24,14 @@ member_config header_of(const member_config& c) {
 
 const char* to_string(election_role role) noexcept {
   switch (role) {
-    case election_role::follower: return "follower";
-    case election_role::pre_candidate: return "pre_candidate";
-    case election_role::candidate: return "candidate";
-    case election_role::leader: return "leader";
+    case election_role::follower:
+      return "follower";
+    case election_role::pre_candidate:
+      return "pre_candidate";
+    case election_role::candidate:
+      return "candidate";
+    case election_role::leader:
+      return "leader";
   }
   return "unknown";
 }
@@ -159,7 +163,9 @@ bool election::up_to_date(const member_config& c) const {
   return std::tie(c.term, c.version) >= std::tie(d_.config.term, d_.config.version);
 }
 
-bool election::may_campaign() const { return !leaving_ && d_.config.contains(cfg_.self); }
+bool election::may_campaign() const {
+  return !leaving_ && d_.config.contains(cfg_.self);
+}
 
 // ---- role transitions --------------------------------------------------------------------------
 
@@ -321,17 +327,26 @@ void election::on_receive(const election_message& m, std::uint64_t now_ms, elect
   }
   if (m.term > 0) heard_cluster_ = true;
   switch (static_cast<etype>(m.type)) {
-    case etype::pre_vote: on_pre_vote(m, now_ms, out); break;
-    case etype::vote: on_vote(m, now_ms, out); break;
-    case etype::heartbeat: on_heartbeat(m, now_ms, out); break;
-    case etype::heartbeat_resp: on_heartbeat_resp(m, now_ms, out); break;
+    case etype::pre_vote:
+      on_pre_vote(m, now_ms, out);
+      break;
+    case etype::vote:
+      on_vote(m, now_ms, out);
+      break;
+    case etype::heartbeat:
+      on_heartbeat(m, now_ms, out);
+      break;
+    case etype::heartbeat_resp:
+      on_heartbeat_resp(m, now_ms, out);
+      break;
     case etype::pre_vote_resp:
-    case etype::vote_resp: on_vote_resp(m, now_ms, out); break;
+    case etype::vote_resp:
+      on_vote_resp(m, now_ms, out);
+      break;
   }
 }
 
-void election::on_pre_vote(const election_message& m, std::uint64_t now_ms,
-                           election_output& out) {
+void election::on_pre_vote(const election_message& m, std::uint64_t now_ms, election_output& out) {
   // PreVote changes nothing here: a node cut off from the cluster can ask forever without ever
   // raising anyone's term. A fresh lease means we still hear a leader: refuse.
   const bool lease = lease_fresh(now_ms);
@@ -368,8 +383,7 @@ void election::on_vote(const election_message& m, std::uint64_t now_ms, election
   out.messages.push_back(std::move(r));
 }
 
-void election::on_vote_resp(const election_message& m, std::uint64_t now_ms,
-                            election_output& out) {
+void election::on_vote_resp(const election_message& m, std::uint64_t now_ms, election_output& out) {
   const bool pre = m.type == static_cast<std::uint8_t>(etype::pre_vote_resp);
   if (m.term > d_.term && !(pre && m.granted)) {
     become_follower(m.term, no_member, now_ms, out);  // learn the cluster's term
@@ -388,8 +402,7 @@ void election::on_vote_resp(const election_message& m, std::uint64_t now_ms,
   }
 }
 
-void election::on_heartbeat(const election_message& m, std::uint64_t now_ms,
-                            election_output& out) {
+void election::on_heartbeat(const election_message& m, std::uint64_t now_ms, election_output& out) {
   const auto& mem = m.config.members;
   if (m.config.version == 0 || m.config.genesis == no_member || m.config.term > m.term ||
       !std::is_sorted(mem.begin(), mem.end()) ||
@@ -456,7 +469,8 @@ std::vector<member_id> election::learners(std::uint64_t now_ms) const {
   (void)now_ms;
   std::vector<member_id> out;
   for (const auto& [id, p] : peers_)
-    if (p.status == member_status::alive && !d_.config.contains(id) && out.size() < cfg_.max_members)
+    if (p.status == member_status::alive && !d_.config.contains(id) &&
+        out.size() < cfg_.max_members)
       out.push_back(id);
   return out;
 }
@@ -470,7 +484,8 @@ void election::send_heartbeats(std::uint64_t now_ms, election_output& out) {
   };
   for (member_id id : d_.config.members)
     if (id != cfg_.self) send(id);
-  for (member_id id : learners(now_ms)) send(id);
+  for (member_id id : learners(now_ms))
+    send(id);
 }
 
 void election::change_config(std::uint64_t now_ms, election_output& out) {
@@ -492,7 +507,8 @@ void election::change_config(std::uint64_t now_ms, election_output& out) {
     // Membership's view can lag (a healed partition is seen dead until it refutes); a member
     // that acks our heartbeats is not removed whatever that view says, unless it left.
     auto a = acks_.find(id);
-    const bool acking = a != acks_.end() && now_ms < a->second.last_ack_ms + cfg_.election_timeout_ms;
+    const bool acking =
+        a != acks_.end() && now_ms < a->second.last_ack_ms + cfg_.election_timeout_ms;
     if (!gone || (acking && p->second.status != member_status::left)) continue;
     member_config next = d_.config;
     std::erase(next.members, id);

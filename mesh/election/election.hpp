@@ -20,11 +20,13 @@
 //     |  +-----------------------------------------------------| leader |--+ higher term from a
 //     |                                                        +--------+  | member while quorum
 //     +--- bootstrap (term 0, empty config, lowest alive id) ---^    ^     | is fresh: re-elect
-//                                                                    +-----+ itself (forced vote)
+//                                                                    +-----+ itself (candidate
+//                                                                      at that term + 1, votes
+//                                                                      forced from followers)
 //
 // Guarantees (checked by the simulator, tests/mesh/sim): at most one leader per term; a node
 // that cannot reach a majority of its config never becomes leader and a leader that loses its
-// majority steps down within one election timeout; a rejoining node (any term) does not change
+// majority steps down within two election timeouts (CheckQuorum runs once per timeout); a rejoining node (any term) does not change
 // who leads a healthy majority; after faults heal, one leader that every member follows.
 #pragma once
 
@@ -47,8 +49,8 @@ namespace tessera::mesh {
 /// The agreed member set. Changes one member at a time, each committed (acked by a majority of
 /// the new set) before the next is proposed. Ordered like a Raft log entry by (term, version).
 struct member_config {
-  std::uint64_t version = 0;   ///< 0 = no config yet (never bootstrapped nor joined)
-  std::uint64_t term = 0;      ///< term of the leader that created this version
+  std::uint64_t version = 0;       ///< 0 = no config yet (never bootstrapped nor joined)
+  std::uint64_t term = 0;          ///< term of the leader that created this version
   member_id genesis = no_member;   ///< the node that bootstrapped this cluster lineage
   std::vector<member_id> members;  ///< sorted, unique, at most max_members
   MSGPACK_DEFINE(version, term, genesis, members);
@@ -68,14 +70,19 @@ struct durable_election_state {
   bool operator==(const durable_election_state&) const = default;
 };
 
-enum class election_role : std::uint8_t { follower = 0, pre_candidate = 1, candidate = 2, leader = 3 };
+enum class election_role : std::uint8_t {
+  follower = 0,
+  pre_candidate = 1,
+  candidate = 2,
+  leader = 3
+};
 const char* to_string(election_role role) noexcept;
 
 /// Message kinds. Stable numbers: they travel on the wire.
 enum class election_message_type : std::uint8_t {
-  pre_vote = 1,        ///< would you vote for me at `term` (not yet ours)? config = my version
-  pre_vote_resp = 2,   ///< granted or not; term = the asked term if granted, else voter's term
-  vote = 3,            ///< vote for me at `term`; force = sent by your current leader
+  pre_vote = 1,       ///< would you vote for me at `term` (not yet ours)? config = my version
+  pre_vote_resp = 2,  ///< granted or not; term = the asked term if granted, else voter's term
+  vote = 3,           ///< vote for me at `term`; force = sent by your current leader
   vote_resp = 4,
   heartbeat = 5,       ///< leader -> members and learners: term, full config, commit_version
   heartbeat_resp = 6,  ///< granted = accepted; config.{version,term} = the config now held
@@ -128,8 +135,8 @@ struct peer_status_changed {
 };
 /// Graceful leave: stop leading (if leading) and never campaign again.
 struct election_leave {};
-using election_input = std::variant<election_tick, election_receive, peer_status_changed,
-                                    election_leave>;
+using election_input =
+    std::variant<election_tick, election_receive, peer_status_changed, election_leave>;
 
 /// Events for subscribers: one struct with a kind (not a variant) so that the node can forward
 /// it as is.

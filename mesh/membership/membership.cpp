@@ -10,18 +10,26 @@ namespace {
 using mtype = membership_message_type;
 
 // Same incarnation: a later status in this order wins (left is the most precise news).
-int rank(member_status s) { return static_cast<int>(s); }
+int rank(member_status s) {
+  return static_cast<int>(s);
+}
 
-bool is_live(member_status s) { return s == member_status::alive || s == member_status::suspect; }
+bool is_live(member_status s) {
+  return s == member_status::alive || s == member_status::suspect;
+}
 
 }  // namespace
 
 const char* to_string(member_status status) noexcept {
   switch (status) {
-    case member_status::alive: return "alive";
-    case member_status::suspect: return "suspect";
-    case member_status::dead: return "dead";
-    case member_status::left: return "left";
+    case member_status::alive:
+      return "alive";
+    case member_status::suspect:
+      return "suspect";
+    case member_status::dead:
+      return "dead";
+    case member_status::left:
+      return "left";
   }
   return "unknown";
 }
@@ -38,7 +46,8 @@ result<void> membership_config::validate() const {
     return make_error(errc::invalid_argument, "membership: suspicion_timeout_ms is 0");
   if (reconnect_interval_ms == 0)
     return make_error(errc::invalid_argument, "membership: reconnect_interval_ms is 0");
-  if (join_retry_ms == 0) return make_error(errc::invalid_argument, "membership: join_retry_ms is 0");
+  if (join_retry_ms == 0)
+    return make_error(errc::invalid_argument, "membership: join_retry_ms is 0");
   if (retransmit_mult == 0)
     return make_error(errc::invalid_argument, "membership: retransmit_mult is 0");
   if (max_members < 1 || max_piggyback < 1 || max_updates_per_message < 1 || max_relays < 1)
@@ -58,7 +67,9 @@ result<membership> membership::create(const membership_config& cfg, std::uint64_
 }
 
 membership::membership(const membership_config& cfg, std::uint64_t incarnation)
-    : cfg_(cfg), rng_(cfg.rng_seed ^ (cfg.self * 0x9e3779b97f4a7c15ULL)), incarnation_(incarnation) {}
+    : cfg_(cfg),
+      rng_(cfg.rng_seed ^ (cfg.self * 0x9e3779b97f4a7c15ULL)),
+      incarnation_(incarnation) {}
 
 std::optional<member_status> membership::status_of(member_id id) const {
   if (id == cfg_.self) return leaving_ ? member_status::left : member_status::alive;
@@ -69,7 +80,8 @@ std::optional<member_status> membership::status_of(member_id id) const {
 
 std::size_t membership::live_count() const {
   std::size_t n = leaving_ ? 0 : 1;
-  for (const auto& [id, m] : members_) n += is_live(m.status) ? 1 : 0;
+  for (const auto& [id, m] : members_)
+    n += is_live(m.status) ? 1 : 0;
   return n;
 }
 
@@ -125,7 +137,8 @@ std::optional<std::uint64_t> membership::next_timer() const {
     if (m.status == member_status::suspect) t = std::min(t, m.suspect_deadline_ms);
     if (!is_live(m.status)) t = std::min(t, m.changed_ms + cfg_.tombstone_ms);
   }
-  for (const auto& [seq, r] : relays_) t = std::min(t, r.deadline_ms);
+  for (const auto& [seq, r] : relays_)
+    t = std::min(t, r.deadline_ms);
   return t;
 }
 
@@ -197,7 +210,8 @@ void membership::send_indirect_probes(membership_output& out) {
 }
 
 void membership::send_joins(membership_output& out) {
-  for (const auto& s : seeds_) out.messages.push_back(make(mtype::join, s.id, 0, no_member));
+  for (const auto& s : seeds_)
+    out.messages.push_back(make(mtype::join, s.id, 0, no_member));
 }
 
 void membership::reconnect(membership_output& out) {
@@ -248,9 +262,8 @@ bool membership::valid(const member_update& u) const {
 void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
                             membership_output& out) {
   if (leaving_) return;
-  const bool type_ok =
-      msg.type >= static_cast<std::uint8_t>(mtype::ping) &&
-      msg.type <= static_cast<std::uint8_t>(mtype::leave);
+  const bool type_ok = msg.type >= static_cast<std::uint8_t>(mtype::ping) &&
+                       msg.type <= static_cast<std::uint8_t>(mtype::leave);
   if (!type_ok || msg.to != cfg_.self || !valid(msg.sender) || msg.sender.id == cfg_.self ||
       (msg.type != static_cast<std::uint8_t>(mtype::join_ack) &&
        msg.updates.size() > cfg_.max_updates_per_message) ||
@@ -261,8 +274,8 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
   const auto type = static_cast<mtype>(msg.type);
   const member_id from = msg.sender.id;
   member_update sender = msg.sender;
-  sender.status = static_cast<std::uint8_t>(type == mtype::leave ? member_status::left
-                                                                 : member_status::alive);
+  sender.status =
+      static_cast<std::uint8_t>(type == mtype::leave ? member_status::left : member_status::alive);
   apply_update(sender, now_ms, out);
   for (const auto& u : msg.updates) {
     if (!valid(u)) {
@@ -275,8 +288,9 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
   // tell it now (the ack of a ping carries this anyway) instead of waiting for gossip.
   auto known = members_.find(from);
   if (type != mtype::ping && type != mtype::join && type != mtype::leave &&
-      known != members_.end() && (known->second.status == member_status::suspect ||
-                                  known->second.status == member_status::dead))
+      known != members_.end() &&
+      (known->second.status == member_status::suspect ||
+       known->second.status == member_status::dead))
     out.messages.push_back(make(mtype::ping, from, 0, no_member));
   switch (type) {
     case mtype::ping:
@@ -285,7 +299,8 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
     case mtype::ack: {
       auto r = relays_.find(msg.seq);
       if (r != relays_.end() && r->second.target == from) {
-        out.messages.push_back(make(mtype::ack, r->second.requester, r->second.requester_seq, from));
+        out.messages.push_back(
+            make(mtype::ack, r->second.requester, r->second.requester_seq, from));
         relays_.erase(r);
       } else if (probe_phase_ != probe_phase::idle && msg.seq == probe_seq_ &&
                  (from == probe_target_ || msg.target == probe_target_)) {
@@ -315,7 +330,8 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
       if (j != members_.end() && j->second.status != member_status::alive)
         ack.updates.push_back(update_of(j->second));
       for (const auto& [id, m] : members_)
-        if (id != from && ack.updates.size() < cfg_.max_members) ack.updates.push_back(update_of(m));
+        if (id != from && ack.updates.size() < cfg_.max_members)
+          ack.updates.push_back(update_of(m));
       out.messages.push_back(std::move(ack));
       break;
     }
@@ -416,8 +432,9 @@ void membership::enqueue_gossip(const member_update& u) {
   }
   if (piggyback_.size() >= cfg_.max_piggyback) {
     // Evict the entry already sent most often: it has had the most chances to spread.
-    auto victim = std::max_element(piggyback_.begin(), piggyback_.end(),
-                                   [](const auto& a, const auto& b) { return a.transmits < b.transmits; });
+    auto victim =
+        std::max_element(piggyback_.begin(), piggyback_.end(),
+                         [](const auto& a, const auto& b) { return a.transmits < b.transmits; });
     piggyback_.erase(victim);
     ++counters_.piggyback_evicted;
   }
@@ -448,10 +465,10 @@ void membership::attach_gossip(membership_message& msg, member_id to) {
 }
 
 member_update membership::self_update() const {
-  return member_update{cfg_.self, incarnation_,
-                       static_cast<std::uint8_t>(leaving_ ? member_status::left
-                                                          : member_status::alive),
-                       cfg_.self_address};
+  return member_update{
+      cfg_.self, incarnation_,
+      static_cast<std::uint8_t>(leaving_ ? member_status::left : member_status::alive),
+      cfg_.self_address};
 }
 
 member_update membership::update_of(const member_info& m) const {

@@ -90,12 +90,12 @@ struct membership_config {
   member_id self = no_member;
   std::string self_address;
   std::uint64_t rng_seed = 1;
-  std::uint32_t probe_interval_ms = 100;    ///< one probe round per interval
-  std::uint32_t probe_timeout_ms = 40;      ///< direct ack deadline before indirect probes
-  std::uint32_t indirect_probes = 3;        ///< k members asked to ping_req
-  std::uint32_t suspicion_timeout_ms = 400; ///< suspect -> dead without refutation
-  std::uint32_t tombstone_ms = 30'000;      ///< dead/left entries are kept this long
-  std::uint32_t join_retry_ms = 500;        ///< join re-sent to seeds until answered
+  std::uint32_t probe_interval_ms = 100;     ///< one probe round per interval
+  std::uint32_t probe_timeout_ms = 40;       ///< direct ack deadline before indirect probes
+  std::uint32_t indirect_probes = 3;         ///< k members asked to ping_req
+  std::uint32_t suspicion_timeout_ms = 400;  ///< suspect -> dead without refutation
+  std::uint32_t tombstone_ms = 30'000;       ///< dead/left entries are kept this long
+  std::uint32_t join_retry_ms = 500;         ///< join re-sent to seeds until answered
   /// Every interval, one join goes to a random dead member or a seed not known live: after a
   /// partition heals, both sides hold each other dead and neither probes the other; this is how
   /// they meet again (and refute).
@@ -145,12 +145,12 @@ struct membership_output {
 
 /// Counters for what was dropped at a bound or refused as malformed.
 struct membership_counters {
-  std::uint64_t piggyback_evicted = 0;   ///< gossip evicted because max_piggyback was reached
-  std::uint64_t members_refused = 0;     ///< new members refused because max_members was reached
-  std::uint64_t relays_refused = 0;      ///< ping_req refused because max_relays was reached
-  std::uint64_t malformed = 0;           ///< messages/updates rejected as malformed
-  std::uint64_t suspicions = 0;          ///< members this node suspected
-  std::uint64_t refutations = 0;         ///< times this node refuted gossip about itself
+  std::uint64_t piggyback_evicted = 0;  ///< gossip evicted because max_piggyback was reached
+  std::uint64_t members_refused = 0;    ///< new members refused because max_members was reached
+  std::uint64_t relays_refused = 0;     ///< ping_req refused because max_relays was reached
+  std::uint64_t malformed = 0;          ///< messages/updates rejected as malformed
+  std::uint64_t suspicions = 0;         ///< members this node suspected
+  std::uint64_t refutations = 0;        ///< times this node refuted gossip about itself
 };
 
 /// One member as seen by this node.
@@ -159,8 +159,8 @@ struct member_info {
   std::uint64_t incarnation = 0;
   member_status status = member_status::alive;
   std::string address;
-  std::uint64_t changed_ms = 0;          ///< when status last changed
-  std::uint64_t suspect_deadline_ms = 0; ///< while suspect: when it becomes dead
+  std::uint64_t changed_ms = 0;           ///< when status last changed
+  std::uint64_t suspect_deadline_ms = 0;  ///< while suspect: when it becomes dead
 };
 
 /// The SWIM membership state machine of one node. Deterministic: the same inputs at the same

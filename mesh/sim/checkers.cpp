@@ -18,7 +18,8 @@ bool election_checker::side_has_majority(member_id id, const member_config& cfg)
   for (const auto& group : partition_) {
     if (std::find(group.begin(), group.end(), id) == group.end()) continue;
     std::size_t n = 0;
-    for (member_id m : cfg.members) n += std::find(group.begin(), group.end(), m) != group.end();
+    for (member_id m : cfg.members)
+      n += std::find(group.begin(), group.end(), m) != group.end();
     return n >= cfg.majority();
   }
   return true;  // not in any group: talks to everyone
@@ -48,17 +49,17 @@ void election_checker::observe() {
       minority_since_ms_.emplace(id, world_.now_ms());
     }
     if (before != term && !majority)
-      violations_.push_back(fmt::format("t={} node {} became leader of term {} on a minority side "
-                                        "of {} (its config {})",
-                                        world_.now_ms(), id, term, partition_,
-                                        n->election().config().members));
+      violations_.push_back(
+          fmt::format("t={} node {} became leader of term {} on a minority side "
+                      "of {} (its config {})",
+                      world_.now_ms(), id, term, partition_, n->election().config().members));
     auto since = minority_since_ms_.find(id);
     if (since != minority_since_ms_.end() && world_.now_ms() > since->second + step_down_bound_ms_)
-      violations_.push_back(fmt::format("t={} node {} still leads term {} on a minority side for {} ms "
-                                        "(partition {}, its config {})",
-                                        world_.now_ms(), id, term,
-                                        world_.now_ms() - since->second, partition_,
-                                        n->election().config().members));
+      violations_.push_back(
+          fmt::format("t={} node {} still leads term {} on a minority side for {} ms "
+                      "(partition {}, its config {})",
+                      world_.now_ms(), id, term, world_.now_ms() - since->second, partition_,
+                      n->election().config().members));
   }
 }
 
@@ -72,8 +73,8 @@ std::string describe(const world& w) {
     }
     const auto& e = n->election();
     s += fmt::format("[{}: {} t{} leader {} cfg v{}/t{} {} commit {}{}] ", id, to_string(e.role()),
-                     e.term(), e.leader(), e.config().version, e.config().term,
-                     e.config().members, e.commit_version(), w.is_paused(id) ? " paused" : "");
+                     e.term(), e.leader(), e.config().version, e.config().term, e.config().members,
+                     e.commit_version(), w.is_paused(id) ? " paused" : "");
   }
   return s;
 }

@@ -38,7 +38,7 @@ class election_checker {
   world& world_;
   std::uint64_t step_down_bound_ms_;
   std::map<std::uint64_t, member_id> leaders_;
-  std::map<member_id, std::uint64_t> leader_term_;  // node -> term it leads (0 = not leader)
+  std::map<member_id, std::uint64_t> leader_term_;        // node -> term it leads (0 = not leader)
   std::map<member_id, std::uint64_t> minority_since_ms_;  // leader -> since when on a minority side
   std::vector<std::vector<member_id>> partition_;
   std::vector<std::string> violations_;

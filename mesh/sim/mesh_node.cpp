@@ -97,7 +97,8 @@ void mesh_node::leave(node_context& ctx) {
 }
 
 void mesh_node::apply(node_context& ctx, membership_output out) {
-  for (auto& m : out.messages) ctx.send(m.to, membership_channel, encode(m));
+  for (auto& m : out.messages)
+    ctx.send(m.to, membership_channel, encode(m));
   membership_timer_ = out.timer_at_ms;
   for (auto& ev : out.events) {
     member_events_.push_back(observed_member_event{ctx.now_ms(), ev});
@@ -109,7 +110,8 @@ void mesh_node::apply(node_context& ctx, membership_output out) {
 void mesh_node::apply(node_context& ctx, election_output out) {
   // Durable first, then messages: a vote must be on disk before anyone can learn of it.
   if (out.persist) ctx.durable() = encode(election_->durable());
-  for (auto& m : out.messages) ctx.send(m.to, election_channel, encode(m));
+  for (auto& m : out.messages)
+    ctx.send(m.to, election_channel, encode(m));
   election_timer_ = out.timer_at_ms;
   rearm(ctx);
 }
@@ -132,7 +134,8 @@ std::unique_ptr<world> make_mesh_world(std::uint64_t seed, std::size_t n,
   auto w = std::make_unique<world>(seed, [options, seed](member_id id) {
     return std::make_unique<mesh_node>(id, options, seed);
   });
-  for (std::size_t i = 1; i <= n; ++i) w->add_node(i);
+  for (std::size_t i = 1; i <= n; ++i)
+    w->add_node(i);
   return w;
 }
 

@@ -20,8 +20,8 @@ inline constexpr std::uint8_t membership_channel = 1;
 inline constexpr std::uint8_t election_channel = 2;
 
 struct mesh_node_options {
-  membership_config membership;  ///< self and rng_seed are filled in per node
-  election_config election;      ///< self and rng_seed are filled in per node
+  membership_config membership;      ///< self and rng_seed are filled in per node
+  election_config election;          ///< self and rng_seed are filled in per node
   std::vector<member_update> seeds;  ///< joined at every start (discovery hints)
 };
 

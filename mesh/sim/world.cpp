@@ -6,7 +6,9 @@
 
 namespace tessera::mesh::sim {
 
-std::uint64_t node_context::now_ms() const { return world_.local_time(self_, world_.now_ms()); }
+std::uint64_t node_context::now_ms() const {
+  return world_.local_time(self_, world_.now_ms());
+}
 
 void node_context::send(member_id to, std::uint8_t channel, bytes payload) {
   world_.send(self_, envelope{self_, to, channel, std::move(payload)});
@@ -16,7 +18,9 @@ void node_context::set_timer(std::optional<std::uint64_t> local_at_ms) {
   world_.set_timer(self_, local_at_ms);
 }
 
-bytes& node_context::durable() { return world_.at(self_).durable; }
+bytes& node_context::durable() {
+  return world_.at(self_).durable;
+}
 
 world::world(std::uint64_t seed, node_factory factory)
     : seed_(seed), rng_(seed), factory_(std::move(factory)) {}
@@ -39,9 +43,15 @@ void world::add_node(member_id id) {
   ids_.push_back(id);
 }
 
-bool world::is_up(member_id id) const { return at(id).node != nullptr; }
-bool world::is_paused(member_id id) const { return at(id).paused; }
-sim_node* world::node(member_id id) const { return at(id).node.get(); }
+bool world::is_up(member_id id) const {
+  return at(id).node != nullptr;
+}
+bool world::is_paused(member_id id) const {
+  return at(id).paused;
+}
+sim_node* world::node(member_id id) const {
+  return at(id).node.get();
+}
 
 void world::start(member_id id) {
   slot& s = at(id);
@@ -65,7 +75,9 @@ void world::crash(member_id id) {
   s.timer_gen += 1;
 }
 
-void world::pause(member_id id) { at(id).paused = true; }
+void world::pause(member_id id) {
+  at(id).paused = true;
+}
 
 void world::resume(member_id id) {
   slot& s = at(id);
@@ -73,7 +85,8 @@ void world::resume(member_id id) {
   s.paused = false;
   // Everything that arrived while stopped is handled now, in arrival order, then the late timer.
   for (auto& e : s.backlog) {
-    queue_.push(event{now_ms_, next_seq_++, id, s.epoch, 0, std::make_shared<envelope>(std::move(e))});
+    queue_.push(
+        event{now_ms_, next_seq_++, id, s.epoch, 0, std::make_shared<envelope>(std::move(e))});
     ++in_flight_;
   }
   s.backlog.clear();
@@ -84,8 +97,8 @@ void world::resume(member_id id) {
 }
 
 void world::set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_ppm) {
-  TESSERA_ASSERT(rate_ppm > -500'000 && offset_ms >= 0, "sim: clock rate {} / offset {} out of range",
-                 rate_ppm, offset_ms);
+  TESSERA_ASSERT(rate_ppm > -500'000 && offset_ms >= 0,
+                 "sim: clock rate {} / offset {} out of range", rate_ppm, offset_ms);
   slot& s = at(id);
   // Keep the local clock monotonic across the change: shift the offset so local(now) does not
   // go back.
@@ -109,7 +122,8 @@ void world::partition(const std::vector<std::vector<member_id>>& groups) {
     for (std::size_t j = 0; j < groups.size(); ++j)
       if (i != j)
         for (member_id a : groups[i])
-          for (member_id b : groups[j]) blocked_.insert({a, b});
+          for (member_id b : groups[j])
+            blocked_.insert({a, b});
   clean_groups_ = groups;
 }
 
@@ -118,7 +132,8 @@ void world::block(member_id from, member_id to) {
   clean_groups_.clear();
 }
 
-void world::bridge(const std::vector<member_id>& a, member_id bridge_node, const std::vector<member_id>& b) {
+void world::bridge(const std::vector<member_id>& a, member_id bridge_node,
+                   const std::vector<member_id>& b) {
   heal();
   for (member_id x : a)
     for (member_id y : b) {
@@ -133,7 +148,9 @@ void world::heal() {
   clean_groups_.clear();
 }
 
-bool world::can_deliver(member_id from, member_id to) const { return !blocked_.contains({from, to}); }
+bool world::can_deliver(member_id from, member_id to) const {
+  return !blocked_.contains({from, to});
+}
 
 void world::send(member_id from, envelope e) {
   ++counters_.sent;
@@ -170,7 +187,8 @@ void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {
   const double scale = 1'000'000.0 / (1'000'000.0 + s.rate_ppm);
   const double g = (static_cast<double>(*local_at_ms) - static_cast<double>(s.offset_ms)) * scale;
   std::uint64_t at_ms = g <= static_cast<double>(now_ms_) ? now_ms_ : static_cast<std::uint64_t>(g);
-  while (local_time(id, at_ms) < *local_at_ms) ++at_ms;
+  while (local_time(id, at_ms) < *local_at_ms)
+    ++at_ms;
   queue_.push(event{at_ms, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
 }
 

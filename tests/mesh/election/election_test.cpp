@@ -78,10 +78,10 @@ TEST(Election, MalformedMessagesAreCountedAndChangeNothing) {
   auto unknown = msg(election_message_type::heartbeat, 1, 2, 9);
   unknown.type = 42;
   (void)e.step(election_receive{unknown}, 1);
-  (void)e.step(election_receive{heartbeat(1, 7, 9, {1, 2, 3})}, 2);       // not for us
-  (void)e.step(election_receive{heartbeat(2, 2, 9, {1, 2, 3})}, 3);       // from ourselves
-  (void)e.step(election_receive{heartbeat(1, 2, 9, {3, 2})}, 4);          // unsorted config
-  (void)e.step(election_receive{heartbeat(5, 2, 9, {1, 2, 3})}, 5);       // leader not in it
+  (void)e.step(election_receive{heartbeat(1, 7, 9, {1, 2, 3})}, 2);  // not for us
+  (void)e.step(election_receive{heartbeat(2, 2, 9, {1, 2, 3})}, 3);  // from ourselves
+  (void)e.step(election_receive{heartbeat(1, 2, 9, {3, 2})}, 4);     // unsorted config
+  (void)e.step(election_receive{heartbeat(5, 2, 9, {1, 2, 3})}, 5);  // leader not in it
   EXPECT_EQ(e.counters().malformed, 5u);
   EXPECT_EQ(e.term(), 4u);
   EXPECT_EQ(e.leader(), no_member);
@@ -98,7 +98,8 @@ TEST(Election, LeaderAtMemberBoundRefusesToAddMore) {
   std::uint64_t now = 0;
   (void)e.step(election_tick{}, now);
   (void)e.step(peer_status_changed{2, member_status::alive}, now);
-  while (e.role() != election_role::leader && now < 5000) (void)e.step(election_tick{}, now += 10);
+  while (e.role() != election_role::leader && now < 5000)
+    (void)e.step(election_tick{}, now += 10);
   ASSERT_EQ(e.role(), election_role::leader);
   auto resp = msg(election_message_type::heartbeat_resp, 2, 1, e.term());
   resp.granted = true;
@@ -200,7 +201,8 @@ TEST(Election, BootstrapOnlyByTheLowestVisibleNeverConfiguredNode) {
   auto high = election::create(config_for(2)).value();
   for (auto* e : {&low, &high}) {
     (void)e->step(election_tick{}, 0);
-    (void)e->step(peer_status_changed{e == &low ? member_id{2} : member_id{1}, member_status::alive}, 0);
+    (void)e->step(
+        peer_status_changed{e == &low ? member_id{2} : member_id{1}, member_status::alive}, 0);
   }
   for (std::uint64_t now = 0; now <= 1000; now += 10) {
     (void)low.step(election_tick{}, now);
@@ -215,7 +217,8 @@ TEST(Election, BootstrapOnlyByTheLowestVisibleNeverConfiguredNode) {
   election_config c = config_for(1);
   c.bootstrap_expect = 3;
   auto lonely = election::create(c).value();
-  for (std::uint64_t now = 0; now <= 5000; now += 10) (void)lonely.step(election_tick{}, now);
+  for (std::uint64_t now = 0; now <= 5000; now += 10)
+    (void)lonely.step(election_tick{}, now);
   EXPECT_EQ(lonely.role(), election_role::follower);
 }
 
@@ -224,7 +227,8 @@ TEST(Election, LeaderStepsDownWithoutAQuorumWithinOneElectionTimeout) {
   auto e = election::create(config_for(1), d).value();
   std::uint64_t now = 0;
   (void)e.step(election_tick{}, now);
-  while (e.role() != election_role::pre_candidate && now < 2000) (void)e.step(election_tick{}, now += 1);
+  while (e.role() != election_role::pre_candidate && now < 2000)
+    (void)e.step(election_tick{}, now += 1);
   auto pre = msg(election_message_type::pre_vote_resp, 2, 1, 5);
   pre.granted = true;
   (void)e.step(election_receive{pre}, now += 1);
@@ -235,7 +239,8 @@ TEST(Election, LeaderStepsDownWithoutAQuorumWithinOneElectionTimeout) {
   ASSERT_EQ(e.role(), election_role::leader);
   const std::uint64_t elected = now;
   // Nobody answers any heartbeat from now on.
-  while (e.role() == election_role::leader && now < elected + 5000) (void)e.step(election_tick{}, now += 1);
+  while (e.role() == election_role::leader && now < elected + 5000)
+    (void)e.step(election_tick{}, now += 1);
   EXPECT_EQ(e.role(), election_role::follower);
   EXPECT_LE(now - elected, 2u * 300u);  // CheckQuorum: the vote counts as contact for one window
   EXPECT_EQ(e.counters().check_quorum_step_downs, 1u);

@@ -58,7 +58,8 @@ std::vector<line> read_script(const std::filesystem::path& path) {
     if (auto hash = text.find('#'); hash != std::string::npos) text.resize(hash);
     std::istringstream ws(text);
     line l{n, {}};
-    for (std::string w; ws >> w;) l.words.push_back(w);
+    for (std::string w; ws >> w;)
+      l.words.push_back(w);
     if (!l.words.empty()) out.push_back(std::move(l));
   }
   return out;
@@ -81,7 +82,8 @@ class scenario {
           if (lines[j].words[0] == "end" && --depth == 0) break;
         }
         ASSERT_LT(j, end) << where(l) << "repeat without end";
-        for (int k = 0; k < std::stoi(l.words.at(1)); ++k) run_block(lines, i + 1, j);
+        for (int k = 0; k < std::stoi(l.words.at(1)); ++k)
+          run_block(lines, i + 1, j);
         i = j;
         continue;
       }
@@ -97,7 +99,8 @@ class scenario {
 
   std::vector<member_id> ids(const line& l, std::size_t from, std::size_t to = ~std::size_t{0}) {
     std::vector<member_id> v;
-    for (std::size_t i = from; i < l.words.size() && i < to; ++i) v.push_back(id(l.words[i]));
+    for (std::size_t i = from; i < l.words.size() && i < to; ++i)
+      v.push_back(id(l.words[i]));
     return v;
   }
 
@@ -190,7 +193,8 @@ class scenario {
       }
     });
     if (start.empty()) start = w_->ids();
-    for (member_id x : start) w_->start(x);
+    for (member_id x : start)
+      w_->start(x);
   }
 
   void bump_term(const line& l) {
@@ -233,25 +237,25 @@ class scenario {
         if (node(l, x).election().role() == election_role::leader) leaders.push_back(x);
       ASSERT_EQ(leaders.size(), 1u) << where(l) << state;
       for (member_id x : set)
-        EXPECT_EQ(node(l, x).election().leader(), leaders[0]) << where(l) << "node " << x << " | "
-                                                              << state;
+        EXPECT_EQ(node(l, x).election().leader(), leaders[0])
+            << where(l) << "node " << x << " | " << state;
     } else if (what == "no-leader") {
       for (member_id x : ids(l, 2)) {
         EXPECT_NE(node(l, x).election().role(), election_role::leader) << where(l) << state;
-        EXPECT_EQ(node(l, x).election().leader(), no_member) << where(l) << "node " << x << " | "
-                                                           << state;
+        EXPECT_EQ(node(l, x).election().leader(), no_member)
+            << where(l) << "node " << x << " | " << state;
       }
     } else if (what == "role") {
       EXPECT_STREQ(to_string(node(l, id(l.words.at(2))).election().role()), l.words.at(3).c_str())
           << where(l) << state;
     } else if (what == "term-unchanged") {
       for (member_id x : ids(l, 2))
-        EXPECT_EQ(node(l, x).election().term(), mark_terms_[x]) << where(l) << "node " << x << " | "
-                                                                << state;
+        EXPECT_EQ(node(l, x).election().term(), mark_terms_[x])
+            << where(l) << "node " << x << " | " << state;
     } else if (what == "term-increased") {
       for (member_id x : ids(l, 2))
-        EXPECT_GT(node(l, x).election().term(), mark_terms_[x]) << where(l) << "node " << x
-                                                                << " | " << state;
+        EXPECT_GT(node(l, x).election().term(), mark_terms_[x])
+            << where(l) << "node " << x << " | " << state;
     } else if (what == "leader-unchanged") {
       EXPECT_NE(mark_leader_, no_member) << where(l) << "no leader at mark";
       EXPECT_EQ(current_leader(), mark_leader_) << where(l) << state;
@@ -306,8 +310,8 @@ INSTANTIATE_TEST_SUITE_P(Testdata, ElectionScenario,
 // The interpreter must be able to fail: a wrong expectation is reported, not ignored.
 TEST(ElectionScenarioInterpreter, WrongExpectationFails) {
   scenario s("inline");
-  std::vector<line> lines = {{1, {"cluster", "3"}}, {2, {"converge", "3000"}},
-                             {3, {"expect", "role", "3", "leader"}}};
+  std::vector<line> lines = {
+      {1, {"cluster", "3"}}, {2, {"converge", "3000"}}, {3, {"expect", "role", "3", "leader"}}};
   EXPECT_NONFATAL_FAILURE(s.run(lines), "expect role 3 leader");
 }
 

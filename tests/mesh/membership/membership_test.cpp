@@ -69,8 +69,10 @@ class pump {
 
  private:
   void apply(member_id id, membership_output out) {
-    for (auto& m : out.messages) in_flight_.push_back(std::move(m));
-    for (auto& e : out.events) events_[id].push_back(e);
+    for (auto& m : out.messages)
+      in_flight_.push_back(std::move(m));
+    for (auto& e : out.events)
+      events_[id].push_back(e);
     timers_[id] = out.timer_at_ms.value_or(0);
   }
 
@@ -263,7 +265,8 @@ TEST(Membership, SuspectedMemberRefutesWithAHigherIncarnation) {
   p.cut(1, 3);
   p.cut(2, 3);
   std::uint64_t start = p.now();
-  while (p.at(1).status_of(3) != member_status::suspect && p.now() < start + 2000) p.run_for(1);
+  while (p.at(1).status_of(3) != member_status::suspect && p.now() < start + 2000)
+    p.run_for(1);
   ASSERT_EQ(p.at(1).status_of(3), member_status::suspect);
   p.heal();
   p.run_for(1000);
@@ -292,7 +295,8 @@ TEST(Membership, DeadMembersMeetAgainAfterAPartitionHeals) {
   join_all(p, {2, 3, 4});
   p.run_for(1000);
   for (member_id a : {1, 2})
-    for (member_id b : {3, 4}) p.cut(a, b);
+    for (member_id b : {3, 4})
+      p.cut(a, b);
   p.run_for(3000);
   EXPECT_EQ(p.at(1).status_of(3), member_status::dead);
   EXPECT_EQ(p.at(3).status_of(1), member_status::dead);

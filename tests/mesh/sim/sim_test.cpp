@@ -7,7 +7,8 @@
 //
 //   TESSERA_SIM_SEEDS=5000 TESSERA_SIM_FIRST_SEED=1 ./tessera_mesh_sim_tests
 //       --gtest_filter='SimRandom.*'        (one line; many seeds, default 500)
-//   TESSERA_SIM_SEED=1234 TESSERA_SIM_VERBOSE=1 ./tessera_mesh_sim_tests --gtest_filter='SimRandom.*'
+//   TESSERA_SIM_SEED=1234 TESSERA_SIM_VERBOSE=1 ./tessera_mesh_sim_tests
+//   --gtest_filter='SimRandom.*'
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -63,21 +64,22 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     if (!verbose) return;
     for (member_id id : w->ids()) {
       const mesh_node* nd = mesh_node_of(*w, id);
-      std::string s = nd ? fmt::format("{} t{} leader {} cfg v{}/t{} {} commit {}",
-                                       to_string(nd->election().role()), nd->election().term(),
-                                       nd->election().leader(), nd->election().config().version,
-                                       nd->election().config().term,
-                                       nd->election().config().members,
-                                       nd->election().commit_version())
-                         : "down";
-      if (last[id] != s) std::printf("  t=%llu node %llu: %s\n",
-                                     static_cast<unsigned long long>(w->now_ms()),
-                                     static_cast<unsigned long long>(id), s.c_str());
+      std::string s =
+          nd ? fmt::format("{} t{} leader {} cfg v{}/t{} {} commit {}",
+                           to_string(nd->election().role()), nd->election().term(),
+                           nd->election().leader(), nd->election().config().version,
+                           nd->election().config().term, nd->election().config().members,
+                           nd->election().commit_version())
+             : "down";
+      if (last[id] != s)
+        std::printf("  t=%llu node %llu: %s\n", static_cast<unsigned long long>(w->now_ms()),
+                    static_cast<unsigned long long>(id), s.c_str());
       last[id] = s;
     }
   });
   auto fail = [&](const std::string& what) {
-    r.failure = fmt::format("seed {}: n={} t={}: {} | {}", seed, n, w->now_ms(), what, describe(*w));
+    r.failure =
+        fmt::format("seed {}: n={} t={}: {} | {}", seed, n, w->now_ms(), what, describe(*w));
   };
   // Per-seed base network: some seeds run on a slow, jittery LAN, which makes concurrent
   // candidacies (the interesting case for vote safety) frequent.
@@ -86,7 +88,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
   base.delay_max_ms = static_cast<std::uint32_t>(rng.uniform(0, 2) == 0 ? 3 : rng.uniform(10, 40));
   w->set_link_faults(base);
   for (member_id id : w->ids())
-    w->set_clock(id, rng.uniform(0, 10'000), static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000);
+    w->set_clock(id, rng.uniform(0, 10'000),
+                 static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000);
   for (member_id id : w->ids()) {
     w->run_for(rng.uniform(0, 200));
     w->start(id);
@@ -100,7 +103,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
   const std::uint64_t episodes = 4 + rng.uniform(0, 4);
   for (std::uint64_t ep = 0; ep < episodes; ++ep) {
     std::vector<member_id> ids = w->ids();
-    for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.uniform(0, i)]);
+    for (std::size_t i = ids.size(); i > 1; --i)
+      std::swap(ids[i - 1], ids[rng.uniform(0, i)]);
     const member_id current = leader_of(*w);
     const member_id leader = current == no_member ? ids[0] : current;
     std::vector<member_id> crashed, paused;
@@ -175,14 +179,17 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     }
     ++r.faults;
     const std::uint64_t duration = rng.uniform(100, 3'500);
-    if (verbose) std::printf("seed %llu t=%llu %s for %llu ms\n", static_cast<unsigned long long>(seed),
-                             static_cast<unsigned long long>(w->now_ms()), what.c_str(),
-                             static_cast<unsigned long long>(duration));
+    if (verbose)
+      std::printf("seed %llu t=%llu %s for %llu ms\n", static_cast<unsigned long long>(seed),
+                  static_cast<unsigned long long>(w->now_ms()), what.c_str(),
+                  static_cast<unsigned long long>(duration));
     w->run_for(duration);
     w->heal();
     w->set_link_faults(base);
-    for (member_id id : crashed) w->restart(id);
-    for (member_id id : paused) w->resume(id);
+    for (member_id id : crashed)
+      w->restart(id);
+    for (member_id id : paused)
+      w->resume(id);
     auto healed = run_until_converged(*w, converge_bound_ms);
     if (!check.violations().empty()) {
       fail(check.violations().front() + " (after " + what + ")");
@@ -196,7 +203,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     w->run_for(rng.uniform(0, 500));
   }
   for (member_id id : w->ids())
-    if (mesh_node_of(*w, id)->undecodable() != 0) fail(fmt::format("node {} got undecodable bytes", id));
+    if (mesh_node_of(*w, id)->undecodable() != 0)
+      fail(fmt::format("node {} got undecodable bytes", id));
   return r;
 }
 
@@ -207,7 +215,8 @@ TEST(SimRandom, SameSeedReplaysExactly) {
     auto w = make_mesh_world(seed, 5, cluster_options(5));
     w->set_link_faults(link_faults{1, 20, 50'000, 50'000});
     w->set_observer([&] { t += describe(*w) + "\n"; });
-    for (member_id id : w->ids()) w->start(id);
+    for (member_id id : w->ids())
+      w->start(id);
     w->run_for(1500);
     w->crash(1);
     w->partition({{2, 3}, {4, 5}});
@@ -238,7 +247,8 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
     if (!r.failure.empty()) {
       ++failures;
       ADD_FAILURE() << r.failure << "\n  replay: TESSERA_SIM_SEED=" << seed
-                    << " TESSERA_SIM_VERBOSE=1 " << "tessera_mesh_sim_tests --gtest_filter='SimRandom.*'";
+                    << " TESSERA_SIM_VERBOSE=1 "
+                    << "tessera_mesh_sim_tests --gtest_filter='SimRandom.*'";
       if (failures >= 5) break;
       continue;
     }
@@ -248,15 +258,15 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
   std::sort(cold.begin(), cold.end());
   std::sort(heal.begin(), heal.end());
   if (!cold.empty())
-    std::printf("seeds %llu..%llu: %llu fault episodes; cold start -> converged median %llu ms max "
-                "%llu ms; heal -> converged median %llu ms max %llu ms (simulated)\n",
-                static_cast<unsigned long long>(first),
-                static_cast<unsigned long long>(first + count - 1),
-                static_cast<unsigned long long>(faults),
-                static_cast<unsigned long long>(cold[cold.size() / 2]),
-                static_cast<unsigned long long>(cold.back()),
-                static_cast<unsigned long long>(heal.empty() ? 0 : heal[heal.size() / 2]),
-                static_cast<unsigned long long>(heal.empty() ? 0 : heal.back()));
+    std::printf(
+        "seeds %llu..%llu: %llu fault episodes; cold start -> converged median %llu ms max "
+        "%llu ms; heal -> converged median %llu ms max %llu ms (simulated)\n",
+        static_cast<unsigned long long>(first), static_cast<unsigned long long>(first + count - 1),
+        static_cast<unsigned long long>(faults),
+        static_cast<unsigned long long>(cold[cold.size() / 2]),
+        static_cast<unsigned long long>(cold.back()),
+        static_cast<unsigned long long>(heal.empty() ? 0 : heal[heal.size() / 2]),
+        static_cast<unsigned long long>(heal.empty() ? 0 : heal.back()));
 }
 
 // Simulated failover and cold-start times with default timeouts on a LAN-like link (1-3 ms).
@@ -268,9 +278,11 @@ TEST(SimTiming, LeaderKillAndColdStart) {
     std::vector<std::uint64_t> elected, agreed, cold_leader, cold_all;
     for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
       auto w = make_mesh_world(seed, n, cluster_options(n));
-      for (member_id id : w->ids()) w->start(id);
+      for (member_id id : w->ids())
+        w->start(id);
       std::uint64_t first_leader = 0;
-      while (leader_of(*w) == no_member && w->now_ms() < 10'000) w->run_for(1);
+      while (leader_of(*w) == no_member && w->now_ms() < 10'000)
+        w->run_for(1);
       first_leader = w->now_ms();
       auto all = run_until_converged(*w, 10'000, 1);
       ASSERT_TRUE(all.has_value()) << "seed " << seed << " " << describe(*w);
@@ -283,7 +295,8 @@ TEST(SimTiming, LeaderKillAndColdStart) {
       w->crash(old);
       const std::uint64_t t0 = w->now_ms();
       member_id next = no_member;
-      while ((next = leader_of(*w)) == no_member && w->now_ms() < t0 + 10'000) w->run_for(1);
+      while ((next = leader_of(*w)) == no_member && w->now_ms() < t0 + 10'000)
+        w->run_for(1);
       ASSERT_NE(next, no_member) << "seed " << seed << ": no new leader within 10 s";
       elected.push_back(w->now_ms() - t0);
       auto follows = [&] {
@@ -295,18 +308,21 @@ TEST(SimTiming, LeaderKillAndColdStart) {
         }
         return true;
       };
-      while (!follows() && w->now_ms() < t0 + 10'000) w->run_for(1);
+      while (!follows() && w->now_ms() < t0 + 10'000)
+        w->run_for(1);
       ASSERT_TRUE(follows()) << "seed " << seed << " " << describe(*w);
       agreed.push_back(w->now_ms() - t0);
     }
     auto stat = [](std::vector<std::uint64_t> v) {
       std::sort(v.begin(), v.end());
-      return fmt::format("median {} p90 {} max {}", v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+      return fmt::format("median {} p90 {} max {}", v[v.size() / 2], v[v.size() * 9 / 10],
+                         v.back());
     };
-    std::printf("n=%zu over %llu seeds (simulated ms): cold start -> first leader %s; -> all members "
-                "committed %s; leader kill -> new leader %s; -> all survivors follow it %s\n",
-                n, static_cast<unsigned long long>(seeds), stat(cold_leader).c_str(),
-                stat(cold_all).c_str(), stat(elected).c_str(), stat(agreed).c_str());
+    std::printf(
+        "n=%zu over %llu seeds (simulated ms): cold start -> first leader %s; -> all members "
+        "committed %s; leader kill -> new leader %s; -> all survivors follow it %s\n",
+        n, static_cast<unsigned long long>(seeds), stat(cold_leader).c_str(),
+        stat(cold_all).c_str(), stat(elected).c_str(), stat(agreed).c_str());
   }
 }
 
