@@ -1,5 +1,9 @@
 #include "mesh/node/options.hpp"
 
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 namespace tessera::mesh {
@@ -57,6 +61,23 @@ TEST(node_options, untouched_flags_leave_lower_layers_alone) {
   ASSERT_TRUE(r) << r.error().describe();
   EXPECT_FALSE(c.discovery.mdns);
   EXPECT_EQ(c.listen.control_port, 7400);
+}
+
+TEST(node_options, config_flag_reads_the_file_below_env_and_flags) {
+  char tmpl[] = "/tmp/tessera-options-XXXXXX.toml";
+  int fd = ::mkstemps(tmpl, 5);
+  ASSERT_GE(fd, 0);
+  std::string text = "threads = 7\n[listen]\nhttp_port = 8080\ncontrol_port = 1\n";
+  ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  node_config c;
+  auto r = parse({"--config", tmpl, "--control-port", "2"}, c, {"TESSERA_THREADS=8"});
+  ::unlink(tmpl);
+  ASSERT_TRUE(r) << r.error().describe();
+  EXPECT_EQ(c.listen.http_port, 8080);
+  EXPECT_EQ(c.threads, 8u);
+  EXPECT_EQ(c.listen.control_port, 2);
+  EXPECT_EQ(r->config_file, tmpl);
 }
 
 TEST(node_options, help_names_key_env_and_default) {
