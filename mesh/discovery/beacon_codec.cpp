@@ -33,7 +33,10 @@ beacon_key derive_beacon_key(std::span<const std::uint8_t> cluster_secret) {
   static constexpr char label[] = "tessera beacon key v1";
   beacon_key key{};
   crypto_auth_hmacsha256_state st;
-  crypto_auth_hmacsha256_init(&st, cluster_secret.data(), cluster_secret.size());
+  // libsodium's key argument is declared nonnull even when the length is 0.
+  static constexpr std::uint8_t no_secret = 0;
+  crypto_auth_hmacsha256_init(&st, cluster_secret.empty() ? &no_secret : cluster_secret.data(),
+                              cluster_secret.size());
   crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(label),
                                 sizeof(label) - 1);
   crypto_auth_hmacsha256_final(&st, key.data());

@@ -127,6 +127,7 @@ TEST(beacon_codec, round_trips_with_and_without_a_key) {
 TEST(beacon_codec, keys_derived_from_different_secrets_differ) {
   EXPECT_NE(key_of("a"), key_of("b"));
   EXPECT_EQ(key_of("a"), key_of("a"));
+  EXPECT_NE(derive_beacon_key({}), key_of("a"));  // an empty secret is defined, not UB
 }
 
 }  // namespace
