@@ -275,7 +275,7 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
 TEST(SimTiming, LeaderKillAndColdStart) {
   const std::uint64_t seeds = env_u64("TESSERA_SIM_TIMING_SEEDS", 100);
   for (std::size_t n : {3, 5}) {
-    std::vector<std::uint64_t> elected, agreed, cold_leader, cold_all;
+    std::vector<std::uint64_t> elected, agreed, cold_leader, cold_all, detected;
     for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
       auto w = make_mesh_world(seed, n, cluster_options(n));
       for (member_id id : w->ids())
@@ -312,6 +312,16 @@ TEST(SimTiming, LeaderKillAndColdStart) {
         w->run_for(1);
       ASSERT_TRUE(follows()) << "seed " << seed << " " << describe(*w);
       agreed.push_back(w->now_ms() - t0);
+      auto all_see_dead = [&] {
+        for (member_id id : w->ids()) {
+          const mesh_node* nd = mesh_node_of(*w, id);
+          if (nd && nd->membership().status_of(old) != member_status::dead) return false;
+        }
+        return true;
+      };
+      while (!all_see_dead() && w->now_ms() < t0 + 10'000) w->run_for(1);
+      ASSERT_TRUE(all_see_dead()) << "seed " << seed << ": membership never declared " << old;
+      detected.push_back(w->now_ms() - t0);
     }
     auto stat = [](std::vector<std::uint64_t> v) {
       std::sort(v.begin(), v.end());
@@ -320,9 +330,11 @@ TEST(SimTiming, LeaderKillAndColdStart) {
     };
     std::printf(
         "n=%zu over %llu seeds (simulated ms): cold start -> first leader %s; -> all members "
-        "committed %s; leader kill -> new leader %s; -> all survivors follow it %s\n",
+        "committed %s; leader kill -> new leader %s; -> all survivors follow it %s; -> "
+        "membership dead at all survivors %s\n",
         n, static_cast<unsigned long long>(seeds), stat(cold_leader).c_str(),
-        stat(cold_all).c_str(), stat(elected).c_str(), stat(agreed).c_str());
+        stat(cold_all).c_str(), stat(elected).c_str(), stat(agreed).c_str(),
+        stat(detected).c_str());
   }
 }
 
