@@ -293,8 +293,21 @@ void election::on_peer(const peer_status_changed& p, std::uint64_t now_ms, elect
   auto it = peers_.find(p.id);
   if (it == peers_.end()) {
     if (peers_.size() >= 4 * cfg_.max_members) {
-      ++counters_.members_refused;
-      return;
+      // Full: forget the longest-gone peer that is neither live nor a member (a long-running
+      // cluster sees many nodes come and go); refuse only if every entry still matters.
+      auto victim = peers_.end();
+      for (auto v = peers_.begin(); v != peers_.end(); ++v) {
+        const bool gone =
+            v->second.status == member_status::dead || v->second.status == member_status::left;
+        if (gone && !d_.config.contains(v->first) &&
+            (victim == peers_.end() || v->second.since_ms < victim->second.since_ms))
+          victim = v;
+      }
+      if (victim == peers_.end()) {
+        ++counters_.members_refused;
+        return;
+      }
+      peers_.erase(victim);
     }
     it = peers_.emplace(p.id, peer_state{p.status, now_ms}).first;
   } else if (it->second.status != p.status) {

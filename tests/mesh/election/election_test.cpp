@@ -109,6 +109,23 @@ TEST(Election, LeaderAtMemberBoundRefusesToAddMore) {
   EXPECT_GE(e.counters().members_refused, 1u);
 }
 
+TEST(Election, PeerTableBoundForgetsGonePeersFirst) {
+  election_config c = config_for(1);
+  c.max_members = 2;  // peer table bound: 4 * max_members = 8
+  auto e = election::create(c).value();
+  (void)e.step(election_tick{}, 0);
+  for (member_id id = 2; id <= 9; ++id)
+    (void)e.step(peer_status_changed{id, id <= 5 ? member_status::dead : member_status::alive}, id);
+  EXPECT_EQ(e.counters().members_refused, 0u);
+  // Full: each new peer replaces the longest-gone dead one (2, then 3, ...).
+  for (member_id id = 10; id <= 13; ++id)
+    (void)e.step(peer_status_changed{id, member_status::alive}, 100 + id);
+  EXPECT_EQ(e.counters().members_refused, 0u);
+  // Now every entry is alive: the next new peer is refused and counted.
+  (void)e.step(peer_status_changed{14, member_status::alive}, 200);
+  EXPECT_EQ(e.counters().members_refused, 1u);
+}
+
 TEST(Election, MessagesAndDurableStateRoundTripThroughMsgpack) {
   auto m = heartbeat(1, 2, 7, {1, 2, 3});
   m.commit_version = 3;
