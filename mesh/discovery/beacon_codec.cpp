@@ -62,8 +62,8 @@ result<std::vector<std::uint8_t>> encode_beacon(const beacon& b,
   out.push_back(static_cast<std::uint8_t>(b.control_port >> 8));
   out.push_back(static_cast<std::uint8_t>(b.control_port));
   for (std::size_t i = 0; i < 32; i += 2) {
-    out.push_back(static_cast<std::uint8_t>(hex_value(b.node_id[i]) << 4 |
-                                            hex_value(b.node_id[i + 1])));
+    out.push_back(
+        static_cast<std::uint8_t>(hex_value(b.node_id[i]) << 4 | hex_value(b.node_id[i + 1])));
   }
   for (int shift = 24; shift >= 0; shift -= 8) {
     out.push_back(static_cast<std::uint8_t>(b.protocol_version >> shift));
@@ -81,7 +81,8 @@ result<std::vector<std::uint8_t>> encode_beacon(const beacon& b,
   return out;
 }
 
-result<beacon> decode_beacon(std::span<const std::uint8_t> d, const std::optional<beacon_key>& key) {
+result<beacon> decode_beacon(std::span<const std::uint8_t> d,
+                             const std::optional<beacon_key>& key) {
   auto bad = [&](std::string_view why) {
     return make_error(errc::corrupt, "beacon of {} bytes: {}", d.size(), why);
   };
@@ -133,8 +134,7 @@ result<beacon> decode_beacon(std::span<const std::uint8_t> d, const std::optiona
     std::uint8_t expect[mac_bytes];
     hmac(*key, d.subspan(0, at), expect);
     if (crypto_verify_32(expect, d.data() + at) != 0) {
-      return make_error(errc::unauthorized, "beacon from node {}: MAC does not verify",
-                        b.node_id);
+      return make_error(errc::unauthorized, "beacon from node {}: MAC does not verify", b.node_id);
     }
   }
   return b;

@@ -36,7 +36,7 @@ using beacon_key = std::array<std::uint8_t, 32>;
 struct beacon {
   std::string node_id;  ///< 32 lowercase hex digits
   std::string cluster_id;
-  std::string host;     ///< may be empty
+  std::string host;  ///< may be empty
   std::uint16_t control_port = 0;
   std::uint32_t protocol_version = 0;
 };

@@ -17,7 +17,9 @@
 namespace tessera::mesh {
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
@@ -48,7 +50,9 @@ result<std::unique_ptr<beacon_source>> beacon_source::create(beacon_options opti
 
 beacon_source::beacon_source(beacon_options options) : options_(std::move(options)) {}
 
-beacon_source::~beacon_source() { stop(); }
+beacon_source::~beacon_source() {
+  stop();
+}
 
 result<void> beacon_source::open_socket() {
   fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -78,8 +82,8 @@ result<void> beacon_source::open_socket() {
       return make_error(errc::io, "beacon: IP_MULTICAST_IF {}: {}", options_.interface_name,
                         errno_text());
     }
-    unsigned char ttl = 1;  // beacons never leave the link
-    unsigned char loop = 1; // other nodes on this host hear us too
+    unsigned char ttl = 1;   // beacons never leave the link
+    unsigned char loop = 1;  // other nodes on this host hear us too
     ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_TTL, &ttl, sizeof(ttl));
     ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_LOOP, &loop, sizeof(loop));
   } else {
@@ -87,8 +91,8 @@ result<void> beacon_source::open_socket() {
     if (ifindex != 0 &&
         ::setsockopt(fd_, SOL_SOCKET, SO_BINDTODEVICE, options_.interface_name.c_str(),
                      static_cast<socklen_t>(options_.interface_name.size())) != 0) {
-      return make_error(errc::io, "beacon: binding to interface '{}': {}",
-                        options_.interface_name, errno_text());
+      return make_error(errc::io, "beacon: binding to interface '{}': {}", options_.interface_name,
+                        errno_text());
     }
   }
   sockaddr_in local{};
@@ -186,13 +190,14 @@ void beacon_source::receive_some() {
   for (std::uint32_t i = 0; i < options_.max_datagrams_per_wakeup; ++i) {
     sockaddr_in from{};
     socklen_t from_len = sizeof(from);
-    ssize_t n = ::recvfrom(fd_, buf, sizeof(buf), MSG_TRUNC, reinterpret_cast<sockaddr*>(&from),
-                           &from_len);
+    ssize_t n =
+        ::recvfrom(fd_, buf, sizeof(buf), MSG_TRUNC, reinterpret_cast<sockaddr*>(&from), &from_len);
     if (n < 0) return;  // EAGAIN: drained
     char addr[INET_ADDRSTRLEN] = {};
     ::inet_ntop(AF_INET, &from.sin_addr, addr, sizeof(addr));
     // MSG_TRUNC makes n the real length, so an oversized datagram fails the size bound.
-    auto decoded = decode_beacon(std::span(buf, std::min<std::size_t>(n, sizeof(buf))), options_.key);
+    auto decoded =
+        decode_beacon(std::span(buf, std::min<std::size_t>(n, sizeof(buf))), options_.key);
     if (static_cast<std::size_t>(n) > max_beacon_bytes) {
       decoded = make_error(errc::corrupt, "beacon of {} bytes exceeds the bound", n);
     }
@@ -200,8 +205,7 @@ void beacon_source::receive_some() {
       auto& counter = decoded.error().code == errc::unauthorized ? counters_.unauthenticated
                                                                  : counters_.malformed;
       counter.fetch_add(1, std::memory_order_relaxed);
-      spdlog::debug("beacon: dropped datagram from {}: {}", addr,
-                    decoded.error().message);
+      spdlog::debug("beacon: dropped datagram from {}: {}", addr, decoded.error().message);
       continue;
     }
     if (decoded->node_id == options_.node_id) {
@@ -215,8 +219,8 @@ void beacon_source::receive_some() {
     peer_hint hint;
     hint.node_id = decoded->node_id;
     hint.cluster_id = decoded->cluster_id;
-    hint.control.push_back({decoded->host.empty() ? std::string(addr) : decoded->host,
-                            decoded->control_port});
+    hint.control.push_back(
+        {decoded->host.empty() ? std::string(addr) : decoded->host, decoded->control_port});
     hint.source = hint_source::beacon;
     hint.protocol_version = decoded->protocol_version;
     hint.seen_at = std::chrono::system_clock::now();

@@ -23,11 +23,11 @@ namespace tessera::mesh {
 
 struct beacon_options {
   std::string cluster_id;
-  std::string node_id;          ///< ours, 32 hex digits
+  std::string node_id;  ///< ours, 32 hex digits
   std::uint16_t control_port = 0;
-  std::string advertise_host;   ///< empty: receivers use the datagram's source address
+  std::string advertise_host;  ///< empty: receivers use the datagram's source address
   std::uint32_t protocol_version = 1;
-  std::string interface_name;   ///< multicast: join/send here; broadcast: SO_BINDTODEVICE
+  std::string interface_name;             ///< multicast: join/send here; broadcast: SO_BINDTODEVICE
   std::string address = "239.255.74.74";  ///< IPv4 multicast group or broadcast address
   std::uint16_t port = 7479;
   std::uint32_t interval_ms = 1000;

@@ -27,8 +27,8 @@ struct discovery_stats {
   std::uint64_t self = 0;             ///< our own announcements heard back
   std::uint64_t sent = 0;             ///< announcements sent (beacons)
   std::uint64_t send_errors = 0;
-  std::uint64_t reconnects = 0;       ///< avahi: connections lost and retried
-  std::uint64_t dropped = 0;          ///< work shed at a bound (e.g. too many pending resolves)
+  std::uint64_t reconnects = 0;  ///< avahi: connections lost and retried
+  std::uint64_t dropped = 0;     ///< work shed at a bound (e.g. too many pending resolves)
 };
 
 class discovery_source {

@@ -20,18 +20,19 @@ namespace tessera::mesh {
 
 const char* to_string(mdns_state s) noexcept {
   switch (s) {
-    case mdns_state::stopped: return "stopped";
-    case mdns_state::connecting: return "connecting";
-    case mdns_state::running: return "running";
+    case mdns_state::stopped:
+      return "stopped";
+    case mdns_state::connecting:
+      return "connecting";
+    case mdns_state::running:
+      return "running";
   }
   return "unknown";
 }
 
 // The C callbacks avahi calls on its poll thread; each forwards to the mdns_source.
 struct mdns_callbacks {
-  static void retry_timer(AvahiTimeout*, void* self) {
-    static_cast<mdns_source*>(self)->connect();
-  }
+  static void retry_timer(AvahiTimeout*, void* self) { static_cast<mdns_source*>(self)->connect(); }
 
   static void client(AvahiClient* c, AvahiClientState state, void* userdata) {
     auto* self = static_cast<mdns_source*>(userdata);
@@ -100,8 +101,7 @@ struct mdns_callbacks {
     }
     // Only IPv4 addresses: the control plane binds IPv4 (listen.address).
     if (avahi_service_resolver_new(avahi_service_browser_get_client(b), iface, proto, name, type,
-                                   domain, AVAHI_PROTO_INET, AvahiLookupFlags(0), resolve,
-                                   self)) {
+                                   domain, AVAHI_PROTO_INET, AvahiLookupFlags(0), resolve, self)) {
       ++self->pending_resolves_;
     } else {
       self->counters_.dropped.fetch_add(1, std::memory_order_relaxed);
@@ -131,7 +131,8 @@ result<std::unique_ptr<mdns_source>> mdns_source::create(mdns_options options) {
   if (options.retry_min_ms == 0 || options.retry_max_ms < options.retry_min_ms) {
     return make_error(errc::invalid_argument, "mdns: retry_min_ms must be 1..retry_max_ms");
   }
-  if (options.service_name.empty()) options.service_name = "tessera-" + options.node_id.substr(0, 12);
+  if (options.service_name.empty())
+    options.service_name = "tessera-" + options.node_id.substr(0, 12);
   if (options.service_name.size() > 63) {
     return make_error(errc::invalid_argument, "mdns: service name longer than 63 bytes");
   }
@@ -141,7 +142,9 @@ result<std::unique_ptr<mdns_source>> mdns_source::create(mdns_options options) {
 mdns_source::mdns_source(mdns_options options)
     : options_(std::move(options)), current_name_(options_.service_name) {}
 
-mdns_source::~mdns_source() { stop(); }
+mdns_source::~mdns_source() {
+  stop();
+}
 
 result<void> mdns_source::start(hint_sink sink) {
   TESSERA_ASSERT(poll_ == nullptr, "mdns_source::start called twice");
@@ -208,12 +211,13 @@ void mdns_source::drop_client_and_retry(const char* why) {
   browser_ = nullptr;
   pending_resolves_ = 0;
   state_.store(mdns_state::connecting);
-  backoff_ms_ = backoff_ms_ == 0 ? options_.retry_min_ms
-                                 : std::min(backoff_ms_ * 2, options_.retry_max_ms);
+  backoff_ms_ =
+      backoff_ms_ == 0 ? options_.retry_min_ms : std::min(backoff_ms_ * 2, options_.retry_max_ms);
   if (!outage_logged_) {
-    spdlog::warn("mdns: avahi unavailable ({}); retrying every {}..{} ms, other discovery "
-                 "sources go on",
-                 why, options_.retry_min_ms, options_.retry_max_ms);
+    spdlog::warn(
+        "mdns: avahi unavailable ({}); retrying every {}..{} ms, other discovery "
+        "sources go on",
+        why, options_.retry_min_ms, options_.retry_max_ms);
     outage_logged_ = true;
   }
   schedule_retry(backoff_ms_);
@@ -250,14 +254,13 @@ void mdns_source::publish(AvahiClient* c) {
   }
   if (!avahi_entry_group_is_empty(group_)) return;
   AvahiStringList* txt = nullptr;
-  for (const auto& entry : encode_txt({options_.cluster_id, options_.node_id,
-                                       options_.control_port, options_.protocol_version})) {
+  for (const auto& entry : encode_txt({options_.cluster_id, options_.node_id, options_.control_port,
+                                       options_.protocol_version})) {
     txt = avahi_string_list_add(txt, entry.c_str());
   }
-  int rc = avahi_entry_group_add_service_strlst(group_, AVAHI_IF_UNSPEC, AVAHI_PROTO_INET,
-                                                AvahiPublishFlags(0), current_name_.c_str(),
-                                                mdns_service_type, nullptr, nullptr,
-                                                options_.control_port, txt);
+  int rc = avahi_entry_group_add_service_strlst(
+      group_, AVAHI_IF_UNSPEC, AVAHI_PROTO_INET, AvahiPublishFlags(0), current_name_.c_str(),
+      mdns_service_type, nullptr, nullptr, options_.control_port, txt);
   avahi_string_list_free(txt);
   if (rc == AVAHI_ERR_COLLISION) {
     char* alt = avahi_alternative_service_name(current_name_.c_str());

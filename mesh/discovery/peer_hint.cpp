@@ -51,9 +51,12 @@ result<endpoint> parse_endpoint(std::string_view text) {
 
 const char* to_string(hint_source s) noexcept {
   switch (s) {
-    case hint_source::mdns: return "mdns";
-    case hint_source::beacon: return "beacon";
-    case hint_source::seed: return "seed";
+    case hint_source::mdns:
+      return "mdns";
+    case hint_source::beacon:
+      return "beacon";
+    case hint_source::seed:
+      return "seed";
   }
   return "unknown";
 }

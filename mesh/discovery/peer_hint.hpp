@@ -34,8 +34,8 @@ inline constexpr std::size_t max_host_bytes = 253;
 inline constexpr std::size_t max_endpoints_per_hint = 4;
 
 struct peer_hint {
-  std::string node_id;     ///< 32 hex digits; empty for a seed (not met yet)
-  std::string cluster_id;  ///< empty for a seed (learned on contact)
+  std::string node_id;            ///< 32 hex digits; empty for a seed (not met yet)
+  std::string cluster_id;         ///< empty for a seed (learned on contact)
   std::vector<endpoint> control;  ///< control endpoints, best first; 1..max_endpoints_per_hint
   hint_source source = hint_source::seed;
   std::uint32_t protocol_version = 0;  ///< 0 when the source does not carry it (seeds)

@@ -55,6 +55,8 @@ result<void> check_non_empty(std::string_view text) {
   return ok();
 }
 
+// clang-format 14 mangles lambdas inside designated initializers; the table is laid out by hand.
+// clang-format off
 const std::vector<key_spec> key_table = {
     {.key = "data_dir", .flag = "--data-dir", .help = "directory for node.id and state",
      .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.data_dir; },
@@ -143,6 +145,7 @@ const std::vector<key_spec> key_table = {
      .text = [](node_config& c) -> auto& { return c.log_format; },
      .choices = {"text", "json"}},
 };
+// clang-format on
 
 const key_spec* find_key(std::string_view key) {
   for (const auto& k : key_table) {
@@ -166,7 +169,8 @@ result<void> check_scalar_text(const key_spec& k, std::string_view text) {
   if (!k.choices.empty() &&
       std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {
     std::string list;
-    for (auto c : k.choices) list += fmt::format("{}{}", list.empty() ? "" : ", ", c);
+    for (auto c : k.choices)
+      list += fmt::format("{}{}", list.empty() ? "" : ", ", c);
     return make_error(errc::invalid_argument, "'{}' is not one of: {}", text, list);
   }
   if (k.check) return k.check(text);
@@ -178,8 +182,10 @@ result<void> set_number(const key_spec& k, node_config& c, std::uint64_t v) {
   if (v < k.min || v > max) {
     return make_error(errc::invalid_argument, "{} is out of range {}..{}", v, k.min, max);
   }
-  if (k.kind == value_kind::port) k.port(c) = static_cast<std::uint16_t>(v);
-  else k.count(c) = static_cast<std::uint32_t>(v);
+  if (k.kind == value_kind::port)
+    k.port(c) = static_cast<std::uint16_t>(v);
+  else
+    k.count(c) = static_cast<std::uint32_t>(v);
   return ok();
 }
 
@@ -202,7 +208,9 @@ result<void> set_list(const key_spec& k, node_config& c, std::vector<std::string
 
 namespace detail {
 
-const std::vector<key_spec>& keys() { return key_table; }
+const std::vector<key_spec>& keys() {
+  return key_table;
+}
 
 result<void> apply_text(const key_spec& k, node_config& c, std::string_view text) {
   switch (k.kind) {
@@ -224,9 +232,12 @@ result<void> apply_text(const key_spec& k, node_config& c, std::string_view text
     case value_kind::boolean: {
       static const std::set<std::string_view> yes = {"true", "1", "yes", "on"};
       static const std::set<std::string_view> no = {"false", "0", "no", "off"};
-      if (yes.count(text)) k.boolean(c) = true;
-      else if (no.count(text)) k.boolean(c) = false;
-      else return make_error(errc::invalid_argument, "'{}' is not a boolean (true/false)", text);
+      if (yes.count(text))
+        k.boolean(c) = true;
+      else if (no.count(text))
+        k.boolean(c) = false;
+      else
+        return make_error(errc::invalid_argument, "'{}' is not a boolean (true/false)", text);
       return ok();
     }
     case value_kind::list: {
@@ -258,13 +269,20 @@ namespace {
 
 const char* toml_type_name(toml::node_type t) {
   switch (t) {
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::array: return "array";
-    case toml::node_type::table: return "table";
-    default: return "date/time";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::table:
+      return "table";
+    default:
+      return "date/time";
   }
 }
 
@@ -275,8 +293,9 @@ std::string toml_where(const std::string& file, const toml::source_region& src) 
 result<void> apply_toml_value(const key_spec& k, node_config& c, const toml::node& node,
                               const std::string& where) {
   auto wrong_type = [&](std::string_view expected) {
-    return located(where, k, make_error(errc::invalid_argument, "expected {}, got a TOML {}",
-                                        expected, toml_type_name(node.type())));
+    return located(where, k,
+                   make_error(errc::invalid_argument, "expected {}, got a TOML {}", expected,
+                              toml_type_name(node.type())));
   };
   result<void> r = ok();
   switch (k.kind) {
@@ -291,7 +310,8 @@ result<void> apply_toml_value(const key_spec& k, node_config& c, const toml::nod
     case value_kind::count: {
       auto v = node.value_exact<std::int64_t>();
       if (!v) return wrong_type("an integer");
-      if (*v < 0) return located(where, k, make_error(errc::invalid_argument, "{} is negative", *v));
+      if (*v < 0)
+        return located(where, k, make_error(errc::invalid_argument, "{} is negative", *v));
       r = set_number(k, c, static_cast<std::uint64_t>(*v));
       break;
     }
@@ -324,7 +344,8 @@ result<void> apply_toml_value(const key_spec& k, node_config& c, const toml::nod
 result<void> apply_toml_table(const toml::table& table, const std::string& prefix,
                               const std::string& file, resolved_config& out) {
   for (const auto& [name, node] : table) {
-    std::string key = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+    std::string key =
+        prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
     std::string where = toml_where(file, node.source());
     std::string key_where = toml_where(file, name.source());
     if (const auto* sub = node.as_table()) {
@@ -477,7 +498,8 @@ std::string env_name_of(std::string_view key) {
 
 result<resolved_config> resolve_config(const config_layers& layers) {
   resolved_config out;
-  for (const auto& k : key_table) out.origin[std::string(k.key)] = "default";
+  for (const auto& k : key_table)
+    out.origin[std::string(k.key)] = "default";
   std::optional<std::string> file = layers.file;
   if (!file) file = env_value(layers.environment, config_file_env);
   if (file && !file->empty()) TESSERA_TRY(apply_file(*file, out));
@@ -492,11 +514,21 @@ nlohmann::ordered_json to_json(const node_config& config) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& k : key_table) {
     switch (k.kind) {
-      case value_kind::text: set_json(j, k.key, k.text(c)); break;
-      case value_kind::port: set_json(j, k.key, k.port(c)); break;
-      case value_kind::count: set_json(j, k.key, k.count(c)); break;
-      case value_kind::boolean: set_json(j, k.key, k.boolean(c)); break;
-      case value_kind::list: set_json(j, k.key, k.list(c)); break;
+      case value_kind::text:
+        set_json(j, k.key, k.text(c));
+        break;
+      case value_kind::port:
+        set_json(j, k.key, k.port(c));
+        break;
+      case value_kind::count:
+        set_json(j, k.key, k.count(c));
+        break;
+      case value_kind::boolean:
+        set_json(j, k.key, k.boolean(c));
+        break;
+      case value_kind::list:
+        set_json(j, k.key, k.list(c));
+        break;
     }
   }
   return j;

@@ -33,19 +33,19 @@ struct listen_config {
 };
 
 struct discovery_config {
-  bool mdns = true;                 ///< publish and browse _tessera._tcp through avahi
-  bool beacon = true;               ///< UDP beacons
-  std::string beacon_interface;     ///< empty: the kernel's default route picks it
+  bool mdns = true;                              ///< publish and browse _tessera._tcp through avahi
+  bool beacon = true;                            ///< UDP beacons
+  std::string beacon_interface;                  ///< empty: the kernel's default route picks it
   std::string beacon_address = "239.255.74.74";  ///< multicast group or broadcast address
   std::uint16_t beacon_port = 7479;
   std::uint32_t beacon_interval_ms = 1000;
-  std::vector<std::string> seeds;   ///< host:port of control endpoints (routed networks)
+  std::vector<std::string> seeds;  ///< host:port of control endpoints (routed networks)
 };
 
 struct timeout_config {
   std::uint32_t heartbeat_interval_ms = 100;
-  std::uint32_t suspect_timeout_ms = 500;   ///< silent this long -> suspect
-  std::uint32_t dead_timeout_ms = 2000;     ///< suspect this long without refuting -> dead
+  std::uint32_t suspect_timeout_ms = 500;  ///< silent this long -> suspect
+  std::uint32_t dead_timeout_ms = 2000;    ///< suspect this long without refuting -> dead
   std::uint32_t election_timeout_min_ms = 300;
   std::uint32_t election_timeout_max_ms = 600;
 };

@@ -33,7 +33,9 @@ std::string read_first_line(const char* file) {
   return line;
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 result<std::string> read_small_file(const fs::path& file) {
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -131,9 +133,10 @@ result<void> check_identity_home(const identity_record& record, const dir_finger
     why = fmt::format("it was created in {}, this directory is {}", then.path, here.path);
   }
   if (why.empty() && then.inode != here.inode) {
-    why = fmt::format("it was created in {} with inode {}, the directory there now has inode {} "
-                      "(replaced by a copy or a restored backup)",
-                      then.path, then.inode, here.inode);
+    why = fmt::format(
+        "it was created in {} with inode {}, the directory there now has inode {} "
+        "(replaced by a copy or a restored backup)",
+        then.path, then.inode, here.inode);
   }
   if (why.empty()) return ok();
   return make_error(errc::invalid_argument,
@@ -148,9 +151,9 @@ std::string encode_identity(const identity_record& r) {
   j["format"] = r.format;
   j["node_id"] = r.id.to_string();
   j["created_unix_ms"] = r.created_unix_ms;
-  j["created_in"] = {{"path", r.created_in.path},           {"device", r.created_in.device},
-                     {"inode", r.created_in.inode},         {"machine_id", r.created_in.machine_id},
-                     {"hostname", r.created_in.hostname},   {"boot_id", r.created_in.boot_id}};
+  j["created_in"] = {{"path", r.created_in.path},         {"device", r.created_in.device},
+                     {"inode", r.created_in.inode},       {"machine_id", r.created_in.machine_id},
+                     {"hostname", r.created_in.hostname}, {"boot_id", r.created_in.boot_id}};
   return j.dump(2) + "\n";
 }
 
@@ -225,7 +228,9 @@ data_dir& data_dir::operator=(data_dir&& other) noexcept {
   return *this;
 }
 
-data_dir::~data_dir() { release(); }
+data_dir::~data_dir() {
+  release();
+}
 
 void data_dir::release() noexcept {
   if (lock_fd_ >= 0) {
@@ -247,7 +252,8 @@ result<int> take_lock(const fs::path& dir) {
     ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
     ::close(fd);
     std::string holder = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "unknown";
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+      holder.pop_back();
     if (err == EWOULDBLOCK) {
       return make_error(errc::io,
                         "data dir {} is in use by another process (pid {} holds {}); each node "

@@ -32,15 +32,16 @@ struct node_instance {
 };
 
 enum class identity_verdict {
-  unrelated,       ///< a different node id: not an identity question at all
-  own_echo,        ///< our own announcement came back
-  stale_self,      ///< an older run of this node at our endpoint; ignore
-  peer_must_yield, ///< a duplicate that started after us: it will refuse, we keep running
-  we_must_refuse,  ///< a duplicate that started before us: we refuse to run
+  unrelated,        ///< a different node id: not an identity question at all
+  own_echo,         ///< our own announcement came back
+  stale_self,       ///< an older run of this node at our endpoint; ignore
+  peer_must_yield,  ///< a duplicate that started after us: it will refuse, we keep running
+  we_must_refuse,   ///< a duplicate that started before us: we refuse to run
 };
 
 /// Applies the rule above. `self` is this process, `heard` the announcement.
-[[nodiscard]] identity_verdict judge_identity(const node_instance& self, const node_instance& heard);
+[[nodiscard]] identity_verdict judge_identity(const node_instance& self,
+                                              const node_instance& heard);
 
 [[nodiscard]] const char* to_string(identity_verdict v) noexcept;
 

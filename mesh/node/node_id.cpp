@@ -7,21 +7,27 @@
 
 namespace tessera::mesh {
 
-std::string node_id::to_string() const { return fmt::format("{:016x}{:016x}", hi, lo); }
+std::string node_id::to_string() const {
+  return fmt::format("{:016x}{:016x}", hi, lo);
+}
 
 result<node_id> node_id::parse(std::string_view text) {
   if (text.size() != 32) {
-    return make_error(errc::invalid_argument, "node id '{}': expected 32 hex digits, got {}",
-                      text, text.size());
+    return make_error(errc::invalid_argument, "node id '{}': expected 32 hex digits, got {}", text,
+                      text.size());
   }
   node_id id;
   for (std::size_t i = 0; i < 32; ++i) {
     char c = text[i];
     unsigned v = 0;
-    if (c >= '0' && c <= '9') v = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f') v = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') v = static_cast<unsigned>(c - 'A' + 10);
-    else return make_error(errc::invalid_argument, "node id '{}': '{}' is not a hex digit", text, c);
+    if (c >= '0' && c <= '9')
+      v = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      v = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return make_error(errc::invalid_argument, "node id '{}': '{}' is not a hex digit", text, c);
     std::uint64_t& half = i < 16 ? id.hi : id.lo;
     half = (half << 4) | v;
   }

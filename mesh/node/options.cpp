@@ -9,9 +9,8 @@ namespace tessera::mesh {
 std::unique_ptr<node_options> add_node_options(CLI::App& app, node_config& config) {
   auto opts = std::unique_ptr<node_options>(new node_options());
   opts->config_ = &config;
-  opts->config_option_ =
-      app.add_option("--config", opts->config_file_,
-                     fmt::format("TOML config file (env {})", config_file_env));
+  opts->config_option_ = app.add_option("--config", opts->config_file_,
+                                        fmt::format("TOML config file (env {})", config_file_env));
   nlohmann::ordered_json defaults = to_json(config);
   for (const auto& k : detail::keys()) {
     auto flag = std::make_unique<node_options::bound_flag>();
@@ -25,8 +24,7 @@ std::unique_ptr<node_options> add_node_options(CLI::App& app, node_config& confi
           flag->option = app.add_flag(name, flag->scalar, help);
         } else {
           flag->option = app.add_flag(
-              fmt::format("{}{{true}},--no-{}{{false}}", name, name.substr(2)), flag->scalar,
-              help);
+              fmt::format("{}{{true}},--no-{}{{false}}", name, name.substr(2)), flag->scalar, help);
         }
         break;
       case detail::value_kind::list:
@@ -64,7 +62,8 @@ std::vector<std::pair<std::string, std::string>> node_options::given_flags() con
   for (const auto& f : flags_) {
     if (f->option->count() == 0) continue;
     if (f->is_list) {
-      for (const auto& item : f->items) out.emplace_back(f->key, item);
+      for (const auto& item : f->items)
+        out.emplace_back(f->key, item);
     } else {
       out.emplace_back(f->key, f->scalar);
     }
@@ -84,7 +83,8 @@ result<resolved_config> node_options::resolve(const std::vector<std::string>& en
 
 std::vector<std::string> process_environment() {
   std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+  for (char** e = environ; e && *e; ++e)
+    env.emplace_back(*e);
   return env;
 }
 

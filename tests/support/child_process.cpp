@@ -26,17 +26,21 @@ struct exec_args {
 exec_args prepare(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
   exec_args a;
   a.storage = argv;
-  for (auto& s : a.storage) a.argv.push_back(s.data());
+  for (auto& s : a.storage)
+    a.argv.push_back(s.data());
   a.argv.push_back(nullptr);
   for (char** e = environ; e && *e; ++e) {
     std::string entry(*e);
     std::string name = entry.substr(0, entry.find('='));
     bool overridden = false;
-    for (const auto& x : extra_env) overridden |= x.substr(0, x.find('=')) == name;
+    for (const auto& x : extra_env)
+      overridden |= x.substr(0, x.find('=')) == name;
     if (!overridden) a.env_storage.push_back(entry);
   }
-  for (const auto& x : extra_env) a.env_storage.push_back(x);
-  for (auto& s : a.env_storage) a.envp.push_back(s.data());
+  for (const auto& x : extra_env)
+    a.env_storage.push_back(x);
+  for (auto& s : a.env_storage)
+    a.envp.push_back(s.data());
   a.envp.push_back(nullptr);
   return a;
 }
@@ -97,7 +101,8 @@ result<std::string> run_command(const std::vector<std::string>& argv,
   ::unlink(tmpl);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string cmd;
-    for (const auto& a : argv) cmd += a + " ";
+    for (const auto& a : argv)
+      cmd += a + " ";
     return make_error(errc::io, "`{}` failed (status {}): {}", cmd, status, output);
   }
   return output;

@@ -14,9 +14,9 @@ namespace tessera::test {
 
 /// Runs argv[0] (PATH lookup) to completion, output to a temporary file; error with the output
 /// when it exits non-zero or runs longer than `timeout`.
-[[nodiscard]] result<std::string> run_command(const std::vector<std::string>& argv,
-                                              std::chrono::milliseconds timeout =
-                                                  std::chrono::seconds(30));
+[[nodiscard]] result<std::string> run_command(
+    const std::vector<std::string>& argv,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 /// A running child. The destructor terminates it (SIGTERM, then SIGKILL after 5 s).
 class child_process {

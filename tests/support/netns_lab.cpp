@@ -34,10 +34,13 @@ std::string netns_lab::unavailable_reason() {
   return "";
 }
 
-std::string netns_lab::address(std::size_t i) { return fmt::format("10.77.0.{}", i + 1); }
+std::string netns_lab::address(std::size_t i) {
+  return fmt::format("10.77.0.{}", i + 1);
+}
 
 result<netns_lab> netns_lab::create(std::size_t members) {
-  if (auto why = unavailable_reason(); !why.empty()) return make_error(errc::unsupported, "{}", why);
+  if (auto why = unavailable_reason(); !why.empty())
+    return make_error(errc::unsupported, "{}", why);
   remove_stale();
   netns_lab lab;
   std::string prefix = fmt::format("tsr{}-{}", ::getpid(), lab_counter.fetch_add(1));
@@ -50,15 +53,16 @@ result<netns_lab> netns_lab::create(std::size_t members) {
     return ok();
   };
   TESSERA_TRY(ip({"netns", "add", lab.bridge_}));
-  TESSERA_TRY(ip({"-n", lab.bridge_, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"}));
+  TESSERA_TRY(
+      ip({"-n", lab.bridge_, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"}));
   TESSERA_TRY(ip({"-n", lab.bridge_, "link", "set", "br0", "up"}));
   for (std::size_t i = 0; i < members; ++i) {
     std::string ns = fmt::format("{}-m{}", prefix, i);
     TESSERA_TRY(ip({"netns", "add", ns}));
     lab.names_.push_back(ns);
     std::string port = fmt::format("p{}", i);
-    TESSERA_TRY(ip({"-n", lab.bridge_, "link", "add", port, "type", "veth", "peer", "name",
-                    "eth0", "netns", ns}));
+    TESSERA_TRY(ip({"-n", lab.bridge_, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+                    "netns", ns}));
     TESSERA_TRY(ip({"-n", lab.bridge_, "link", "set", port, "master", "br0", "up"}));
     TESSERA_TRY(ip({"-n", ns, "addr", "add", address(i) + "/24", "brd", "+", "dev", "eth0"}));
     TESSERA_TRY(ip({"-n", ns, "link", "set", "eth0", "up"}));
@@ -68,7 +72,8 @@ result<netns_lab> netns_lab::create(std::size_t members) {
 }
 
 netns_lab::~netns_lab() {
-  for (const auto& ns : names_) (void)run_command({"ip", "netns", "del", ns});
+  for (const auto& ns : names_)
+    (void)run_command({"ip", "netns", "del", ns});
   if (!bridge_.empty()) (void)run_command({"ip", "netns", "del", bridge_});
 }
 

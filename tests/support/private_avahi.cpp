@@ -29,7 +29,8 @@ std::string private_avahi::unavailable_reason() {
 }
 
 result<std::unique_ptr<private_avahi>> private_avahi::start_bus() {
-  if (auto why = unavailable_reason(); !why.empty()) return make_error(errc::unsupported, "{}", why);
+  if (auto why = unavailable_reason(); !why.empty())
+    return make_error(errc::unsupported, "{}", why);
   auto self = std::unique_ptr<private_avahi>(new private_avahi());
   char tmpl[] = "/tmp/tessera-avahi-XXXXXX";
   if (!::mkdtemp(tmpl)) return make_error(errc::io, "mkdtemp failed");
@@ -78,10 +79,9 @@ result<void> private_avahi::start_avahi() {
       "mount -t tmpfs tmpfs /run && mkdir -p /run/avahi-daemon && exec avahi-daemon -f "
       "{}/avahi.conf --no-drop-root --no-chroot --no-rlimits --no-proc-title",
       dir_);
-  auto child = child_process::spawn(
-      {"ip", "netns", "exec", netns_, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-       script},
-      {"DBUS_SYSTEM_BUS_ADDRESS=" + bus_address_}, log);
+  auto child = child_process::spawn({"ip", "netns", "exec", netns_, "unshare", "--mount",
+                                     "--propagation", "private", "sh", "-c", script},
+                                    {"DBUS_SYSTEM_BUS_ADDRESS=" + bus_address_}, log);
   if (!child) return std::move(child).error();
   avahi_ = std::move(child).value();
   bool up = wait_until([&] {
@@ -93,7 +93,9 @@ result<void> private_avahi::start_avahi() {
   return ok();
 }
 
-void private_avahi::stop_avahi() { avahi_.terminate(); }
+void private_avahi::stop_avahi() {
+  avahi_.terminate();
+}
 
 std::string private_avahi::avahi_log() const {
   return read_file(fmt::format("{}/avahi.{}.log", dir_, avahi_starts_));

@@ -66,9 +66,11 @@ TEST_F(beacon_netns_test, malformed_datagrams_are_counted_and_ignored) {
   auto a = start_in(0, options(id_a, "blue", "239.255.74.74"), log_a);
   ASSERT_TRUE(a);
   // Junk sent from member 2 to the group: empty, random, wrong magic, truncated, oversized.
-  std::vector<std::vector<std::uint8_t>> junk = {
-      {}, {1, 2, 3}, std::vector<std::uint8_t>(40, 'x'),
-      {'T', 'S', 'R', 'B', 1, 0, 0x1c, 0xe8}, std::vector<std::uint8_t>(1400, 0)};
+  std::vector<std::vector<std::uint8_t>> junk = {{},
+                                                 {1, 2, 3},
+                                                 std::vector<std::uint8_t>(40, 'x'),
+                                                 {'T', 'S', 'R', 'B', 1, 0, 0x1c, 0xe8},
+                                                 std::vector<std::uint8_t>(1400, 0)};
   junk.push_back(*encode_beacon({id_c, "blue", "", 7400, 1}, {}));
   junk.back()[4] = 9;  // a future version: also ignored
   auto sent = lab_->run_in(2, [&] {
@@ -82,9 +84,9 @@ TEST_F(beacon_netns_test, malformed_datagrams_are_counted_and_ignored) {
     dest.sin_port = htons(7479);
     ::inet_pton(AF_INET, "239.255.74.74", &dest.sin_addr);
     for (const auto& d : junk) {
-      ASSERT_EQ(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<sockaddr*>(&dest),
-                         sizeof(dest)),
-                static_cast<ssize_t>(d.size()));
+      ASSERT_EQ(
+          ::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<sockaddr*>(&dest), sizeof(dest)),
+          static_cast<ssize_t>(d.size()));
     }
     ::close(fd);
   });
@@ -135,7 +137,8 @@ TEST_F(beacon_netns_test, broadcast_beacons_carry_an_advertised_host) {
 
 TEST_F(beacon_netns_test, with_a_cluster_key_forged_and_unsigned_beacons_are_refused) {
   std::string secret = "blue secret", wrong = "guess";
-  auto key = derive_beacon_key({reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size()});
+  auto key =
+      derive_beacon_key({reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size()});
   auto bad = derive_beacon_key({reinterpret_cast<const std::uint8_t*>(wrong.data()), wrong.size()});
   test::hint_log log_a, log_b, log_c, log_d;
   auto oa = options(id_a, "blue", "239.255.74.74");

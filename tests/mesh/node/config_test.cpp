@@ -83,12 +83,12 @@ TEST_F(config_test, a_flag_only_key_in_the_file_is_refused) {
 TEST_F(config_test, wrong_types_in_the_file_name_key_and_expected_type) {
   EXPECT_TRUE(has(file_error("[listen]\ncontrol_port = \"7400\"\n"),
                   ":2:16: key 'listen.control_port': expected an integer, got a TOML string"));
-  EXPECT_TRUE(has(file_error("[discovery]\nmdns = 1\n"),
-                  "key 'discovery.mdns': expected true or false"));
+  EXPECT_TRUE(
+      has(file_error("[discovery]\nmdns = 1\n"), "key 'discovery.mdns': expected true or false"));
   EXPECT_TRUE(has(file_error("data_dir = 3\n"), "key 'data_dir': expected a string"));
   EXPECT_TRUE(has(file_error("[discovery]\nseeds = \"a:1\"\n"), "expected an array of strings"));
-  EXPECT_TRUE(has(file_error("[discovery]\nseeds = [\"a:1\", 2]\n"),
-                  "array items must be strings"));
+  EXPECT_TRUE(
+      has(file_error("[discovery]\nseeds = [\"a:1\", 2]\n"), "array items must be strings"));
 }
 
 TEST_F(config_test, out_of_range_and_malformed_values_in_the_file_are_errors) {
@@ -99,8 +99,8 @@ TEST_F(config_test, out_of_range_and_malformed_values_in_the_file_are_errors) {
   EXPECT_TRUE(has(file_error("[discovery]\nbeacon_port = 0\n"), "out of range 1..65535"));
   EXPECT_TRUE(has(file_error("[discovery]\nseeds = [\"nohost\"]\n"), "expected host:port"));
   EXPECT_TRUE(has(file_error("[discovery]\nseeds = [\"h:0\"]\n"), "port must be a number"));
-  EXPECT_TRUE(has(file_error("[discovery]\nbeacon_address = \"239.1\"\n"),
-                  "is not an IPv4 address"));
+  EXPECT_TRUE(
+      has(file_error("[discovery]\nbeacon_address = \"239.1\"\n"), "is not an IPv4 address"));
   EXPECT_TRUE(has(file_error("[discovery]\nbeacon_interface = \"an-interface-name-too-long\"\n"),
                   "longer than an interface name"));
   EXPECT_TRUE(has(file_error("[log]\nlevel = \"loud\"\n"), "'loud' is not one of: trace"));
@@ -142,7 +142,8 @@ TEST_F(config_test, bad_flag_values_name_the_flag) {
 
 TEST_F(config_test, list_bounds_are_enforced) {
   std::string seeds;
-  for (int i = 0; i < 257; ++i) seeds += fmt::format("{}h{}:1", i ? "," : "", i);
+  for (int i = 0; i < 257; ++i)
+    seeds += fmt::format("{}h{}:1", i ? "," : "", i);
   EXPECT_TRUE(has(env_error({"TESSERA_DISCOVERY_SEEDS=" + seeds}), "257 items, at most 256"));
 }
 
@@ -161,16 +162,17 @@ TEST_F(config_test, precedence_is_flags_over_env_over_file_over_defaults) {
       "data_dir = \"/from/file\"\ncluster_name = \"file-cluster\"\n"
       "[listen]\ncontrol_port = 1000\nbulk_port = 1001\nhttp_port = 1002\n"
       "[discovery]\nseeds = [\"f1:1\", \"f2:2\"]\nmdns = false\n");
-  l.environment = {"HOME=/root", "TESSERA_LISTEN_CONTROL_PORT=2000", "TESSERA_LISTEN_BULK_PORT=2001",
-                   "TESSERA_DISCOVERY_SEEDS=e1:1"};
-  l.flags = {{"listen.control_port", "3000"}, {"discovery.seeds", "x1:1"},
+  l.environment = {"HOME=/root", "TESSERA_LISTEN_CONTROL_PORT=2000",
+                   "TESSERA_LISTEN_BULK_PORT=2001", "TESSERA_DISCOVERY_SEEDS=e1:1"};
+  l.flags = {{"listen.control_port", "3000"},
+             {"discovery.seeds", "x1:1"},
              {"discovery.seeds", "[fe80::1]:7"}};
   auto r = resolve_config(l);
   ASSERT_TRUE(r) << r.error().describe();
   const auto& c = r->config;
-  EXPECT_EQ(c.listen.control_port, 3000);  // flag over env over file
-  EXPECT_EQ(c.listen.bulk_port, 2001);     // env over file
-  EXPECT_EQ(c.listen.http_port, 1002);     // file over default
+  EXPECT_EQ(c.listen.control_port, 3000);         // flag over env over file
+  EXPECT_EQ(c.listen.bulk_port, 2001);            // env over file
+  EXPECT_EQ(c.listen.http_port, 1002);            // file over default
   EXPECT_EQ(c.listen.client_request_port, 7402);  // default
   EXPECT_EQ(c.data_dir, "/from/file");
   EXPECT_FALSE(c.discovery.mdns);

@@ -71,9 +71,12 @@ TEST_F(data_dir_test, node_id_files_with_bad_fields_are_refused) {
   };
   EXPECT_EQ(decode_identity(replace("\"format\": 1", "\"format\": 2"), "f").error().code,
             errc::unsupported);
-  EXPECT_EQ(decode_identity(replace("00000000000000010000000000000002",
-                                    "00000000000000000000000000000000"), "f").error().code,
-            errc::corrupt);
+  EXPECT_EQ(
+      decode_identity(
+          replace("00000000000000010000000000000002", "00000000000000000000000000000000"), "f")
+          .error()
+          .code,
+      errc::corrupt);
   EXPECT_EQ(decode_identity(replace("00000000000000010000000000000002", "xyz"), "f").error().code,
             errc::corrupt);
   EXPECT_EQ(decode_identity(replace("\"inode\": 5", "\"inode\": \"5\""), "f").error().code,
@@ -191,7 +194,8 @@ TEST_F(data_dir_test, a_data_dir_locked_by_a_running_process_is_refused) {
   // The lock dies with its process.
   auto after = data_dir::open(dir("a"));
   EXPECT_TRUE(after) << after.error().describe();
-  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) ::close(fd);
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]})
+    ::close(fd);
 }
 
 TEST_F(data_dir_test, the_lock_is_held_while_open_and_released_on_destruction) {

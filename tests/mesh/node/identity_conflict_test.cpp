@@ -46,8 +46,7 @@ TEST(identity_conflict, a_later_process_at_our_own_endpoint_is_a_duplicate_not_s
   // Same endpoint string on two hosts (e.g. both announce 0.0.0.0 or a NATed address): the
   // endpoint alone must not let a newer duplicate pass as "stale".
   auto self = inst("10.0.0.1:7400", 100, 7);
-  EXPECT_EQ(judge_identity(self, inst("10.0.0.1:7400", 300, 8)),
-            identity_verdict::peer_must_yield);
+  EXPECT_EQ(judge_identity(self, inst("10.0.0.1:7400", 300, 8)), identity_verdict::peer_must_yield);
 }
 
 }  // namespace

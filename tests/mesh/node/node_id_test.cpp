@@ -9,8 +9,7 @@ namespace {
 
 TEST(node_id, parse_rejects_wrong_length_and_non_hex) {
   EXPECT_EQ(node_id::parse("").error().code, errc::invalid_argument);
-  EXPECT_EQ(node_id::parse("0123456789abcdef0123456789abcde").error().code,
-            errc::invalid_argument);
+  EXPECT_EQ(node_id::parse("0123456789abcdef0123456789abcde").error().code, errc::invalid_argument);
   EXPECT_EQ(node_id::parse("0123456789abcdef0123456789abcdef0").error().code,
             errc::invalid_argument);
   auto r = node_id::parse("0123456789abcdef0123456789abcdeg");
