@@ -1,6 +1,7 @@
 #include "tests/support/child_process.hpp"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +60,9 @@ result<pid_t> fork_exec(exec_args& a, const std::string& log_file) {
     int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) ::dup2(devnull, 0);
     ::setpgid(0, 0);  // its own group: a terminal's ^C does not reach it twice
+    // A test process that dies (crash, SIGKILL, timeout) must not leave daemons behind: the
+    // child gets SIGTERM when the forking thread goes. Survives execve.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     ::execvpe(a.argv[0], a.argv.data(), a.envp.data());
     ::_exit(127);
   }
