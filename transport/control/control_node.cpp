@@ -475,6 +475,11 @@ void control_node::impl::handle_inbound(zmq::message_t& rid, zmq::message_t& fra
 void control_node::impl::handle_frame(const frame_view& f) {
   const std::string sender(f.header.sender);
   auto it = links.find(sender);
+  if (it == links.end()) {
+    // add_peer() may have queued this peer a moment ago: take it in before judging the sender.
+    run_commands();
+    it = links.find(sender);
+  }
   if (it == links.end() && f.header.type == static_cast<std::uint16_t>(msg_type::heartbeat) &&
       cfg.accept_unknown_peers) {
     std::string ep = heartbeat_endpoint(f.body);
@@ -596,10 +601,11 @@ void control_node::impl::read_monitor(zmq::socket_t& mon, bool inbound, const st
     bump(inbound ? ctr.handshake_failed_inbound : ctr.handshake_failed_outbound);
     std::uint64_t suppressed = 0;
     if (limiter.allow(inbound ? kLogHandshakeIn : kLogHandshakeOut, now_ms(), suppressed)) {
-      spdlog::warn("control {}: {} handshake failed {} {} (zmq event 0x{:x}, {}){}", cfg.node_id,
+      // `value` is a ZMQ_PROTOCOL_ERROR_* code (or the ZAP status code), not an errno.
+      spdlog::warn("control {}: {} handshake failed {} {} (zmq event 0x{:x}, detail 0x{:x}){}",
+                   cfg.node_id,
                    inbound ? "inbound" : "outbound", inbound ? "from" : "to",
-                   inbound ? addr.to_string() : peer + " at " + addr.to_string(), event,
-                   zmq_strerror(static_cast<int>(value)),
+                   inbound ? addr.to_string() : peer + " at " + addr.to_string(), event, value,
                    suppressed ? fmt::format(" ({} similar suppressed)", suppressed) : "");
     }
   }
