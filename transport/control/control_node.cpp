@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -27,6 +28,12 @@ constexpr int kMonitorEvents = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
 constexpr std::size_t kMaxEndpointLen = 256;
 constexpr int kRecvBatch = 256;  // inbound messages handled per poll round before timers run
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::uint64_t now_ms() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -73,7 +80,8 @@ struct counters {
       messages_delivered{0}, heartbeats_sent{0}, heartbeats_received{0}, duplicates_dropped{0},
       frames_missing{0}, send_queue_full{0}, zap_allowed{0}, zap_denied{0},
       handshake_failed_inbound{0}, handshake_failed_outbound{0}, peer_up_events{0},
-      peer_down_events{0}, reconnects{0}, unknown_sender{0};
+      peer_down_events{0}, reconnects{0}, unknown_sender{0}, fault_dropped{0}, fault_delayed{0},
+      fault_duplicated{0}, fault_commands{0}, fault_commands_refused{0};
   std::array<std::atomic<std::uint64_t>, kRejectReasonCount> rejected{};
 };
 
@@ -133,6 +141,7 @@ struct control_node::impl {
     std::string endpoint;
     std::deque<std::string> frames;
     std::uint64_t next_seq = 1;
+    link_state state = link_state::connecting;  // a copy of the I/O thread's, for peers()
   };
   struct command {
     enum kind_t { add, remove } kind;
@@ -172,6 +181,7 @@ struct control_node::impl {
   std::uint64_t next_heartbeat_ms = 0;
   std::uint64_t monitor_seq = 0;
   log_limiter limiter;
+  std::multimap<std::int64_t, std::pair<std::string, std::string>> delayed;  // due ns -> (peer, frame)
 
   ~impl() {
     if (wake_fd >= 0) ::close(wake_fd);
@@ -196,6 +206,9 @@ struct control_node::impl {
   void drain_wake();
   void run_commands();
   void flush(const std::string& id, peer_io& p);
+  bool put_on_wire(const std::string& id, peer_io& p, const std::string& frame);
+  void release_delayed();
+  void handle_fault_command(const frame_view& f);
   void flush_all();
   void read_router();
   void handle_inbound(zmq::message_t& rid, zmq::message_t& frame, bool extra_parts);
@@ -336,7 +349,11 @@ void control_node::impl::loop() {
       items.push_back({p.dealer->handle(), 0, ev, 0});
     }
     const std::uint64_t now = now_ms();
-    const long timeout = deadline > now ? static_cast<long>(deadline - now) : 0;
+    long timeout = deadline > now ? static_cast<long>(deadline - now) : 0;
+    if (!delayed.empty()) {
+      const std::int64_t wait_ns = delayed.begin()->first - now_ns();
+      timeout = std::min<long>(timeout, wait_ns <= 0 ? 0 : static_cast<long>(wait_ns / 1000000 + 1));
+    }
     int rc = zmq_poll(items.data(), static_cast<int>(items.size()), timeout);
     if (rc < 0) {
       if (zmq_errno() == EINTR) continue;
@@ -353,6 +370,7 @@ void control_node::impl::loop() {
     if (items[2].revents & ZMQ_POLLIN) read_monitor(*router_monitor, true, {});
     if (zap && (items[3].revents & ZMQ_POLLIN)) read_zap();
     if (items[0].revents & ZMQ_POLLIN) drain_wake();
+    if (!delayed.empty()) release_delayed();
     tick(now_ms());
   }
 }
@@ -390,6 +408,17 @@ void control_node::impl::flush(const std::string& id, peer_io& p) {
   auto& q = it->second.frames;
   p.want_pollout = false;
   while (!q.empty()) {
+    if (cfg.faults.decide) {
+      // Only once the socket can take it, so a frame is judged once: check writability first.
+      if ((p.dealer->get(zmq::sockopt::events) & ZMQ_POLLOUT) == 0) {
+        p.want_pollout = true;
+        break;
+      }
+      std::string f = std::move(q.front());
+      q.pop_front();
+      (void)put_on_wire(id, p, f);
+      continue;
+    }
     const std::string& f = q.front();
     // zmq_send copies the bytes; with DONTWAIT it never blocks, so holding `mu` is brief.
     if (zmq_send(p.dealer->handle(), f.data(), f.size(), ZMQ_DONTWAIT) < 0) {
@@ -399,6 +428,75 @@ void control_node::impl::flush(const std::string& id, peer_io& p) {
     bump(ctr.frames_sent);
     bump(ctr.bytes_sent, f.size());
     q.pop_front();
+  }
+}
+
+// Passes one frame through the fault hook: copies due now go to the socket, later ones wait in
+// `delayed` (bounded). Returns false when nothing could be written now.
+bool control_node::impl::put_on_wire(const std::string& id, peer_io& p, const std::string& frame) {
+  const std::int64_t now = now_ns();
+  std::array<std::int64_t, 2> due{now, now};
+  std::uint8_t copies = 1;
+  if (cfg.faults.decide) copies = std::min<std::uint8_t>(cfg.faults.decide(id, now, due), 2);
+  if (copies == 0) {
+    bump(ctr.fault_dropped);
+    return false;
+  }
+  if (copies == 2) bump(ctr.fault_duplicated);
+  bool wrote = false;
+  for (std::uint8_t i = 0; i < copies; ++i) {
+    if (due[i] > now) {
+      if (delayed.size() >= kMaxDelayedFrames) {
+        bump(ctr.fault_dropped);
+        continue;
+      }
+      bump(ctr.fault_delayed);
+      delayed.emplace(due[i], std::make_pair(id, frame));
+      continue;
+    }
+    if (p.dealer && zmq_send(p.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
+      bump(ctr.frames_sent);
+      bump(ctr.bytes_sent, frame.size());
+      wrote = true;
+    }
+  }
+  return wrote;
+}
+
+void control_node::impl::release_delayed() {
+  const std::int64_t now = now_ns();
+  while (!delayed.empty() && delayed.begin()->first <= now) {
+    auto node = delayed.extract(delayed.begin());
+    auto& [peer, frame] = node.mapped();
+    auto it = links.find(peer);
+    // A held-back frame is "in the network": if the socket cannot take it now, it is lost.
+    if (it != links.end() && it->second.dealer &&
+        zmq_send(it->second.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
+      bump(ctr.frames_sent);
+      bump(ctr.bytes_sent, frame.size());
+    } else {
+      bump(ctr.fault_dropped);
+    }
+  }
+}
+
+void control_node::impl::handle_fault_command(const frame_view& f) {
+  const auto type = static_cast<msg_type>(f.header.type);
+  if (!cfg.faults.on_command) {
+    bump(ctr.fault_commands_refused);
+    spdlog::warn("control {}: fault command from {} ignored: no fault layer installed",
+                 cfg.node_id, f.header.sender);
+    return;
+  }
+  auto r = cfg.faults.on_command(type, f.body);
+  if (r) {
+    bump(ctr.fault_commands);
+    spdlog::info("control {}: fault command ({}) from {} applied", cfg.node_id,
+                 type == msg_type::fault_set ? "fault.set" : "fault.clear", f.header.sender);
+  } else {
+    bump(ctr.fault_commands_refused);
+    spdlog::warn("control {}: fault command from {} refused: {}", cfg.node_id, f.header.sender,
+                 r.error().describe());
   }
 }
 
@@ -488,7 +586,7 @@ void control_node::impl::handle_frame(const frame_view& f) {
       {
         std::lock_guard lock(mu);
         if (out.size() < cfg.max_peers && !out.contains(sender)) {
-          out.emplace(sender, out_queue{ep, {}, 1});
+          out.emplace(sender, out_queue{ep, {}, 1, link_state::connecting});
           added = true;
         }
       }
@@ -525,7 +623,7 @@ void control_node::impl::handle_frame(const frame_view& f) {
       return;
     case msg_type::fault_set:
     case msg_type::fault_clear:
-      // Hook point for transport/faults (not wired yet): consumed here, never delivered.
+      handle_fault_command(f);  // consumed by the transport, never delivered
       return;
     default:
       break;
@@ -621,6 +719,12 @@ void control_node::impl::emit(peer_event_kind kind, const std::string& peer, std
 }
 
 void control_node::impl::apply(const std::string& id, const link_actions& a) {
+  if (a.emit_up || a.emit_down) {
+    std::lock_guard lock(mu);
+    if (auto it = out.find(id); it != out.end()) {
+      it->second.state = a.emit_up ? link_state::up : link_state::down;
+    }
+  }
   if (a.emit_up) emit(peer_event_kind::up, id, {});
   if (a.emit_down) emit(peer_event_kind::down, id, a.reason);
   if (a.reconnect) {
@@ -658,6 +762,11 @@ void control_node::impl::send_heartbeats() {
   TESSERA_ASSERT(frame.has_value(), "heartbeat frame: {}", frame.error().describe());
   for (auto& [id, p] : links) {
     if (!p.dealer) continue;
+    if (cfg.faults.decide) {
+      if ((p.dealer->get(zmq::sockopt::events) & ZMQ_POLLOUT) == 0) continue;
+      if (put_on_wire(id, p, *frame)) bump(ctr.heartbeats_sent);
+      continue;
+    }
     if (zmq_send(p.dealer->handle(), frame->data(), frame->size(), ZMQ_DONTWAIT) >= 0) {
       bump(ctr.heartbeats_sent);
       bump(ctr.frames_sent);
@@ -767,7 +876,8 @@ result<void> control_node::add_peer(std::string_view id, std::string_view endpoi
         return make_error(errc::no_capacity, "cannot add peer {}: {} peers is the limit", id,
                           impl_->cfg.max_peers);
       }
-      impl_->out.emplace(std::string(id), impl::out_queue{std::string(endpoint), {}, 1});
+      impl_->out.emplace(std::string(id),
+                         impl::out_queue{std::string(endpoint), {}, 1, link_state::connecting});
     } else {
       it->second.endpoint = std::string(endpoint);
     }
@@ -792,9 +902,13 @@ result<void> control_node::remove_peer(std::string_view id) {
 result<void> control_node::send(std::string_view peer, std::uint16_t type,
                                 std::span<const std::byte> body) {
   auto& s = *impl_;
-  if (!is_known_type(type) || type < static_cast<std::uint16_t>(msg_type::actor_envelope)) {
+  const bool fault_type = type == static_cast<std::uint16_t>(msg_type::fault_set) ||
+                          type == static_cast<std::uint16_t>(msg_type::fault_clear);
+  if (!is_known_type(type) ||
+      (type < static_cast<std::uint16_t>(msg_type::actor_envelope) && !fault_type)) {
     return make_error(errc::invalid_argument,
-                      "message type {} to {} is reserved or unknown (use actor_envelope or >= {})",
+                      "message type {} to {} is reserved or unknown (use actor_envelope, "
+                      "fault_set/fault_clear or >= {})",
                       type, peer, static_cast<std::uint16_t>(msg_type::app_first));
   }
   if (!is_valid_msgpack_body(body, s.cfg.limits)) {
@@ -859,13 +973,18 @@ control_stats control_node::stats() const {
   s.peer_down_events = ld(c.peer_down_events);
   s.reconnects = ld(c.reconnects);
   s.unknown_sender = ld(c.unknown_sender);
+  s.fault_dropped = ld(c.fault_dropped);
+  s.fault_delayed = ld(c.fault_delayed);
+  s.fault_duplicated = ld(c.fault_duplicated);
+  s.fault_commands = ld(c.fault_commands);
+  s.fault_commands_refused = ld(c.fault_commands_refused);
   return s;
 }
 
 std::vector<peer_info> control_node::peers() const {
   std::vector<peer_info> v;
   std::lock_guard lock(impl_->mu);
-  for (const auto& [id, q] : impl_->out) v.push_back({id, q.endpoint, link_state::connecting, q.frames.size()});
+  for (const auto& [id, q] : impl_->out) v.push_back({id, q.endpoint, q.state, q.frames.size()});
   return v;
 }
 

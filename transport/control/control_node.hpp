@@ -34,6 +34,22 @@
 
 namespace tessera::transport::control {
 
+/// Hook points for the fault layer (transport/faults), called on the I/O thread. Empty functions:
+/// no faults. `decide` sees every outgoing frame, heartbeats included, so a partition also stops
+/// liveness and peers go down as they would on a real cut.
+struct fault_hooks {
+  /// Fate of one frame from this node to `to` sent at `now_ns` (steady clock): returns the
+  /// number of copies to deliver (0 = lost, 1, 2 = duplicated) and their due times in `due_ns`.
+  std::function<std::uint8_t(std::string_view to, std::int64_t now_ns,
+                             std::array<std::int64_t, 2>& due_ns)>
+      decide;
+  /// A fault.set / fault.clear message from an authenticated peer (body: msgpack command).
+  std::function<result<void>(msg_type type, std::span<const std::byte> body)> on_command;
+};
+
+/// Frames held back by the fault layer (delay, reorder) at most; beyond, they are dropped.
+inline constexpr std::size_t kMaxDelayedFrames = 4096;
+
 /// Configuration of one node's control plane.
 struct node_config {
   std::string node_id;                             ///< [A-Za-z0-9._-]{1,64}; the DEALER routing id
@@ -48,6 +64,7 @@ struct node_config {
   std::size_t max_peers = 256;
   bool accept_unknown_peers = true;  ///< add a peer that introduces itself by heartbeat
   std::uint64_t seed = 0;            ///< backoff jitter and incarnation; 0: from the clock
+  fault_hooks faults;                ///< fault injection; empty = none
 };
 
 /// One inbound application message (transport-internal types are consumed by the node).
@@ -96,6 +113,11 @@ struct control_stats {
   std::uint64_t peer_down_events = 0;
   std::uint64_t reconnects = 0;
   std::uint64_t unknown_sender = 0;  ///< messages from a sender we have no link to (delivered)
+  std::uint64_t fault_dropped = 0;     ///< frames the fault hook lost (or delayed past the bound)
+  std::uint64_t fault_delayed = 0;     ///< copies the fault hook held back
+  std::uint64_t fault_duplicated = 0;  ///< extra copies the fault hook made
+  std::uint64_t fault_commands = 0;    ///< fault.set/fault.clear applied
+  std::uint64_t fault_commands_refused = 0;  ///< ... refused by the hook, or no hook installed
 
   [[nodiscard]] std::uint64_t rejected_total() const;
   [[nodiscard]] std::uint64_t rejected_for(reject_reason r) const {
@@ -132,6 +154,7 @@ class control_node {
   [[nodiscard]] result<void> remove_peer(std::string_view id);
 
   /// Queues one message to `peer`. Thread-safe; never blocks. `body` must be one msgpack object.
+  /// Types: actor_envelope, application types (>= app_first), fault_set / fault_clear.
   /// Errors: not_found (unknown peer), overloaded (queue full, counted; retry later),
   /// invalid_argument (body not msgpack, type reserved), overloaded (frame larger than limits),
   /// closed (node stopped).

@@ -123,8 +123,10 @@ TEST(control_node_test, max_peers_is_a_bound) {
 TEST(control_node_test, heartbeat_silence_takes_the_peer_down_with_a_reason) {
   pair_of_nodes p(test::keys_from(1), 800);
   ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") == 1; }));
+  EXPECT_EQ(p.a->peers().at(0).state, link_state::up);
   p.b.reset();  // b vanishes: no goodbye, only silence
   ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::down, "b") == 1; }));
+  EXPECT_EQ(p.a->peers().at(0).state, link_state::down);
   for (const auto& e : p.in_a.events()) {
     if (e.kind == peer_event_kind::down) {
       EXPECT_NE(e.reason.find("no frame for"), std::string::npos) << e.reason;
@@ -243,6 +245,101 @@ TEST(control_node_test, handlers_may_send_from_the_io_thread) {
   ASSERT_TRUE(wait_for([&] { return in_a.message_count() == 50; }));
   auto m = in_a.messages();
   for (int i = 0; i < 50; ++i) EXPECT_EQ(test::body_int(m[i].body), i);
+}
+
+}  // namespace
+}  // namespace tessera::transport::control
+
+namespace tessera::transport::control {
+namespace {
+
+// The fault hook point: a hook that the test switches at run time (the fault layer's
+// fault_injector plugs into the same two functions).
+struct switchable_fault {
+  std::atomic<int> mode{0};  // 0 pass, 1 drop everything, 2 duplicate everything
+  std::atomic<int> commands{0};
+  fault_hooks hooks() {
+    fault_hooks h;
+    h.decide = [this](std::string_view, std::int64_t now_ns, std::array<std::int64_t, 2>& due) {
+      due = {now_ns, now_ns};
+      switch (mode.load()) {
+        case 1: return std::uint8_t{0};
+        case 2: return std::uint8_t{2};
+        default: return std::uint8_t{1};
+      }
+    };
+    h.on_command = [this](msg_type t, std::span<const std::byte> body) -> result<void> {
+      if (t == msg_type::fault_clear) {
+        mode = 0;
+      } else {
+        mode = static_cast<int>(test::body_int(std::string(
+            reinterpret_cast<const char*>(body.data()), body.size())));
+      }
+      ++commands;
+      return ok();
+    };
+    return h;
+  }
+};
+
+TEST(control_fault_test, a_cut_switched_on_at_run_time_takes_the_peer_down_and_healing_restores_it) {
+  const auto keys = test::keys_from(6);
+  switchable_fault fault;
+  inbox in_a, in_b;
+  auto ca = config("a", keys, 800);
+  ca.faults = fault.hooks();
+  auto a = std::move(*control_node::start(ca, in_a.handlers()));
+  auto b = std::move(*control_node::start(config("b", keys, 800), in_b.handlers()));
+  ASSERT_TRUE(a->add_peer("b", b->endpoint()).has_value());
+  ASSERT_TRUE(b->add_peer("a", a->endpoint()).has_value());
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") == 1; }));
+  fault.mode = 1;  // a -> b cut: heartbeats and messages vanish
+  const auto body = int_body(1);
+  ASSERT_TRUE(a->send("b", kPing, as_bytes(body)).has_value());
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::down, "a") == 1; }));
+  EXPECT_GE(a->stats().fault_dropped, 1u);
+  // b -> a still works (one-way cut), and a fault.clear from b switches a's cut off.
+  ASSERT_TRUE(b->send("a", msg_type::fault_clear, as_bytes(std::string("\xc0", 1))).has_value());
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") == 2; }));
+  EXPECT_EQ(a->stats().fault_commands, 1u);
+  const auto body2 = int_body(2);
+  ASSERT_TRUE(a->send("b", kPing, as_bytes(body2)).has_value());
+  ASSERT_TRUE(wait_for([&] { return in_b.message_count() >= 1; }));
+  // The frame sent during the cut was lost; the receiver counted the gap.
+  auto m = in_b.messages();
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(test::body_int(m[0].body), 2);
+  EXPECT_EQ(b->stats().frames_missing, 1u);
+}
+
+TEST(control_fault_test, duplicated_frames_are_dropped_by_the_receiver) {
+  const auto keys = test::keys_from(7);
+  switchable_fault fault;
+  fault.mode = 2;
+  inbox in_a, in_b;
+  auto ca = config("a", keys);
+  ca.faults = fault.hooks();
+  auto a = std::move(*control_node::start(ca, in_a.handlers()));
+  auto b = std::move(*control_node::start(config("b", keys), in_b.handlers()));
+  ASSERT_TRUE(a->add_peer("b", b->endpoint()).has_value());
+  ASSERT_TRUE(b->add_peer("a", a->endpoint()).has_value());
+  for (int i = 0; i < 20; ++i) {
+    const auto body = int_body(i);
+    ASSERT_TRUE(a->send("b", kPing, as_bytes(body)).has_value());
+  }
+  ASSERT_TRUE(wait_for([&] { return b->stats().duplicates_dropped >= 20; }));
+  auto m = in_b.messages();
+  ASSERT_EQ(m.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(test::body_int(m[i].body), i);
+  EXPECT_GE(a->stats().fault_duplicated, 20u);
+}
+
+TEST(control_fault_test, fault_commands_without_a_fault_layer_are_refused_and_counted) {
+  pair_of_nodes p(test::keys_from(8));
+  const auto body = int_body(1);
+  ASSERT_TRUE(p.a->send("b", msg_type::fault_set, as_bytes(body)).has_value());
+  ASSERT_TRUE(wait_for([&] { return p.b->stats().fault_commands_refused == 1; }));
+  EXPECT_EQ(p.in_b.message_count(), 0u);  // consumed by the transport, never delivered
 }
 
 }  // namespace
