@@ -7,6 +7,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -399,8 +400,10 @@ result<void> endpoint::create_verbs() {
   if (!send_cq_ || !recv_cq_) {
     return make_error(errc::io, "rdma: {}: ibv_create_cq: {}", dev, rdma::errno_text(errno));
   }
-  const std::size_t recv_total = static_cast<std::size_t>(rq_depth_) * slot_bytes_;
-  const std::size_t send_total = static_cast<std::size_t>(control_slot_ + 1) * slot_bytes_;
+  // aligned_alloc wants a multiple of the alignment.
+  auto pages = [](std::size_t n) { return (n + 4095) / 4096 * 4096; };
+  const std::size_t recv_total = pages(static_cast<std::size_t>(rq_depth_) * slot_bytes_);
+  const std::size_t send_total = pages(static_cast<std::size_t>(control_slot_ + 1) * slot_bytes_);
   recv_mem_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, recv_total)));
   send_mem_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, send_total)));
   if (!recv_mem_ || !send_mem_) {
@@ -666,7 +669,9 @@ result<void> endpoint::connect(const connect_params& remote) {
 void endpoint::drain_locked() {
   ibv_wc wcs[32];
   int n = 0;
+  bool any = false;
   while ((n = ibv_poll_cq(send_cq_.get(), 32, wcs)) > 0) {
+    any = true;
     for (int i = 0; i < n; ++i) on_send_wc(wcs[i]);
   }
   // A full received queue stops the draining: receives stay consumed, the peer gets RNR NAKs and
@@ -675,8 +680,10 @@ void endpoint::drain_locked() {
     const int room = static_cast<int>(std::min<std::uint32_t>(32, limits_.max_received - received_queued_));
     n = ibv_poll_cq(recv_cq_.get(), room, wcs);
     if (n <= 0) break;
+    any = true;
     for (int i = 0; i < n; ++i) on_recv_wc(wcs[i]);
   }
+  if (any) last_activity_ = clock_type::now();  // the keepalive probes idle links only
 }
 
 error endpoint::wc_error(const ibv_wc& wc, std::string_view what) const {
@@ -701,7 +708,6 @@ error endpoint::wc_error(const ibv_wc& wc, std::string_view what) const {
 
 void endpoint::on_send_wc(const ibv_wc& wc) {
   const auto slot = static_cast<std::uint32_t>(wc.wr_id);
-  last_activity_ = clock_type::now();
   if (slot == control_slot_) {
     --sq_used_;
     control_status_ = wc.status;
@@ -741,7 +747,6 @@ void endpoint::on_recv_wc(const ibv_wc& wc) {
     go_down_locked(wc_error(wc, "receive"));
     return;
   }
-  last_activity_ = clock_type::now();
   const auto slot = static_cast<std::uint32_t>(wc.wr_id);
   const std::byte* data = recv_mem_.get() + slot * slot_bytes_;
   completion c;
@@ -986,8 +991,17 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
                       outstanding_, limits_.max_outstanding);
   }
   const std::uint32_t slot = *take_slot();  // outstanding_ < max: a slot is free
-  std::vector<ibv_send_wr> wr(wrs);
-  std::vector<ibv_sge> sge(wrs);
+  // Work requests on the stack for the common case; only long chunked writes allocate.
+  std::array<ibv_send_wr, 4> wr_small{};
+  std::array<ibv_sge, 4> sge_small{};
+  std::vector<ibv_send_wr> wr_big;
+  std::vector<ibv_sge> sge_big;
+  if (wrs > wr_small.size()) {
+    wr_big.resize(wrs);
+    sge_big.resize(wrs);
+  }
+  ibv_send_wr* wr = wrs > wr_small.size() ? wr_big.data() : wr_small.data();
+  ibv_sge* sge = wrs > wr_small.size() ? sge_big.data() : sge_small.data();
   for (std::uint64_t i = 0; i < chunks; ++i) {
     const std::uint64_t off = i * max_msg_bytes_;
     const std::uint64_t len = std::min<std::uint64_t>(bytes - std::min(bytes, off), max_msg_bytes_);
@@ -1021,7 +1035,7 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
     n.send_flags = IBV_SEND_SIGNALED;
   }
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(qp_.get(), wr.data(), &bad); rc != 0) {
+  if (int rc = ibv_post_send(qp_.get(), wr, &bad); rc != 0) {
     release_slot(slot);
     return make_error(errc::io, "rdma: ibv_post_send (write of {} bytes): {}", bytes,
                       rdma::errno_text(rc));
