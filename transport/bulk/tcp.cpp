@@ -15,6 +15,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -86,16 +87,23 @@ result<bool> wait_fd(int fd, short events, clock::time_point deadline) {
   }
 }
 
-// Writes all of iov (without blocking in the call) or fails; stalls longer than `stall` fail with timeout.
-result<void> write_all(int fd, iovec* iov, int iovcnt, std::chrono::milliseconds stall) {
+// Writes all of iov or fails; stalls longer than `stall` fail with timeout. `blocking`: the socket
+// has SO_SNDTIMEO set (the established link: one sendmsg per frame, as a plain socket writer
+// does); otherwise each call is non-blocking and stalls wait in poll() (set-up).
+result<void> write_all(int fd, iovec* iov, int iovcnt, std::chrono::milliseconds stall,
+                       bool blocking = false) {
   while (iovcnt > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<std::size_t>(iovcnt);
-    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (blocking ? 0 : MSG_DONTWAIT));
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (blocking) {
+          return make_error(errc::timeout, "bulk tcp: peer accepted no bytes for {} ms",
+                            stall.count());
+        }
         auto ready = wait_fd(fd, POLLOUT, clock::now() + stall);
         if (!ready) return std::move(ready).error();
         if (!*ready) {
@@ -191,9 +199,13 @@ class tcp_link final : public link {
         queue_(options.limits.max_received, options.limits.max_outstanding, options.spin_us),
         regs_(options.limits.max_buffers) {
     tune_socket(fd_, options_.peer_timeout_ms);
-    // Blocking socket: the receive thread sleeps in recv(); senders pass MSG_DONTWAIT per call and
-    // poll() for room, so a stalled peer cannot hold a sender past peer_timeout_ms.
+    // Blocking socket: the receive thread sleeps in recv(); a sender blocks in sendmsg() at most
+    // SO_SNDTIMEO = peer_timeout_ms, so a stalled peer cannot hold it longer.
     set_nonblocking(fd_, false);
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(options_.peer_timeout_ms.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>(options_.peer_timeout_ms.count() % 1000 * 1000);
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     receiver_ = std::thread([this] { receive_loop(); });
   }
 
@@ -310,7 +322,7 @@ class tcp_link final : public link {
     }
     iovec iov[2] = {{const_cast<frame_header*>(&h), sizeof h},
                     {const_cast<std::byte*>(payload), static_cast<std::size_t>(bytes)}};
-    auto written = write_all(fd_, iov, bytes > 0 ? 2 : 1, options_.peer_timeout_ms);
+    auto written = write_all(fd_, iov, bytes > 0 ? 2 : 1, options_.peer_timeout_ms, true);
     lock.unlock();
     if (!written) {
       queue_.cancel_local();
@@ -338,7 +350,7 @@ class tcp_link final : public link {
     {
       std::lock_guard lock(send_mutex_);
       iovec iov[2] = {{&h, sizeof h}, {const_cast<char*>(text.data()), text.size()}};
-      (void)write_all(fd_, iov, 2, std::chrono::milliseconds(100));
+      (void)write_all(fd_, iov, 2, std::chrono::milliseconds(100), false);
     }
     go_down(std::move(reason));
   }
