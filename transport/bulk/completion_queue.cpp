@@ -120,6 +120,7 @@ result<std::size_t> completion_queue::wait(std::span<completion> out,
     if ((i & 63) == 63) {
       const auto now = clock::now();
       if (now >= spin_end || now >= deadline) break;
+      std::this_thread::yield();  // a producer sharing this vCPU gets to run
     }
 #if defined(__x86_64__)
     __builtin_ia32_pause();

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -285,6 +286,8 @@ class shm_link final : public link {
 #endif
         continue;
       }
+      // Let a peer sharing this vCPU run: spinning alone cannot make its message come sooner.
+      ::sched_yield();
       const auto now = clock::now();
       if (now >= deadline) return poll_locked(out, true);
       if (now < spin_end) continue;

@@ -14,11 +14,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -136,6 +138,9 @@ result<void> read_all(int fd, void* data, std::size_t size) {
     if (n == 0) return make_error(errc::closed, "bulk tcp: peer closed the connection");
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return make_error(errc::timeout, "bulk tcp: peer stalled in the middle of a frame");
+      }
       return sys_error(errc::closed, "receive from peer failed");
     }
     p += n;
@@ -206,6 +211,8 @@ class tcp_link final : public link {
     tv.tv_sec = static_cast<time_t>(options_.peer_timeout_ms.count() / 1000);
     tv.tv_usec = static_cast<suseconds_t>(options_.peer_timeout_ms.count() % 1000 * 1000);
     ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    // Reads start only on a readable socket; the timeout bounds a peer that stalls mid-frame.
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     receiver_ = std::thread([this] { receive_loop(); });
   }
 
@@ -296,7 +303,15 @@ class tcp_link final : public link {
   std::size_t poll(std::span<completion> out) override { return queue_.poll(out); }
 
   result<std::size_t> wait(std::span<completion> out, std::chrono::microseconds timeout) override {
-    return queue_.wait(out, timeout);
+    if (out.empty()) return make_error(errc::invalid_argument, "wait: empty output span");
+    if (std::size_t n = queue_.poll(out); n > 0) return n;
+    std::unique_lock rx(rx_mutex_, std::try_to_lock);
+    if (!rx.owns_lock() || queue_.is_down()) return queue_.wait(out, timeout);
+    app_reading_.store(true, std::memory_order_release);
+    auto n = wait_as_reader(out, clock::now() + timeout);
+    last_reader_ns_.store(clock::now().time_since_epoch().count(), std::memory_order_release);
+    app_reading_.store(false, std::memory_order_release);
+    return n;
   }
 
   bool is_up() const noexcept override { return !queue_.is_down(); }
@@ -355,26 +370,86 @@ class tcp_link final : public link {
     go_down(std::move(reason));
   }
 
+  // The receive thread: reads whenever no application thread is waiting on the link (one-sided
+  // progress: writes land while the application is busy elsewhere). While an application thread
+  // waits, it reads the socket itself and this thread stays parked, so a message wakes one thread,
+  // not two; it resumes 1 ms after the last such wait.
   void receive_loop() {
     for (;;) {
-      frame_header h;
-      auto got = read_all(fd_, &h, sizeof h);
-      if (!got) return go_down(std::move(got).error());
-      if (h.magic != frame_magic) {
-        return fail_protocol(make_error(errc::protocol, "bulk tcp: bad frame magic {:#x}", h.magic));
+      if (queue_.is_down()) return;
+      if (reader_active()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
       }
-      result<void> handled = ok();
-      switch (static_cast<frame_type>(h.type)) {
-        case frame_type::write_imm: handled = receive_write(h); break;
-        case frame_type::send: handled = receive_send(h); break;
-        case frame_type::error: return receive_error(h);
-        default:
-          handled = make_error(errc::protocol, "bulk tcp: unknown frame type {}", h.type);
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return go_down(sys_error(errc::io, "poll"));
+      std::unique_lock rx(rx_mutex_, std::try_to_lock);
+      if (!rx.owns_lock()) continue;  // an application thread is reading
+      if (queue_.is_down()) return;
+      pollfd again{fd_, POLLIN, 0};
+      if (::poll(&again, 1, 0) <= 0) continue;  // a waiting thread read it meanwhile
+      if (!receive_one()) return;
+    }
+  }
+
+  bool reader_active() const {
+    if (app_reading_.load(std::memory_order_acquire)) return true;
+    const auto last = last_reader_ns_.load(std::memory_order_acquire);
+    return clock::now().time_since_epoch().count() - last < 1'000'000;
+  }
+
+  // Reads and handles one frame (the caller holds rx_mutex_). false: the link went down.
+  bool receive_one() {
+    frame_header h;
+    auto got = read_all(fd_, &h, sizeof h);
+    if (!got) {
+      go_down(std::move(got).error());
+      return false;
+    }
+    if (h.magic != frame_magic) {
+      fail_protocol(make_error(errc::protocol, "bulk tcp: bad frame magic {:#x}", h.magic));
+      return false;
+    }
+    result<void> handled = ok();
+    switch (static_cast<frame_type>(h.type)) {
+      case frame_type::write_imm: handled = receive_write(h); break;
+      case frame_type::send: handled = receive_send(h); break;
+      case frame_type::error: receive_error(h); return false;
+      default: handled = make_error(errc::protocol, "bulk tcp: unknown frame type {}", h.type);
+    }
+    if (handled) return true;
+    if (handled.error().code == errc::closed || handled.error().code == errc::timeout) {
+      go_down(std::move(handled).error());
+    } else {
+      fail_protocol(std::move(handled).error());
+    }
+    return false;
+  }
+
+  // wait() with the socket to ourselves: spin on a non-blocking peek, then sleep in poll(), and
+  // read frames in this thread. Saves the hand-off from the receive thread (a wake-up, 20-50 us
+  // on a 2-vCPU guest) on every round trip.
+  result<std::size_t> wait_as_reader(std::span<completion> out, clock::time_point deadline) {
+    const auto spin_end = clock::now() + std::chrono::microseconds(options_.spin_us);
+    for (;;) {
+      if (std::size_t n = queue_.poll(out); n > 0) return n;
+      if (queue_.is_down()) return queue_.wait(out, std::chrono::microseconds(0));
+      const auto now = clock::now();
+      if (now >= deadline) return std::size_t{0};
+      bool readable = false;
+      if (now < spin_end) {
+        char byte = 0;
+        const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        // Let a peer sharing this vCPU run: spinning alone cannot make its answer come sooner.
+        if (n < 0) ::sched_yield();
+        readable = n != 0 && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+      } else {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+        pollfd p{fd_, POLLIN, 0};
+        readable = ::poll(&p, 1, static_cast<int>(std::clamp<long>(left.count() + 1, 1, 100))) > 0;
       }
-      if (!handled) {
-        if (handled.error().code == errc::closed) return go_down(std::move(handled).error());
-        return fail_protocol(std::move(handled).error());
-      }
+      // The queue is empty here (polled above), so handling the frame cannot block on it.
+      if (readable) (void)receive_one();
     }
   }
 
@@ -434,6 +509,9 @@ class tcp_link final : public link {
   mutable std::mutex regs_mutex_;
   std::vector<registration> regs_;
   std::mutex send_mutex_;
+  std::mutex rx_mutex_;  // held by whichever thread reads the socket: receiver_ or a waiter
+  std::atomic<bool> app_reading_{false};
+  std::atomic<std::int64_t> last_reader_ns_{0};
   std::thread receiver_;
 };
 

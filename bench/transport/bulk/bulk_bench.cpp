@@ -411,7 +411,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--reps") reps = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--max-mib") max_mib = static_cast<std::size_t>(std::max(1, std::atoi(argv[i + 1])));
+    else if (a == "--max-mib") max_mib = static_cast<std::size_t>(std::max(0, std::atoi(argv[i + 1])));
     else die("usage: tessera_bulk_bench [--reps N] [--max-mib M]");
   }
   std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
