@@ -373,6 +373,15 @@ class shm_link final : public link {
   // Waits (bounded by peer_timeout_ms) for a free slot in the peer's ring.
   result<std::byte*> claim_slot() {
     inbox_header* ph = peer_.header();
+    // Writing into a dead peer's memory would "succeed"; look at its pidfd once a millisecond.
+    if (const auto now = clock::now(); now >= next_post_liveness_check_) {
+      next_post_liveness_check_ = now + std::chrono::milliseconds(1);
+      if (peer_exited()) {
+        auto reason = make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_);
+        fail(reason);
+        return make_error(errc::closed, "bulk link is down: {}", reason.describe());
+      }
+    }
     const std::uint64_t head = ph->head.load(std::memory_order_relaxed);
     const auto deadline = clock::now() + options_.peer_timeout_ms;
     for (std::uint32_t i = 0;; ++i) {
@@ -498,6 +507,7 @@ class shm_link final : public link {
   std::vector<local_registration> regs_;
   std::mt19937_64 rng_{random_u64()};
   std::mutex post_mutex_;  // one producer into the peer's ring
+  clock::time_point next_post_liveness_check_{};  // guarded by post_mutex_
   std::vector<peer_mapping> peer_maps_;
   std::mutex consumer_mutex_;
   clock::time_point next_liveness_check_{};

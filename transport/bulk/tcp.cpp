@@ -446,7 +446,8 @@ class tcp_link final : public link {
       } else {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
         pollfd p{fd_, POLLIN, 0};
-        readable = ::poll(&p, 1, static_cast<int>(std::clamp<long>(left.count() + 1, 1, 100))) > 0;
+        // Slices of 10 ms: a local completion queued by another thread is seen within one.
+        readable = ::poll(&p, 1, static_cast<int>(std::clamp<long>(left.count() + 1, 1, 10))) > 0;
       }
       // The queue is empty here (polled above), so handling the frame cannot block on it.
       if (readable) (void)receive_one();
