@@ -227,10 +227,11 @@ std::size_t faulty_link::translate(std::span<completion> got) {
       if (it == pending_.end()) continue;
       pending& p = it->second;
       const bool report = !p.reported;
+      const std::uint64_t user_wr_id = p.user_wr_id;
       p.reported = true;
       if (--p.copies_left == 0) pending_.erase(it);
       if (!report) continue;  // the second copy of a duplicated operation
-      c.wr_id = p.user_wr_id;
+      c.wr_id = user_wr_id;
       --outstanding_;
     }
     if (&got[kept] != &c) got[kept] = std::move(c);
