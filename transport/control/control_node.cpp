@@ -815,6 +815,9 @@ result<std::unique_ptr<control_node>> control_node::start(node_config cfg,
   if (cfg.send_queue_capacity == 0 || cfg.max_peers == 0) {
     return make_error(errc::invalid_argument, "send_queue_capacity and max_peers must be > 0");
   }
+  // Create spdlog's registry (a lazy static in the shared library) here, before the I/O thread
+  // logs for the first time: thread creation orders it for every node's thread.
+  (void)spdlog::default_logger_raw();
   auto p = std::make_unique<impl>();
   if (cfg.seed == 0) {
     cfg.seed = static_cast<std::uint64_t>(
