@@ -11,7 +11,11 @@ link_options default_options(backend_kind kind) {
   o.connect_timeout_ms = std::chrono::milliseconds(20'000);
   o.peer_timeout_ms = std::chrono::milliseconds(20'000);
   // A backend that needs more (e.g. rdma: a device name from the environment) adds it here.
-  (void)kind;
+  if (kind == backend_kind::rdma) {
+    // rdma finds a silent dead peer by an idle keepalive (every peer_timeout/4) whose retries
+    // last about peer_timeout: keep the sum well inside the tests' patience.
+    o.peer_timeout_ms = std::chrono::milliseconds(3'000);
+  }
   return o;
 }
 
