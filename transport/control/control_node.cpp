@@ -458,6 +458,8 @@ bool control_node::impl::put_on_wire(const std::string& id, peer_io& p, const st
       bump(ctr.frames_sent);
       bump(ctr.bytes_sent, frame.size());
       wrote = true;
+    } else {
+      bump(ctr.fault_dropped);  // judged already: a copy the socket refused is not retried
     }
   }
   return wrote;
