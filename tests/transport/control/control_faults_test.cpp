@@ -49,23 +49,23 @@ TEST(control_faults_test, a_malformed_fault_command_is_refused_and_counted) {
 
 TEST(control_faults_test, a_partition_sent_over_the_control_plane_takes_peers_down_and_heal_restores) {
   faulty_pair p;
-  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") == 1; }));
-  ASSERT_TRUE(wait_for([&] { return p.in_b.count_events(peer_event_kind::up, "a") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") >= 1; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_b.count_events(peer_event_kind::up, "a") >= 1; }));
   // b tells a (the injector is shared here, as in the simulator; on a live cluster every node
   // receives the command and applies its own outgoing direction).
   const auto cut = encode_fault_command(parsed("partition a | b"));
   ASSERT_TRUE(p.b->send("a", msg_type::fault_set, as_bytes(cut)).has_value());
   ASSERT_TRUE(wait_for([&] { return p.a->stats().fault_commands == 1; }));
-  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::down, "b") == 1; }));
-  ASSERT_TRUE(wait_for([&] { return p.in_b.count_events(peer_event_kind::down, "a") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::down, "b") >= 1; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_b.count_events(peer_event_kind::down, "a") >= 1; }));
   const auto body = int_body(5);
   ASSERT_TRUE(p.a->send("b", kPing, as_bytes(body)).has_value());
   // Once it has left a's queue it has been judged (under the cut: lost).
   ASSERT_TRUE(wait_for([&] { return p.a->peers().at(0).queued == 0; }));
   // Heal directly on the injector: a fault.set could not cross the cut either.
   ASSERT_TRUE(p.injector->apply(parsed("heal")).has_value());
-  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") == 2; }));
-  ASSERT_TRUE(wait_for([&] { return p.in_b.count_events(peer_event_kind::up, "a") == 2; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") >= 2; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_b.count_events(peer_event_kind::up, "a") >= 2; }));
   const auto body2 = int_body(6);
   ASSERT_TRUE(p.a->send("b", kPing, as_bytes(body2)).has_value());
   ASSERT_TRUE(wait_for([&] { return p.in_b.message_count() == 1; }));

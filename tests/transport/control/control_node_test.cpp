@@ -122,10 +122,10 @@ TEST(control_node_test, max_peers_is_a_bound) {
 
 TEST(control_node_test, heartbeat_silence_takes_the_peer_down_with_a_reason) {
   pair_of_nodes p(test::keys_from(1), 800);
-  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") == 1; }));
-  EXPECT_EQ(p.a->peers().at(0).state, link_state::up);
+  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::up, "b") >= 1; }));
+  EXPECT_TRUE(wait_for([&] { return p.a->peers().at(0).state == link_state::up; }));
   p.b.reset();  // b vanishes: no goodbye, only silence
-  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::down, "b") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return p.in_a.count_events(peer_event_kind::down, "b") >= 1; }));
   EXPECT_EQ(p.a->peers().at(0).state, link_state::down);
   for (const auto& e : p.in_a.events()) {
     if (e.kind == peer_event_kind::down) {
@@ -143,9 +143,9 @@ TEST(control_node_test, reconnects_after_the_peer_restarts_on_the_same_endpoint)
   const std::string b_ep = b->endpoint();
   ASSERT_TRUE(a->add_peer("b", b_ep).has_value());
   ASSERT_TRUE(b->add_peer("a", a->endpoint()).has_value());
-  ASSERT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::up, "b") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::up, "b") >= 1; }));
   b.reset();
-  ASSERT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::down, "b") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::down, "b") >= 1; }));
   // Frames sent while b is away wait in a's bounded queue.
   const auto body = int_body(11);
   ASSERT_TRUE(a->send("b", kPing, as_bytes(body)).has_value());
@@ -160,10 +160,10 @@ TEST(control_node_test, reconnects_after_the_peer_restarts_on_the_same_endpoint)
     return b2 != nullptr;
   }));
   ASSERT_TRUE(b2->add_peer("a", a->endpoint()).has_value());
-  ASSERT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::up, "b") == 2; }));
+  ASSERT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::up, "b") >= 2; }));
   ASSERT_TRUE(wait_for([&] { return in_b2.message_count() == 1; }));
   EXPECT_EQ(test::body_int(in_b2.messages()[0].body), 11);
-  EXPECT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::restarted, "b") == 1; }));
+  EXPECT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::restarted, "b") >= 1; }));
   EXPECT_GE(a->stats().reconnects, 1u);
 }
 
@@ -218,7 +218,7 @@ TEST(control_node_test, a_node_learns_a_peer_that_introduces_itself) {
   auto a = std::move(*control_node::start(config("a", keys), in_a.handlers()));
   auto b = std::move(*control_node::start(config("b", keys), in_b.handlers()));
   ASSERT_TRUE(a->add_peer("b", b->endpoint()).has_value());  // only a knows b
-  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") >= 1; }));
   const auto body = int_body(3);
   ASSERT_TRUE(b->send("a", kPing, as_bytes(body)).has_value());
   ASSERT_TRUE(wait_for([&] { return in_a.message_count() == 1; }));
@@ -292,15 +292,15 @@ TEST(control_fault_test, a_cut_switched_on_at_run_time_takes_the_peer_down_and_h
   auto b = std::move(*control_node::start(config("b", keys, 800), in_b.handlers()));
   ASSERT_TRUE(a->add_peer("b", b->endpoint()).has_value());
   ASSERT_TRUE(b->add_peer("a", a->endpoint()).has_value());
-  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") >= 1; }));
   fault.mode = 1;  // a -> b cut: heartbeats and messages vanish
   const auto body = int_body(1);
   ASSERT_TRUE(a->send("b", kPing, as_bytes(body)).has_value());
-  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::down, "a") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::down, "a") >= 1; }));
   EXPECT_GE(a->stats().fault_dropped, 1u);
   // b -> a still works (one-way cut), and a fault.clear from b switches a's cut off.
   ASSERT_TRUE(b->send("a", msg_type::fault_clear, as_bytes(std::string("\xc0", 1))).has_value());
-  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") == 2; }));
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") >= 2; }));
   EXPECT_EQ(a->stats().fault_commands, 1u);
   const auto body2 = int_body(2);
   ASSERT_TRUE(a->send("b", kPing, as_bytes(body2)).has_value());

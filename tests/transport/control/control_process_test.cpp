@@ -151,7 +151,7 @@ TEST_F(control_process_test, a_member_process_exchanges_messages_and_survives_a_
   EXPECT_EQ(in_.messages().back().sender, "peer");
   EXPECT_EQ(test::body_int(in_.messages().back().body), 1);
   child->kill9();
-  ASSERT_TRUE(wait_for([&] { return in_.count_events(peer_event_kind::down, "peer") == 1; }));
+  ASSERT_TRUE(wait_for([&] { return in_.count_events(peer_event_kind::down, "peer") >= 1; }));
   const std::string ep = endpoint_;
   std::unique_ptr<child_process> again;
   // The old port is free again once the kernel has closed the dead process's sockets.
@@ -161,7 +161,7 @@ TEST_F(control_process_test, a_member_process_exchanges_messages_and_survives_a_
         "node=" + node_->endpoint()});
     return again->line() == "endpoint " + ep;
   }));
-  ASSERT_TRUE(wait_for([&] { return in_.count_events(peer_event_kind::up, "peer") == 2; }));
+  ASSERT_TRUE(wait_for([&] { return in_.count_events(peer_event_kind::up, "peer") >= 2; }));
   ASSERT_TRUE(ping(2));
   EXPECT_EQ(test::body_int(in_.messages().back().body), 2);
   auto final_line = again->finish();
