@@ -271,6 +271,27 @@ std::string_view to_string(value_type t) noexcept {
   return "unknown";
 }
 
+std::optional<type_geometry> geometry_of(std::uint32_t id) noexcept {
+  switch (id) {
+    case 0: return type_geometry{"f32", 1, 4};
+    case 1: return type_geometry{"f16", 1, 2};
+    case 2: return type_geometry{"q4_0", 32, 18};    // fp16 d + 16 bytes of nibbles
+    case 8: return type_geometry{"q8_0", 32, 34};    // fp16 d + 32 int8
+    case 12: return type_geometry{"q4_K", 256, 144};  // fp16 d, dmin + 12 scale bytes + 128 nibbles
+    case 14: return type_geometry{"q6_K", 256, 210};  // 128 ql + 64 qh + 16 int8 scales + fp16 d
+    case 30: return type_geometry{"bf16", 1, 2};
+    default: return std::nullopt;
+  }
+}
+
+result<std::uint64_t> bytes_of(tensor_type t, std::uint64_t elems) {
+  auto g = geometry(t);
+  if (elems % g.block_elems != 0)
+    return make_error(errc::invalid_argument, "{} elements are not a multiple of the {} block ({})",
+                      elems, g.name, g.block_elems);
+  return elems / g.block_elems * g.block_bytes;
+}
+
 std::string ggml_type_name(std::uint32_t id) {
   static constexpr std::string_view names[] = {
       "f32",  "f16",  "q4_0", "q4_1", "q4_2", "q4_3", "q5_0",    "q5_1",   "q8_0",   "q8_1",
@@ -284,8 +305,8 @@ result<tensor_type> parse_tensor_type(std::string_view name) {
   std::string lower(name);
   for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   for (std::uint32_t id : {0u, 1u, 2u, 8u, 12u, 14u, 30u}) {
-    auto t = *tensor_type_from_ggml(id);
-    std::string n(to_string(t));
+    auto t = static_cast<tensor_type>(id);
+    std::string n(geometry(t).name);
     for (auto& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (n == lower) return t;
   }
@@ -449,18 +470,18 @@ struct parser_access {
       ti.elements = elems;
       auto ty = c.scalar<std::uint32_t>(fmt::format("type of tensor {}", tn));
       if (!ty) return std::move(ty).error();
-      auto tt = tensor_type_from_ggml(*ty);
-      if (!tt)
+      auto geo = geometry_of(*ty);
+      if (!geo)
         return make_error(errc::unsupported,
                           "{}: tensor {} has type {} (ggml type {}), not supported (supported: {})",
                           f.name_, tn, ggml_type_name(*ty), *ty, supported_types);
-      ti.type = *tt;
-      const auto be = static_cast<std::uint64_t>(block_elements(ti.type));
+      ti.type = static_cast<tensor_type>(*ty);
+      const std::uint64_t be = geo->block_elems;
       if (ti.dims[0] % be != 0)
         return make_error(errc::corrupt,
                           "{}: tensor {} row length {} is not a multiple of the {} block size {}",
-                          f.name_, tn, ti.dims[0], to_string(ti.type), be);
-      ti.size = elems / be * block_bytes(ti.type);  // < 2^56 * 4: no overflow
+                          f.name_, tn, ti.dims[0], geo->name, be);
+      ti.size = elems / be * geo->block_bytes;  // < 2^56 * 4: no overflow
       auto off = c.scalar<std::uint64_t>(fmt::format("offset of tensor {}", tn));
       if (!off) return std::move(off).error();
       if (f.tensor_index_.count(tn))

@@ -40,6 +40,23 @@ enum class value_type : std::uint32_t {
 };
 std::string_view to_string(value_type t) noexcept;
 
+/// On-disk geometry of a supported tensor type (the GGUF/GGML block layouts): `block_elems`
+/// elements stored in `block_bytes` bytes. The parser keeps its own table rather than calling the
+/// kernels so that it stands alone (the fuzz target builds it with clang); a unit test checks that
+/// it agrees with inference/kernels/quant.hpp.
+struct type_geometry {
+  std::string_view name;
+  std::uint32_t block_elems = 0;
+  std::uint32_t block_bytes = 0;
+};
+/// Geometry of a supported GGML type id; nullopt for every other id.
+std::optional<type_geometry> geometry_of(std::uint32_t ggml_type_id) noexcept;
+inline type_geometry geometry(tensor_type t) noexcept {
+  return *geometry_of(static_cast<std::uint32_t>(t));
+}
+/// Bytes of `elems` elements of `t`; error unless elems is a multiple of the block size.
+result<std::uint64_t> bytes_of(tensor_type t, std::uint64_t elems);
+
 /// Name of any GGML type id, supported or not ("q5_K", "iq2_xs", ... or "type 99").
 std::string ggml_type_name(std::uint32_t ggml_type_id);
 /// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k"/"q4_K", "q6_k"/"q6_K".

@@ -100,7 +100,7 @@ result<writer::pending*> writer::add_common(std::string name, tensor_type type,
   }
   if (elems > (std::uint64_t{1} << 56))
     return make_error(errc::invalid_argument, "tensor {} has {} elements (too many)", name, elems);
-  auto rb = row_bytes(type, static_cast<std::int64_t>(dims[0]));
+  auto rb = bytes_of(type, dims[0]);
   if (!rb) return make_error(errc::invalid_argument, "tensor {}: {}", name, rb.error().message);
   pending p;
   p.name = std::move(name);

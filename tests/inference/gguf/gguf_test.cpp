@@ -119,7 +119,7 @@ writer full_writer(std::uint32_t alignment = default_alignment) {
            {"t.bf16", tensor_type::bf16, 3, 1}, {"t.q8_0", tensor_type::q8_0, 64, 3},
            {"t.q4_0", tensor_type::q4_0, 32, 2}, {"t.q4_k", tensor_type::q4_k, 256, 2},
            {"t.q6_k", tensor_type::q6_k, 512, 1}}) {
-    auto rb = row_bytes(type, static_cast<std::int64_t>(cols));
+    auto rb = bytes_of(type, cols);
     auto bytes = random_bytes(*rb * rows, seed++);
     EXPECT_TRUE(w.add_tensor(name, type, {cols, rows}, bytes));
   }
@@ -451,6 +451,18 @@ TEST(GgufRoundTrip, ReadRowsReadsOnlyTheRangeAsked) {
   ASSERT_FALSE(cut);
   EXPECT_NE(cut.error().message.find("shrank"), std::string::npos) << cut.error().message;
   std::filesystem::remove(path);
+}
+
+TEST(GgufTypes, GeometryAgreesWithKernels) {
+  for (std::uint32_t id = 0; id < 64; ++id) {
+    auto g = geometry_of(id);
+    auto k = tensor_type_from_ggml(id);
+    ASSERT_EQ(g.has_value(), k.has_value()) << id;
+    if (!g) continue;
+    EXPECT_EQ(g->name, to_string(*k));
+    EXPECT_EQ(g->block_elems, static_cast<std::uint32_t>(block_elements(*k)));
+    EXPECT_EQ(g->block_bytes, block_bytes(*k));
+  }
 }
 
 TEST(GgufTypes, NamesAndParsing) {
