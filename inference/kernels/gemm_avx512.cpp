@@ -44,6 +44,19 @@ TESSERA_AVX512_INLINE __m512 scale_pair(float lo, float hi) {
 
 template <tensor_type W>
 TESSERA_AVX512_INLINE __m512 load16(const std::uint8_t* p, std::int64_t i, __mmask16 mask) {
+  if (__builtin_constant_p(mask) && mask == 0xFFFF) {
+    if constexpr (W == tensor_type::f32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(p) + i));
+      if constexpr (W == tensor_type::f16) {
+        return _mm512_cvtph_ps(h);
+      } else {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+    }
+  }
   if constexpr (W == tensor_type::f32) {
     return _mm512_maskz_loadu_ps(mask, reinterpret_cast<const float*>(p) + i);
   } else {
@@ -58,6 +71,19 @@ TESSERA_AVX512_INLINE __m512 load16(const std::uint8_t* p, std::int64_t i, __mma
 
 template <tensor_type W, int R, int T>
 struct float_tile {
+  TESSERA_AVX512_INLINE static void step(const std::uint8_t* const* w, const float* const* x,
+                                         std::int64_t i, __mmask16 mask, __m512 (&acc)[R][T]) {
+    __m512 xv[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) xv[t] = _mm512_maskz_loadu_ps(mask, x[t] + i);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = load16<W>(w[r], i, mask);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+
   TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
     const std::uint8_t* w[R];
     const float* x[T];
@@ -69,20 +95,10 @@ struct float_tile {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     }
-    for (std::int64_t i = 0; i < g.cols; i += 16) {
-      // Full mask except in the last, partial step: no scalar tail.
-      const std::int64_t left = g.cols - i;
-      const auto mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
-      __m512 xv[T];
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) xv[t] = _mm512_maskz_loadu_ps(mask, x[t] + i);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m512 wv = load16<W>(w[r], i, mask);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
-      }
-    }
+    std::int64_t i = 0;
+    for (; i + 16 <= g.cols; i += 16) step(w, x, i, 0xFFFF, acc);
+    // The last, partial step uses masked loads: no scalar tail.
+    if (i < g.cols) step(w, x, i, static_cast<__mmask16>((1u << (g.cols - i)) - 1u), acc);
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
     }
