@@ -7,8 +7,6 @@
 // below 2 * 128 * 127 and never saturate the int16 lanes.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "inference/kernels/gemm_tiles.hpp"
 
 #define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -191,22 +189,6 @@ struct q4_0_tile {
 
 // ---- K-quants against q8_K activations (one weight row, up to 4 tokens) ------------------------
 
-// The eight 6-bit scales and mins of a q4_K block, branch-free on 32-bit words (same values as
-// q4_k_scale_min()).
-TESSERA_AVX2_INLINE void unpack_q4_k_scales(const std::uint8_t* packed, std::uint8_t* sc,
-                                            std::uint8_t* m) {
-  std::uint32_t a[3];
-  std::memcpy(a, packed, 12);
-  const std::uint32_t s_lo = a[0] & 0x3f3f3f3fu;
-  const std::uint32_t m_lo = a[1] & 0x3f3f3f3fu;
-  const std::uint32_t s_hi = (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4);
-  const std::uint32_t m_hi = ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4);
-  std::memcpy(sc, &s_lo, 4);
-  std::memcpy(sc + 4, &s_hi, 4);
-  std::memcpy(m, &m_lo, 4);
-  std::memcpy(m + 4, &m_hi, 4);
-}
-
 template <int R, int T>
 struct q4_k_tile {
   static_assert(R == 1);
@@ -223,7 +205,7 @@ struct q4_k_tile {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
       std::uint8_t sc[8], m[8];
-      unpack_q4_k_scales(w[b].scales, sc, m);
+      q4_k_unpack_scales(w[b].scales, sc, m);
       __m256i isum[T];
       for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
       for (int j = 0; j < 4; ++j) {

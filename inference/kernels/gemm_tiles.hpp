@@ -12,6 +12,12 @@
 
 namespace tessera::inference::detail {
 
+// Internal linkage on purpose: each kernel file instantiates drive_tiles with its own tiles, and
+// GCC gives an instantiation over a template template argument from an unnamed namespace a weak
+// *external* symbol — the AVX2 and AVX-512 q4_K drivers then had the same name and the linker kept
+// one of them for both tables (an AVX-512 kernel in the AVX2 table would crash AVX2-only CPUs).
+namespace {
+
 using tile_fn = void (*)(const gemm_args&, std::int64_t r0, std::int64_t t0) noexcept;
 
 template <template <int, int> class Tile, int MaxR, int MaxT, std::size_t... I>
@@ -31,5 +37,7 @@ void drive_tiles(const gemm_args& g) noexcept {
     }
   }
 }
+
+}  // namespace
 
 }  // namespace tessera::inference::detail

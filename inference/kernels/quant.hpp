@@ -152,6 +152,22 @@ inline void q4_k_scale_min(int j, const std::uint8_t* scales, std::uint8_t& sc,
   }
 }
 
+/// All eight 6-bit scales and mins of a q4_K block at once, branch-free on 32-bit words (the same
+/// values as q4_k_scale_min() for j = 0..7).
+inline void q4_k_unpack_scales(const std::uint8_t* scales, std::uint8_t* sc,
+                               std::uint8_t* m) noexcept {
+  std::uint32_t a[3];
+  std::memcpy(a, scales, 12);
+  const std::uint32_t s_lo = a[0] & 0x3f3f3f3fu;
+  const std::uint32_t m_lo = a[1] & 0x3f3f3f3fu;
+  const std::uint32_t s_hi = (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4);
+  const std::uint32_t m_hi = ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4);
+  std::memcpy(sc, &s_lo, 4);
+  std::memcpy(sc + 4, &s_hi, 4);
+  std::memcpy(m, &m_lo, 4);
+  std::memcpy(m + 4, &m_hi, 4);
+}
+
 // ---- scalar reference quantizers -------------------------------------------------------------
 //
 // Preconditions (asserted): n >= 0 and n a multiple of the type's block size. Use the checked

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "inference/kernels/cpu.hpp"
+#include "inference/kernels/gemm_kernels.hpp"
 
 namespace tessera::inference {
 namespace {
@@ -158,6 +159,23 @@ TEST(matmul, every_isa_matches_the_scalar_reference) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+TEST(matmul, every_isa_has_its_own_kernel_for_every_type) {
+  // Guards against the linker folding two tiers' kernels into one (see gemm_tiles.hpp): the
+  // comparison tests above could not tell, and an AVX-512 kernel in the AVX2 table would crash
+  // CPUs without AVX-512.
+  const isa levels[] = {isa::scalar, isa::avx2, isa::avx512};
+  for (tensor_type type : all_types) {
+    const int slot = detail::type_slot(type);
+    for (int a = 0; a < 3; ++a) {
+      ASSERT_NE(detail::kernels_for(levels[a]).gemm[slot], nullptr);
+      for (int b = a + 1; b < 3; ++b) {
+        EXPECT_NE(detail::kernels_for(levels[a]).gemm[slot], detail::kernels_for(levels[b]).gemm[slot])
+            << to_string(type) << " " << to_string(levels[a]) << " vs " << to_string(levels[b]);
       }
     }
   }

@@ -153,6 +153,22 @@ TEST(quant, round_trips_within_stated_bounds) {
   check_round_trip(tensor_type::q6_k, 4096, 7, 0.03f);
 }
 
+TEST(quant, q4_k_scale_unpacking_agrees_with_the_reference_accessor) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 1000; ++trial) {
+    std::uint8_t packed[12];
+    for (auto& b : packed) b = static_cast<std::uint8_t>(rng());
+    std::uint8_t sc[8], m[8];
+    q4_k_unpack_scales(packed, sc, m);
+    for (int j = 0; j < 8; ++j) {
+      std::uint8_t s1, m1;
+      q4_k_scale_min(j, packed, s1, m1);
+      ASSERT_EQ(sc[j], s1) << j;
+      ASSERT_EQ(m[j], m1) << j;
+    }
+  }
+}
+
 TEST(quant, q8_k_block_sums_match_quants) {
   auto x = random_floats(512, 9);
   std::vector<block_q8_k> q(2);
