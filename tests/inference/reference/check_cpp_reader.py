@@ -81,6 +81,43 @@ def check_model(args, arch, ttype, workdir):
     return problems, types, len(idx["tensors"])
 
 
+def check_info(args, workdir):
+    """`tessera model info`: JSON agrees with the numpy reader; corrupt files fail, naming why."""
+    problems = []
+    path = os.path.join(workdir, "info.gguf")
+    run([args.tessera, "model", "synth", "--arch", "qwen3", "--dim", "128", "--layers", "2",
+         "--heads", "4", "--kv-heads", "2", "--ffn", "256", "--vocab", "600", "--type", "q8_0",
+         "-o", path])
+    info = json.loads(run([args.tessera, "model", "info", path, "--json"]))
+    f = gguf_reader.GGUFFile(path)
+    params = sum(t.n_elements for t in f.tensors.values())
+    if info["params"] != params or info["tensor_count"] != len(f.tensors):
+        problems.append(f"info params/tensors {info['params']}/{info['tensor_count']} vs {params}")
+    if info["architecture"] != "qwen3" or info["vocab"] != 600 or info["chat_template"] != "chatml":
+        problems.append(f"info fields: {info}")
+    with open(path, "rb") as fh:
+        data = fh.read()
+    cases = {
+        "trunc.gguf": (data[:5000], "truncated"),
+        "past_eof.gguf": (data[:-100], "extends past end of file"),
+        "version.gguf": (data[:4] + (7).to_bytes(4, "little") + data[8:], "unsupported GGUF version 7"),
+        "magic.gguf": (b"GGML" + data[4:], "not a GGUF file"),
+    }
+    for name, (blob, needle) in cases.items():
+        bad = os.path.join(workdir, name)
+        with open(bad, "wb") as fh:
+            fh.write(blob)
+        r = subprocess.run([args.tessera, "model", "info", bad], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        if r.returncode == 0 or needle not in r.stderr or bad not in r.stderr:
+            problems.append(f"info {name}: rc {r.returncode}, stderr {r.stderr.strip()!r}")
+    r = subprocess.run([args.tessera, "model", "info", os.path.join(workdir, "missing.gguf")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode == 0 or "cannot open" not in r.stderr:
+        problems.append(f"info missing file: rc {r.returncode} {r.stderr.strip()!r}")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tessera", required=True)
@@ -98,6 +135,11 @@ def main():
                 for p in problems[:20]:
                     print("   ", p)
                 failed |= bool(problems)
+        problems = check_info(args, args.workdir)
+        print(f"model info + corrupt files {'ok' if not problems else 'MISMATCH'}")
+        for p in problems:
+            print("   ", p)
+        failed |= bool(problems)
     finally:
         shutil.rmtree(args.workdir, ignore_errors=True)
     return 1 if failed else 0
