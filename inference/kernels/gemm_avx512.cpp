@@ -129,6 +129,8 @@ struct q8_0_tile {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
+      // ~800 bytes ahead in each row stream: a few percent on DRAM-bound decode here.
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + b + 24), _MM_HINT_T0);
       const __m512i wq = pair512(w[r][b].qs, single ? nullptr : w[r][b + 1].qs);
       const __m512i neg_sum = _mm512_sub_epi32(
           _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));

@@ -265,6 +265,10 @@ void BM_model(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   const std::int64_t tokens = state.range(3);
   (void)set_active_isa(best_isa());
+  if (!row_bytes(type, p.ffn) || !row_bytes(type, p.dim)) {
+    state.SkipWithError("preset dimensions are not a multiple of this type's block size");
+    return;
+  }
   const double gbs = tokens == 1 ? bandwidth_1t() : 0.0;
   auto m = make_model(p, type);
   const std::int64_t widest = std::max(p.ffn, p.vocab);
