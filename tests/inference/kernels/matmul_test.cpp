@@ -4,6 +4,7 @@
 #include "inference/kernels/matmul.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -179,6 +180,18 @@ TEST(matmul, every_isa_has_its_own_kernel_for_every_type) {
       }
     }
   }
+}
+
+TEST(matmul, simd_activation_quantizer_gives_the_reference_bytes) {
+  if (!isa_supported(isa::avx2)) GTEST_SKIP() << "no AVX2";
+  auto x = random_floats(32 * 40, 21);
+  for (int i = 0; i < 32; ++i) x[i] = 0.0f;                         // all-zero block
+  for (int i = 32; i < 64; ++i) x[i] = static_cast<float>(i - 48);  // ties at .5 after scaling
+  for (int i = 64; i < 96; ++i) x[i] *= 1e-30f;                     // tiny scale
+  std::vector<block_q8_0> ref(40), simd(40);
+  quantize_row_q8_0(x.data(), ref.data(), 32 * 40);
+  detail::quantize_row_q8_0_avx2(x.data(), simd.data(), 32 * 40);
+  EXPECT_EQ(std::memcmp(ref.data(), simd.data(), sizeof(block_q8_0) * 40), 0);
 }
 
 TEST(matmul, threads_tiles_and_token_batches_give_bit_identical_results) {
