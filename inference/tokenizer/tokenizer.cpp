@@ -420,8 +420,10 @@ result<tokenizer> tokenizer::from_gguf(const gguf::file& f, const vocab_limits& 
       pre = *p;
     }
     if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "smaug-bpe" ||
-        pre == "dbrx")
+        pre == "dbrx") {
       d.pre = pre_split::llama3;
+      d.add_bos = true;  // llama 3 prepends <|begin_of_text|> unless the file says otherwise
+    }
     else if (pre == "qwen2" || pre == "qwen3" || pre == "deepseek-r1-qwen")
       d.pre = pre_split::qwen2;
     else

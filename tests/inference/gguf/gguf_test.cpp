@@ -412,6 +412,34 @@ TEST(GgufRoundTrip, EveryLoadModeFromDisk) {
   std::filesystem::remove(path);
 }
 
+bool mapped_in_this_process(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find(path) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(GgufRoundTrip, OnlyMmapModesMapTheFile) {
+  writer w = full_writer();
+  auto path = temp_path("maps");
+  ASSERT_TRUE(w.write(path));
+  for (auto mode : {load_mode::mmap, load_mode::mmap_populate, load_mode::mmap_locked,
+                    load_mode::anonymous, load_mode::headers_only}) {
+    auto f = file::open(path, {mode});
+    ASSERT_TRUE(f);
+    bool want = mode == load_mode::mmap || mode == load_mode::mmap_populate ||
+                mode == load_mode::mmap_locked;
+    EXPECT_EQ(mapped_in_this_process(path), want) << to_string(mode);
+    auto rows = f->read_rows(*f->find_tensor("t.q8_0"), 1, 2);
+    ASSERT_TRUE(rows);
+    EXPECT_EQ(mapped_in_this_process(path), want) << to_string(mode);
+  }
+  EXPECT_FALSE(mapped_in_this_process(path));  // closed files unmap
+  std::filesystem::remove(path);
+}
+
 TEST(GgufRoundTrip, ReadRowsReadsOnlyTheRangeAsked) {
   writer w;
   std::vector<float> data(64 * 100);

@@ -326,6 +326,29 @@ TEST(TokenizerSynth, FromGgufMetadata) {
   EXPECT_EQ(t->eos(), 2);
 }
 
+TEST(TokenizerSynth, BpePreFromMetadata) {
+  auto d = synth_bpe_vocab(1000);
+  ASSERT_TRUE(d);
+  gguf::writer w;
+  w.set("tokenizer.ggml.model", gguf::value::str("gpt2"));
+  w.set("tokenizer.ggml.tokens", gguf::value::arr(gguf::string_array(d->tokens)));
+  w.set("tokenizer.ggml.merges", gguf::value::arr(gguf::string_array(d->merges)));
+  w.set("tokenizer.ggml.bos_token_id", gguf::value::u32(static_cast<std::uint32_t>(d->bos)));
+  for (auto [pre, want, bos] : {std::tuple{"llama-bpe", pre_split::llama3, true},
+                                {"qwen2", pre_split::qwen2, false},
+                                {"something-else", pre_split::gpt2, false}}) {
+    w.set("tokenizer.ggml.pre", gguf::value::str(pre));
+    auto t = tokenizer::from_gguf(*as_file(w));
+    ASSERT_TRUE(t) << t.error().message;
+    EXPECT_EQ(t->data().pre, want) << pre;
+    EXPECT_EQ(t->add_bos(), bos) << pre;
+    EXPECT_EQ(t->encode("2024 x").front() == t->bos(), bos) << pre;
+  }
+  w.set("tokenizer.ggml.add_bos_token", gguf::value::boolean(false));
+  w.set("tokenizer.ggml.pre", gguf::value::str("llama-bpe"));
+  EXPECT_FALSE(tokenizer::from_gguf(*as_file(w))->add_bos());
+}
+
 TEST(TokenizerStream, HoldsBackIncompleteUtf8) {
   auto t = tokenizer::create(tiny_spm());
   ASSERT_TRUE(t);
