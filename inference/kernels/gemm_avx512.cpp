@@ -75,7 +75,10 @@ struct float_tile {
                                          std::int64_t i, __mmask16 mask, __m512 (&acc)[R][T]) {
     __m512 xv[T];
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) xv[t] = _mm512_maskz_loadu_ps(mask, x[t] + i);
+    for (int t = 0; t < T; ++t) {
+      xv[t] = (__builtin_constant_p(mask) && mask == 0xFFFF) ? _mm512_loadu_ps(x[t] + i)
+                                                             : _mm512_maskz_loadu_ps(mask, x[t] + i);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 wv = load16<W>(w[r], i, mask);
