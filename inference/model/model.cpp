@@ -51,6 +51,28 @@ struct placement {
   std::size_t bytes = 0;    // in the arena
 };
 
+// Rotates n_heads heads of x by the angles whose cos/sin are given (head_dim / 2 of each).
+void apply_rope(float* x, std::int64_t n_heads, std::int64_t head_dim, const float* cs,
+                const float* sn, rope_mode mode) noexcept {
+  const std::int64_t half = head_dim / 2;
+  for (std::int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    if (mode == rope_mode::normal) {
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cs[i] - x1 * sn[i];
+        v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+      }
+    } else {
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs[i] - x1 * sn[i];
+        v[i + half] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -418,6 +440,14 @@ result<std::unique_ptr<context>> context::create(const model& m, const context_o
   c->att_.resize(B * static_cast<std::size_t>(H.q_dim()));
   c->gate_.resize(B * static_cast<std::size_t>(2 * H.ffn));
   c->up_.resize(B * static_cast<std::size_t>(H.ffn));
+  const std::int64_t half = H.head_dim / 2;
+  c->inv_freq_.resize(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    c->inv_freq_[static_cast<std::size_t>(i)] =
+        std::pow(static_cast<double>(H.rope_base),
+                 -2.0 * static_cast<double>(i) / static_cast<double>(H.head_dim));
+  c->rope_cos_.resize(B * static_cast<std::size_t>(half));
+  c->rope_sin_.resize(B * static_cast<std::size_t>(half));
   const int threads = opts.pool ? opts.pool->size() : 1;
   c->scores_.resize(static_cast<std::size_t>(threads) * static_cast<std::size_t>(opts.n_ctx) *
                     static_cast<std::size_t>(H.n_head / H.n_head_kv));
@@ -525,6 +555,15 @@ result<void> context::forward_chunk(const token_id* tokens, const float* hidden_
   } else {
     std::memcpy(x_.data(), hidden_in, static_cast<std::size_t>(n * dim) * sizeof(float));
   }
+  const std::int64_t half = H.head_dim / 2;
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      // As ops.hpp's rope(): the angle in double, its cos/sin rounded to float.
+      const double theta = static_cast<double>(pos_ + t) * inv_freq_[static_cast<std::size_t>(i)];
+      rope_cos_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(theta));
+      rope_sin_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(theta));
+    }
+  }
   if (profile_) times_.embed_s += seconds_since(t0);
 
   for (std::int64_t il = m_->shard().first_layer; il < m_->shard().last_layer; ++il) {
@@ -603,8 +642,10 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
       for (std::int64_t hh = 0; hh < H.n_head; ++hh) rmsnorm(qt + hh * hd, L.q_norm, qt + hh * hd, hd, H.rms_eps);
       for (std::int64_t hh = 0; hh < H.n_head_kv; ++hh) rmsnorm(kt + hh * hd, L.k_norm, kt + hh * hd, hd, H.rms_eps);
     }
-    rope(qt, H.n_head, hd, pos_ + t, H.rope_base, H.rope);
-    rope(kt, H.n_head_kv, hd, pos_ + t, H.rope_base, H.rope);
+    const float* cs = rope_cos_.data() + t * (hd / 2);
+    const float* sn = rope_sin_.data() + t * (hd / 2);
+    apply_rope(qt, H.n_head, hd, cs, sn, H.rope);
+    apply_rope(kt, H.n_head_kv, hd, cs, sn, H.rope);
     fp32_to_fp16_row(kt, kc + (pos_ + t) * kvd, kvd);
     fp32_to_fp16_row(vt, vc + (pos_ + t) * kvd, kvd);
   }

@@ -214,7 +214,10 @@ class context {
   // Scratch, sized for max_batch tokens.
   std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_;
   std::vector<float> scores_;  // per thread: n_ctx * (n_head / n_head_kv) floats
-  std::vector<float> logits_tmp_;
+  // RoPE cos/sin for the positions of the current chunk, [n][head_dim / 2] each: computed once per
+  // chunk rather than once per layer and per q/k.
+  std::vector<double> inv_freq_;
+  std::vector<float> rope_cos_, rope_sin_;
 };
 
 }  // namespace tessera::inference::model
