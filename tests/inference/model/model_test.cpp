@@ -169,6 +169,73 @@ TEST(ModelLoad, MetadataErrorsNameTheKey) {
   }
 }
 
+// Logits for `tokens` with the given batch size and thread count.
+std::vector<float> run_logits(const model& m, const std::vector<token_id>& tokens,
+                              std::int64_t batch, int threads) {
+  auto pool = thread_pool::create(threads);
+  EXPECT_TRUE(pool);
+  auto c = context::create(m, {64, batch, pool->get()});
+  EXPECT_TRUE(c);
+  std::vector<float> logits(tokens.size() * static_cast<std::size_t>(m.params().n_vocab));
+  auto r = (*c)->eval(tokens, logits_mode::all, logits);
+  EXPECT_TRUE(r) << r.error().message;
+  return logits;
+}
+
+// A qwen2 model made from a llama one: keys renamed, optional q/k/v biases added.
+std::string as_qwen2(const std::string& llama_path, std::string_view tag, float bias) {
+  auto f = open(llama_path, gguf::load_mode::anonymous);
+  gguf::writer w(f.alignment());
+  for (auto [k, v] : f.metadata()) {
+    if (k == "general.architecture") v = gguf::value::str("qwen2");
+    if (k.rfind("llama.", 0) == 0) k = "qwen2." + k.substr(6);
+    w.set(k, v);
+  }
+  for (const auto& t : f.tensors()) {
+    EXPECT_TRUE(w.add_tensor(t.name, t.type, t.dims, *f.data(t)));
+    const auto n = t.dims.size() == 2 ? t.dims[1] : 0;
+    for (const char* which : {"attn_q", "attn_k", "attn_v"}) {
+      if (bias != 0.0f && t.name.find(std::string(which) + ".weight") != std::string::npos) {
+        std::vector<float> b(n);
+        for (std::size_t i = 0; i < n; ++i) b[i] = bias * static_cast<float>((i % 7)) - bias * 3;
+        const std::string name = t.name.substr(0, t.name.size() - 6) + "bias";
+        EXPECT_TRUE(w.add_tensor(name, tensor_type::f32, {n},
+                                 std::as_bytes(std::span<const float>(b))));
+      }
+    }
+  }
+  const std::string out = temp_path(tag);
+  EXPECT_TRUE(w.write(out));
+  return out;
+}
+
+TEST(ModelLoad, Qwen2UsesNeoxRopeAndOptionalBiases) {
+  model_file mf(small("llama"), "q2src");
+  const std::string plain = as_qwen2(mf.path, "q2plain", 0.0f);
+  const std::string biased = as_qwen2(mf.path, "q2bias", 0.2f);
+  const std::vector<token_id> tokens = {1, 5, 9, 300};
+  auto logits_of = [&](const std::string& p, architecture arch) {
+    auto f = open(p);
+    auto m = model::load(f);
+    EXPECT_TRUE(m) << m.error().message;
+    if (!m) return std::vector<float>{};
+    EXPECT_EQ((*m)->params().arch, arch);
+    EXPECT_EQ((*m)->params().rope, arch == architecture::llama ? rope_mode::normal : rope_mode::neox);
+    EXPECT_FALSE((*m)->params().qk_norm);
+    return run_logits(**m, tokens, 64, 1);
+  };
+  const auto a = logits_of(plain, architecture::qwen2), b = logits_of(biased, architecture::qwen2),
+             l = logits_of(mf.path, architecture::llama);
+  std::filesystem::remove(plain);
+  std::filesystem::remove(biased);
+  ASSERT_EQ(a.size(), b.size());
+  // Position 0 is not rotated: without biases qwen2 and llama agree there, not later.
+  const std::size_t v = 600;
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + v, l.begin()));
+  EXPECT_FALSE(std::equal(a.begin() + v, a.end(), l.begin() + v));
+  EXPECT_NE(a, b);  // the biases are applied
+}
+
 TEST(ModelLoad, ShardSpecsAreChecked) {
   model_file mf(small(), "shards");
   EXPECT_NE(load_error(mf.path, {shard_spec::layers(2, 1)}).find("shard layers [2, 1)"),
@@ -211,19 +278,6 @@ TEST(Context, KvCacheFullIsAnErrorAndChangesNothing) {
   std::vector<float> small_buf(10);
   EXPECT_FALSE((*c)->eval(one, logits_mode::last, small_buf));
   EXPECT_FALSE(context::create(**m, {0, 4, nullptr}));
-}
-
-// Logits for `tokens` with the given batch size and thread count.
-std::vector<float> run_logits(const model& m, const std::vector<token_id>& tokens,
-                              std::int64_t batch, int threads) {
-  auto pool = thread_pool::create(threads);
-  EXPECT_TRUE(pool);
-  auto c = context::create(m, {64, batch, pool->get()});
-  EXPECT_TRUE(c);
-  std::vector<float> logits(tokens.size() * static_cast<std::size_t>(m.params().n_vocab));
-  auto r = (*c)->eval(tokens, logits_mode::all, logits);
-  EXPECT_TRUE(r) << r.error().message;
-  return logits;
 }
 
 TEST(Context, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
