@@ -40,8 +40,9 @@ MARGIN = 8.0
 TOKENS = [1, 17, 300, 45, 599, 2, 88, 88, 7, 123, 456, 31]
 
 
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run(cmd, env=None):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=None if env is None else {**os.environ, **env})
     if r.returncode != 0:
         raise SystemExit(f"FAILED: {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     return r.stdout
@@ -114,6 +115,11 @@ def main():
                                                    "2", "--batch", "5"]))["logits"])
                     if not np.array_equal(two, got):
                         failures.append(f"{label}: 2 threads, batches of 5 differ from 1 thread")
+                    # The portable scalar kernels (and scalar softmax) against the same reference.
+                    scalar = np.array(json.loads(run([a.logits, path, "--tokens", tok_arg],
+                                                     env={"TESSERA_KERNEL_ISA": "scalar"}))["logits"])
+                    w, _ = compare(label + " scalar", scalar, want, TOL[ttype], failures)
+                    print(f"{label:12s} scalar kernels: worst relative RMS error {w:.2e}")
                     # Greedy continuation, judged by the reference with teacher forcing.
                     prompt = TOKENS[:4]
                     gen = json.loads(run([a.logits, path, "--tokens", ",".join(map(str, prompt)),
