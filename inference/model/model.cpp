@@ -640,6 +640,21 @@ result<void> context::forward_chunk(const token_id* tokens, const float* hidden_
   return ok();
 }
 
+template <class Fn>
+void context::per_token(std::int64_t n, Fn&& fn) {
+  // Element-wise work of a prefill chunk is split by tokens over the pool; for a few tokens the
+  // hand-off would cost more than the work.
+  if (pool_ != nullptr && pool_->size() > 1 && n >= 8) {
+    pool_->run([&](int index, int size) {
+      const std::int64_t per = (n + size - 1) / size;
+      const std::int64_t b = std::min(n, index * per), e = std::min(n, b + per);
+      for (std::int64_t t = b; t < e; ++t) fn(t);
+    });
+  } else {
+    for (std::int64_t t = 0; t < n; ++t) fn(t);
+  }
+}
+
 result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
   const hparams& H = m_->params();
   const layer_weights& L = m_->layer(il);
@@ -654,7 +669,9 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
     t0 = now;
   };
 
-  for (std::int64_t t = 0; t < n; ++t) rmsnorm(x + t * dim, L.attn_norm_f, h + t * dim, dim, H.rms_eps);
+  per_token(n, [&](std::int64_t t) {
+    rmsnorm(x + t * dim, L.attn_norm_f, h + t * dim, dim, H.rms_eps);
+  });
   lap(times_.norm_s);
 
   // q, k, v. The weights sit back to back in the arena; with one type they form one [q+2kv] x dim
@@ -685,7 +702,7 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
   const std::int64_t local = il - m_->shard().first_layer;
   std::uint16_t* kc = k_cache_.data() + static_cast<std::size_t>(local * n_ctx_ * kvd);
   std::uint16_t* vc = v_cache_.data() + static_cast<std::size_t>(local * n_ctx_ * kvd);
-  for (std::int64_t t = 0; t < n; ++t) {
+  per_token(n, [&](std::int64_t t) {
     float* qt = q + t * q_stride;
     float* kt = k + t * kv_stride;
     float* vt = v + t * kv_stride;
@@ -702,7 +719,7 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
     apply_rope(kt, H.n_head_kv, hd, cs, sn, H.rope);
     fp32_to_fp16_row(kt, kc + (pos_ + t) * kvd, kvd);
     fp32_to_fp16_row(vt, vc + (pos_ + t) * kvd, kvd);
-  }
+  });
   lap(times_.rope_s);
 
   // Attention: work items are (token, KV head) pairs; the query heads of a group share the keys.
@@ -739,10 +756,14 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
   lap(times_.attention_s);
 
   TESSERA_TRY(matmul(L.wo, att_.data(), n, tmp_.data(), pool_));
-  add(x, tmp_.data(), x, n * dim);
   lap(times_.wo_s);
 
-  for (std::int64_t t = 0; t < n; ++t) rmsnorm(x + t * dim, L.ffn_norm_f, h + t * dim, dim, H.rms_eps);
+  per_token(n, [&](std::int64_t t) {
+    const float* a = tmp_.data() + t * dim;
+    float* xt = x + t * dim;
+    add(xt, a, xt, dim);  // the attention output's residual
+    rmsnorm(xt, L.ffn_norm_f, h + t * dim, dim, H.rms_eps);
+  });
   lap(times_.norm_s);
 
   const std::int64_t ffn = H.ffn;
@@ -757,10 +778,10 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
     TESSERA_TRY(matmul(w, h, n, gate, pool_));
     // gate_ rows are [gate | up] per token: combine in place into the first ffn floats of each row,
     // then compact so the down projection reads packed [n][ffn].
-    for (std::int64_t t = 0; t < n; ++t) {
+    per_token(n, [&](std::int64_t t) {
       float* row = gate + t * 2 * ffn;
       swiglu(row, row + ffn, up_.data() + t * ffn, ffn);
-    }
+    });
   } else {
     TESSERA_TRY(matmul(L.w_gate, h, n, gate, pool_));
     TESSERA_TRY(matmul(L.w_up, h, n, up_.data(), pool_));

@@ -200,7 +200,8 @@ class context {
   result<void> forward_chunk(const token_id* tokens, const float* hidden_in, float* hidden_out,
                              std::int64_t n, logits_mode mode, float* logits);
   result<void> layer_forward(std::int64_t il, std::int64_t n);
-  void attention(std::int64_t il, std::int64_t n);
+  template <class Fn>
+  void per_token(std::int64_t n, Fn&& fn);
 
   const model* m_;
   thread_pool* pool_ = nullptr;
