@@ -1,10 +1,286 @@
+// `tessera bench`: prefill (ppN) and decode (tgN) tokens/s of a GGUF model or of a synthetic preset,
+// medians over repetitions, with the decode bandwidth roofline (weight bytes per token divided by
+// the measured read bandwidth) printed beside each decode figure.
+//
+// Weights are copied into the model's anonymous huge-page arena (never reclaimed to the file by
+// DAMON, see ../shared/notes/benchmarking.md). Presets are synthesised once into a cache folder.
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "cli/command.hpp"
+#include "inference/gguf/gguf.hpp"
+#include "inference/gguf/synth.hpp"
+#include "inference/kernels/bandwidth.hpp"
+#include "inference/kernels/cpu.hpp"
+#include "inference/model/model.hpp"
 
 namespace tessera::cli {
 
+namespace {
+
+namespace inf = tessera::inference;
+namespace mdl = tessera::inference::model;
+using clock_type = std::chrono::steady_clock;
+
+struct bench_args {
+  std::string model;
+  std::string preset;
+  std::string arch = "llama";
+  std::vector<std::string> types{"f16"};
+  std::vector<int> threads{1};
+  std::int64_t pp = 128;
+  std::int64_t tg = 64;
+  int reps = 5;
+  bool json = false;
+  bool profile = false;
+  std::string cache_dir;
+  std::uint64_t bandwidth_mib = 256;
+};
+
+struct stats {
+  double median = 0, best = 0;
+};
+
+stats summarize(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return {med, v.back()};
+}
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "tessera bench: %s\n", msg.c_str());
+  return 1;
+}
+
+std::string default_cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tessera";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tessera";
+  return "/tmp/tessera-cache";
+}
+
+result<std::string> preset_file(const bench_args& a, const std::string& type_name) {
+  auto cfg = inf::gguf::synth_preset(a.preset, a.arch);
+  if (!cfg) return std::move(cfg).error();
+  auto type = inf::gguf::parse_tensor_type(type_name);
+  if (!type) return std::move(type).error();
+  cfg->type = *type;
+  const std::string dir = a.cache_dir.empty() ? default_cache_dir() : a.cache_dir;
+  // mkdir -p (two levels are enough for the defaults; a custom folder must exist or be one level).
+  const auto slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) ::mkdir(dir.substr(0, slash).c_str(), 0755);
+  ::mkdir(dir.c_str(), 0755);
+  const std::string path = fmt::format("{}/synth-{}-{}-{}-seed{}.gguf", dir, a.preset, a.arch,
+                                       type_name, cfg->seed);
+  if (auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}}); f) return path;
+  std::fprintf(stderr, "tessera bench: synthesising %s ...\n", path.c_str());
+  auto r = inf::gguf::write_synthetic_model(*cfg, path);
+  if (!r) return std::move(r).error();
+  return path;
+}
+
+// CPU time of the process: on a machine shared with other work, tokens per CPU-second (divided
+// by the thread count) is a load-robust proxy for the quiet figure (it still loses the DRAM
+// bandwidth others take, so it is pessimistic).
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct row {
+  std::string model, type;
+  int threads = 1;
+  stats pp, tg;
+  stats pp_cpu, tg_cpu;  // tokens per CPU-second per thread
+  double roofline = 0, bandwidth_gb_s = 0;
+  std::uint64_t bytes_per_token = 0;
+  mdl::stage_times decode_stages;
+  std::int64_t decode_tokens = 0;
+};
+
+result<row> bench_one(const bench_args& a, const std::string& path, int threads) {
+  auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
+  if (!f) return std::move(f).error();
+  auto m = mdl::model::load(*f);
+  if (!m) return std::move(m).error();
+  auto pool = inf::thread_pool::create(threads);
+  if (!pool) return std::move(pool).error();
+  const auto& hp = (*m)->params();
+  auto ctx = mdl::context::create(**m, {a.pp + a.tg + 1, std::max<std::int64_t>(a.pp, 1), pool->get()});
+  if (!ctx) return std::move(ctx).error();
+  auto& c = **ctx;
+
+  row r;
+  r.model = path;
+  r.threads = threads;
+  std::string types;
+  for (const auto& t : f->tensors()) {
+    if (t.name == "blk.0.attn_q.weight") types = std::string(inf::to_string(t.type));
+  }
+  r.type = types;
+  std::vector<mdl::token_id> tokens(static_cast<std::size_t>(std::max<std::int64_t>(a.pp, a.tg)));
+  std::uint64_t x = 12345;
+  for (auto& t : tokens) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<mdl::token_id>((x >> 33) % static_cast<std::uint64_t>(hp.n_vocab));
+  }
+  std::vector<float> logits(static_cast<std::size_t>(hp.n_vocab));
+  std::vector<double> pp_v, tg_v, pp_c, tg_c;
+  // One warm-up repetition (page faults of the KV cache and scratch, CPU frequency) not counted.
+  for (int rep = -1; rep < a.reps; ++rep) {
+    if (a.pp > 0) {
+      c.reset();
+      const double c0 = process_cpu_s();
+      auto t0 = clock_type::now();
+      auto e = c.eval(std::span(tokens).first(static_cast<std::size_t>(a.pp)), mdl::logits_mode::last,
+                      logits);
+      if (!e) return std::move(e).error();
+      const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      const double cs = (process_cpu_s() - c0) / threads;
+      if (rep >= 0) pp_v.push_back(static_cast<double>(a.pp) / s);
+      if (rep >= 0 && cs > 0) pp_c.push_back(static_cast<double>(a.pp) / cs);
+    }
+    if (a.tg > 0) {
+      c.reset();
+      c.set_profile(a.profile && rep >= 0);
+      const double c0 = process_cpu_s();
+      auto t0 = clock_type::now();
+      for (std::int64_t i = 0; i < a.tg; ++i) {
+        auto e = c.eval(std::span(tokens).subspan(static_cast<std::size_t>(i), 1),
+                        mdl::logits_mode::last, logits);
+        if (!e) return std::move(e).error();
+      }
+      const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      const double cs = (process_cpu_s() - c0) / threads;
+      c.set_profile(false);
+      if (rep >= 0) tg_v.push_back(static_cast<double>(a.tg) / s);
+      if (rep >= 0 && cs > 0) tg_c.push_back(static_cast<double>(a.tg) / cs);
+    }
+  }
+  r.pp = summarize(pp_v);
+  r.tg = summarize(tg_v);
+  r.pp_cpu = summarize(pp_c);
+  r.tg_cpu = summarize(tg_c);
+  r.bytes_per_token = (*m)->bytes_per_token();
+  auto bw = inf::measure_read_bandwidth(static_cast<std::size_t>(a.bandwidth_mib) << 20, 7,
+                                        pool->get());
+  if (!bw) return std::move(bw).error();
+  r.bandwidth_gb_s = bw->median_gb_per_s;
+  r.roofline = inf::roofline_tokens_per_s(r.bytes_per_token, r.bandwidth_gb_s);
+  r.decode_stages = c.times();
+  r.decode_tokens = a.profile ? a.tg * a.reps : 0;
+  return r;
+}
+
+int run(const bench_args& a) {
+  if (a.model.empty() == a.preset.empty()) return fail("give a MODEL.gguf or --preset tiny|large");
+  if (a.pp < 0 || a.pp > 4096 || a.tg < 0 || a.tg > 4096 || (a.pp == 0 && a.tg == 0))
+    return fail("--pp and --tg must be in [0, 4096], not both 0");
+  if (a.reps < 1 || a.reps > 1000) return fail("--reps must be in [1, 1000]");
+  if (a.bandwidth_mib < 1 || a.bandwidth_mib > 8192) return fail("--bandwidth-mib must be in [1, 8192]");
+  std::vector<std::string> files;
+  if (!a.model.empty()) {
+    files.push_back(a.model);
+  } else {
+    for (const auto& t : a.types) {
+      auto p = preset_file(a, t);
+      if (!p) return fail(p.error().message);
+      files.push_back(*p);
+    }
+  }
+  std::vector<row> rows;
+  if (!a.json)
+    std::printf("# %s; weights in an anonymous huge-page arena; medians of %d reps (best)\n",
+                inf::describe_cpu().c_str(), a.reps);
+  if (!a.json)
+    std::printf("%-44s %-5s %3s %18s %18s %10s %7s\n", "model", "type", "thr",
+                fmt::format("pp{} tok/s", a.pp).c_str(), fmt::format("tg{} tok/s", a.tg).c_str(),
+                "roofline", "% roof");
+  for (const auto& path : files) {
+    for (int th : a.threads) {
+      if (th < 1 || th > 256) return fail("--threads values must be in [1, 256]");
+      auto r = bench_one(a, path, th);
+      if (!r) return fail(r.error().message);
+      if (!a.json) {
+        const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+        std::printf("%-44s %-5s %3d %9.1f (%6.1f) %9.1f (%6.1f) %10.1f %6.0f%%\n", base.c_str(),
+                    r->type.c_str(), th, r->pp.median, r->pp.best, r->tg.median, r->tg.best,
+                    r->roofline, r->roofline > 0 ? 100.0 * r->tg.median / r->roofline : 0.0);
+        std::printf("    %s per token, read bandwidth %.1f GB/s (%d thread%s); per CPU-second: "
+                    "pp %.1f tg %.1f tok/s\n",
+                    inf::gguf::human_bytes(r->bytes_per_token).c_str(), r->bandwidth_gb_s, th,
+                    th == 1 ? "" : "s", r->pp_cpu.median, r->tg_cpu.median);
+        if (a.profile && r->decode_tokens > 0) {
+          const auto& s = r->decode_stages;
+          const double us = 1e6 / static_cast<double>(r->decode_tokens);
+          std::printf(
+              "    decode us/token: embed %.1f norm %.1f qkv %.1f rope+kv %.1f attention %.1f wo %.1f "
+              "ffn_gate_up %.1f ffn_down %.1f output %.1f (sum %.1f)\n",
+              s.embed_s * us, s.norm_s * us, s.qkv_s * us, s.rope_s * us, s.attention_s * us,
+              s.wo_s * us, s.ffn_up_s * us, s.ffn_down_s * us, s.output_s * us, s.total() * us);
+        }
+        std::fflush(stdout);
+      }
+      rows.push_back(*r);
+    }
+  }
+  if (a.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : rows) {
+      out.push_back({{"model", r.model},
+                     {"type", r.type},
+                     {"threads", r.threads},
+                     {"pp", a.pp},
+                     {"tg", a.tg},
+                     {"reps", a.reps},
+                     {"pp_tok_per_s_median", r.pp.median},
+                     {"pp_tok_per_s_best", r.pp.best},
+                     {"tg_tok_per_s_median", r.tg.median},
+                     {"tg_tok_per_s_best", r.tg.best},
+                     {"pp_tok_per_cpu_s_median", r.pp_cpu.median},
+                     {"tg_tok_per_cpu_s_median", r.tg_cpu.median},
+                     {"bytes_per_token", r.bytes_per_token},
+                     {"read_bandwidth_gb_per_s", r.bandwidth_gb_s},
+                     {"roofline_tok_per_s", r.roofline},
+                     {"roofline_fraction", r.roofline > 0 ? r.tg.median / r.roofline : 0.0}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
 void register_bench(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("bench", "measure decode and prefill speed");
-  cmd->callback([&exit_code] { exit_code = not_yet("bench", 5); });
+  auto a = std::make_shared<bench_args>();
+  cmd->add_option("model", a->model, "GGUF model file (or --preset)");
+  cmd->add_option("--preset", a->preset, "synthetic model: tiny or large")
+      ->check(CLI::IsMember({"tiny", "large"}));
+  cmd->add_option("--arch", a->arch, "preset architecture: llama or qwen3")
+      ->check(CLI::IsMember({"llama", "qwen3"}));
+  cmd->add_option("--type", a->types, "preset weight types, e.g. f16,q8_0")->delimiter(',');
+  cmd->add_option("-t,--threads", a->threads, "thread counts, e.g. 1,2")->delimiter(',');
+  cmd->add_option("--pp", a->pp, "prompt tokens for the prefill figure (default 128)");
+  cmd->add_option("--tg", a->tg, "generated tokens for the decode figure (default 64)");
+  cmd->add_option("--reps", a->reps, "repetitions (median and best reported; default 5)");
+  cmd->add_option("--cache-dir", a->cache_dir, "where presets are synthesised (default ~/.cache/tessera)");
+  cmd->add_option("--bandwidth-mib", a->bandwidth_mib, "bandwidth probe buffer (default 256)");
+  cmd->add_flag("--profile", a->profile, "time each forward-pass stage of decode");
+  cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->callback([&exit_code, a] { exit_code = run(*a); });
 }
 
 }  // namespace tessera::cli

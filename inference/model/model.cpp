@@ -1,0 +1,797 @@
+#include "inference/model/model.hpp"
+
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "inference/kernels/cpu.hpp"
+#include "inference/kernels/quant.hpp"
+
+namespace tessera::inference::model {
+
+namespace {
+
+constexpr std::int64_t max_reasonable = std::int64_t{1} << 24;
+
+result<std::int64_t> get_dim(const gguf::file& f, const std::string& key,
+                             std::optional<std::int64_t> fallback = std::nullopt) {
+  if (f.find_value(key) == nullptr) {
+    if (fallback) return *fallback;
+    return make_error(errc::not_found, "{}: metadata key {} is missing (required by the model)",
+                      f.name(), key);
+  }
+  auto v = f.get_uint(key);
+  if (!v) return std::move(v).error();
+  if (*v == 0 || *v > static_cast<std::uint64_t>(max_reasonable))
+    return make_error(errc::corrupt, "{}: metadata {} = {} is outside [1, {}]", f.name(), key, *v,
+                      max_reasonable);
+  return static_cast<std::int64_t>(*v);
+}
+
+result<float> get_real(const gguf::file& f, const std::string& key, float fallback) {
+  if (f.find_value(key) == nullptr) return fallback;
+  auto v = f.get_float(key);
+  if (!v) return std::move(v).error();
+  if (!std::isfinite(*v) || *v <= 0)
+    return make_error(errc::corrupt, "{}: metadata {} = {} must be a positive number", f.name(),
+                      key, *v);
+  return static_cast<float>(*v);
+}
+
+// Where one tensor goes in the arena and how it is stored there.
+struct placement {
+  const gguf::tensor_info* info = nullptr;
+  std::uint64_t first_row = 0;
+  std::uint64_t rows = 0;
+  bool as_f32 = false;      // norms/biases: converted to f32
+  std::size_t offset = 0;   // in the arena
+  std::size_t bytes = 0;    // in the arena
+};
+
+// Rotates n_heads heads of x by the angles whose cos/sin are given (head_dim / 2 of each).
+void apply_rope(float* x, std::int64_t n_heads, std::int64_t head_dim, const float* cs,
+                const float* sn, rope_mode mode) noexcept {
+  const std::int64_t half = head_dim / 2;
+  for (std::int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    if (mode == rope_mode::normal) {
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cs[i] - x1 * sn[i];
+        v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+      }
+    } else {
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs[i] - x1 * sn[i];
+        v[i + half] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  }
+}
+
+// e^x for 8 floats (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial,
+// relative error ~1e-7); inputs below -87 flush to ~0, which is what softmax needs.
+__attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) noexcept {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// In-place softmax of attention scores (n >= 1, all finite): the vector exp is what makes
+// attention cheap next to the mat-muls at long contexts (std::exp is ~20 ns per score).
+__attribute__((target("avx2,fma"))) void softmax_avx2(float* x, std::int64_t n) noexcept {
+  std::int64_t i = 0;
+  __m256 vmax = _mm256_set1_ps(-3.4e38f);
+  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float mx = lanes[0];
+  for (int k = 1; k < 8; ++k) mx = std::max(mx, lanes[k]);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  _mm256_store_ps(lanes, vsum);
+  double sum = 0;
+  for (float l : lanes) sum += l;
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
+  i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  const float inv_s = static_cast<float>(1.0 / sum);
+  for (; i < n; ++i) x[i] *= inv_s;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::string_view to_string(architecture a) noexcept {
+  switch (a) {
+    case architecture::llama: return "llama";
+    case architecture::qwen2: return "qwen2";
+    case architecture::qwen3: return "qwen3";
+  }
+  return "?";
+}
+
+result<hparams> read_hparams(const gguf::file& f) {
+  hparams hp;
+  auto arch_name = f.get_string("general.architecture");
+  if (!arch_name) return std::move(arch_name).error();
+  const std::string arch(*arch_name);
+  if (arch == "llama") {
+    hp.arch = architecture::llama;
+  } else if (arch == "qwen2") {
+    hp.arch = architecture::qwen2;
+  } else if (arch == "qwen3") {
+    hp.arch = architecture::qwen3;
+  } else {
+    return make_error(errc::unsupported,
+                      "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3)",
+                      f.name(), arch);
+  }
+  const std::string p = arch + ".";
+  auto dim = get_dim(f, p + "embedding_length");
+  if (!dim) return std::move(dim).error();
+  auto layers = get_dim(f, p + "block_count");
+  if (!layers) return std::move(layers).error();
+  auto heads = get_dim(f, p + "attention.head_count");
+  if (!heads) return std::move(heads).error();
+  auto kv = get_dim(f, p + "attention.head_count_kv", *heads);
+  if (!kv) return std::move(kv).error();
+  auto ffn = get_dim(f, p + "feed_forward_length");
+  if (!ffn) return std::move(ffn).error();
+  auto ctx = get_dim(f, p + "context_length", 2048);
+  if (!ctx) return std::move(ctx).error();
+  if (*dim % *heads != 0 && f.find_value(p + "attention.key_length") == nullptr)
+    return make_error(errc::corrupt,
+                      "{}: {}embedding_length {} is not a multiple of attention.head_count {} "
+                      "(and attention.key_length is absent)",
+                      f.name(), p, *dim, *heads);
+  auto head_dim = get_dim(f, p + "attention.key_length", *dim / *heads);
+  if (!head_dim) return std::move(head_dim).error();
+  auto value_dim = get_dim(f, p + "attention.value_length", *head_dim);
+  if (!value_dim) return std::move(value_dim).error();
+  if (*value_dim != *head_dim)
+    return make_error(errc::unsupported, "{}: attention.value_length {} != key_length {}", f.name(),
+                      *value_dim, *head_dim);
+  if (*head_dim % 2 != 0 || *head_dim > 1024)
+    return make_error(errc::unsupported, "{}: head dimension {} must be even and <= 1024", f.name(),
+                      *head_dim);
+  if (*kv > *heads || *heads % *kv != 0)
+    return make_error(errc::corrupt,
+                      "{}: attention.head_count {} is not a multiple of attention.head_count_kv {} "
+                      "(grouped-query attention needs whole groups)",
+                      f.name(), *heads, *kv);
+  auto rope_dims = get_dim(f, p + "rope.dimension_count", *head_dim);
+  if (!rope_dims) return std::move(rope_dims).error();
+  if (*rope_dims != *head_dim)
+    return make_error(errc::unsupported,
+                      "{}: partial RoPE (rope.dimension_count {} of head dimension {}) is not "
+                      "supported",
+                      f.name(), *rope_dims, *head_dim);
+  auto eps = get_real(f, p + "attention.layer_norm_rms_epsilon", 1e-5f);
+  if (!eps) return std::move(eps).error();
+  auto base = get_real(f, p + "rope.freq_base", 10000.0f);
+  if (!base) return std::move(base).error();
+  auto embd = f.tensor("token_embd.weight");
+  if (!embd) return std::move(embd).error();
+  if ((*embd)->dims.size() != 2 || static_cast<std::int64_t>((*embd)->dims[0]) != *dim)
+    return make_error(errc::corrupt, "{}: tensor token_embd.weight has dims {} but the model dim is {}",
+                      f.name(), fmt::join((*embd)->dims, "x"), *dim);
+  hp.dim = *dim;
+  hp.n_layer = *layers;
+  hp.n_head = *heads;
+  hp.n_head_kv = *kv;
+  hp.head_dim = *head_dim;
+  hp.ffn = *ffn;
+  hp.n_ctx_train = *ctx;
+  hp.rms_eps = *eps;
+  hp.rope_base = *base;
+  hp.n_vocab = static_cast<std::int64_t>((*embd)->dims[1]);
+  hp.rope = hp.arch == architecture::llama ? rope_mode::normal : rope_mode::neox;
+  hp.qk_norm = hp.arch == architecture::qwen3;
+  hp.tied_output = f.find_tensor("output.weight") == nullptr;
+  return hp;
+}
+
+model::~model() {
+  if (arena_ != nullptr) ::munmap(arena_, arena_size_);
+}
+
+std::uint64_t model::bytes_per_token() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& l : layers_) {
+    for (const weight_view* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      n += inference::weight_bytes(*w);
+  }
+  if (has_output()) n += inference::weight_bytes(output_);
+  return n;
+}
+
+result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_options& opts) {
+  auto hp = read_hparams(f);
+  if (!hp) return std::move(hp).error();
+  shard_spec s = opts.shard;
+  if (s.last_layer < 0) s.last_layer = hp->n_layer;
+  if (s.head_end < 0) s.head_end = hp->n_head;
+  if (s.ffn_end < 0) s.ffn_end = hp->ffn;
+  if (s.first_layer < 0 || s.first_layer >= s.last_layer || s.last_layer > hp->n_layer)
+    return make_error(errc::invalid_argument, "{}: shard layers [{}, {}) are not inside [0, {})",
+                      f.name(), s.first_layer, s.last_layer, hp->n_layer);
+  if (s.head_begin < 0 || s.head_begin >= s.head_end || s.head_end > hp->n_head || s.ffn_begin < 0 ||
+      s.ffn_begin >= s.ffn_end || s.ffn_end > hp->ffn)
+    return make_error(errc::invalid_argument,
+                      "{}: shard heads [{}, {}) / FFN columns [{}, {}) are not inside [0, {}) / [0, {})",
+                      f.name(), s.head_begin, s.head_end, s.ffn_begin, s.ffn_end, hp->n_head, hp->ffn);
+  if (s.head_begin != 0 || s.head_end != hp->n_head || s.ffn_begin != 0 || s.ffn_end != hp->ffn)
+    return make_error(errc::unsupported,
+                      "{}: tensor-parallel slices (heads [{}, {}), FFN [{}, {})) are not implemented "
+                      "yet; only layer ranges",
+                      f.name(), s.head_begin, s.head_end, s.ffn_begin, s.ffn_end);
+
+  std::unique_ptr<model> m(new model());
+  m->hp_ = *hp;
+  m->shard_ = s;
+  m->name_ = f.name();
+  const hparams& H = m->hp_;
+
+  // 1. Find and check every tensor the shard needs, and lay it out in the arena.
+  std::vector<placement> plan;
+  std::size_t cursor = 0;
+  auto place = [&](const std::string& name, std::int64_t cols, std::int64_t rows, bool as_f32,
+                   bool pack = false) -> result<std::size_t> {
+    auto t = f.tensor(name);
+    if (!t) return std::move(t).error();
+    const gguf::tensor_info& ti = **t;
+    const bool is_vector = rows == 1 && ti.dims.size() == 1;
+    if (!is_vector && (ti.dims.size() != 2 || static_cast<std::int64_t>(ti.dims[0]) != cols ||
+                       static_cast<std::int64_t>(ti.dims[1]) != rows))
+      return make_error(errc::corrupt, "{}: tensor {} has dims {} but {}x{} was expected", f.name(),
+                        name, fmt::join(ti.dims, "x"), cols, rows);
+    if (is_vector && static_cast<std::int64_t>(ti.dims[0]) != cols)
+      return make_error(errc::corrupt, "{}: tensor {} has {} elements but {} were expected",
+                        f.name(), name, ti.dims[0], cols);
+    placement pl;
+    pl.info = &ti;
+    pl.rows = ti.rows();
+    pl.as_f32 = as_f32;
+    pl.bytes = as_f32 ? static_cast<std::size_t>(ti.elements) * sizeof(float)
+                      : static_cast<std::size_t>(ti.size);
+    // `pack`: right after the previous tensor (no alignment gap) so the two can form one matrix.
+    if (!pack) cursor = (cursor + 63) / 64 * 64;
+    pl.offset = cursor;
+    cursor += pl.bytes;
+    plan.push_back(pl);
+    return plan.size() - 1;
+  };
+  auto optional_place = [&](const std::string& name, std::int64_t n) -> result<std::optional<std::size_t>> {
+    if (f.find_tensor(name) == nullptr) return std::optional<std::size_t>{};
+    auto r = place(name, n, 1, true);
+    if (!r) return std::move(r).error();
+    return std::optional<std::size_t>{*r};
+  };
+
+  struct layer_plan {
+    std::size_t attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+    std::optional<std::size_t> q_norm, k_norm, bq, bk, bv;
+  };
+  std::vector<layer_plan> lp;
+  const bool need_embd = s.first_layer == 0 || (s.last_layer == H.n_layer && H.tied_output);
+  std::optional<std::size_t> embd_i, out_i, out_norm_i;
+  if (need_embd) {
+    auto r = place("token_embd.weight", H.dim, H.n_vocab, false);
+    if (!r) return std::move(r).error();
+    embd_i = *r;
+  }
+  for (std::int64_t il = s.first_layer; il < s.last_layer; ++il) {
+    const std::string p = fmt::format("blk.{}.", il);
+    layer_plan l{};
+    auto get = [&](const char* suffix, std::int64_t cols, std::int64_t rows, bool f32,
+                   std::size_t& out, bool pack = false) -> result<void> {
+      auto r = place(p + suffix, cols, rows, f32, pack);
+      if (!r) return std::move(r).error();
+      out = *r;
+      return ok();
+    };
+    TESSERA_TRY(get("attn_norm.weight", H.dim, 1, true, l.attn_norm));
+    // q, k, v adjacent (and gate, up adjacent): when their types agree they run as one mat-mul.
+    TESSERA_TRY(get("attn_q.weight", H.dim, H.q_dim(), false, l.wq));
+    TESSERA_TRY(get("attn_k.weight", H.dim, H.kv_dim(), false, l.wk, true));
+    TESSERA_TRY(get("attn_v.weight", H.dim, H.kv_dim(), false, l.wv, true));
+    TESSERA_TRY(get("attn_output.weight", H.q_dim(), H.dim, false, l.wo));
+    TESSERA_TRY(get("ffn_norm.weight", H.dim, 1, true, l.ffn_norm));
+    TESSERA_TRY(get("ffn_gate.weight", H.dim, H.ffn, false, l.gate));
+    TESSERA_TRY(get("ffn_up.weight", H.dim, H.ffn, false, l.up, true));
+    TESSERA_TRY(get("ffn_down.weight", H.ffn, H.dim, false, l.down));
+    if (H.qk_norm) {
+      TESSERA_TRY(get("attn_q_norm.weight", H.head_dim, 1, true, l.q_norm.emplace()));
+      TESSERA_TRY(get("attn_k_norm.weight", H.head_dim, 1, true, l.k_norm.emplace()));
+    }
+    if (H.arch == architecture::qwen2) {
+      auto bq = optional_place(p + "attn_q.bias", H.q_dim());
+      if (!bq) return std::move(bq).error();
+      auto bk = optional_place(p + "attn_k.bias", H.kv_dim());
+      if (!bk) return std::move(bk).error();
+      auto bv = optional_place(p + "attn_v.bias", H.kv_dim());
+      if (!bv) return std::move(bv).error();
+      l.bq = *bq;
+      l.bk = *bk;
+      l.bv = *bv;
+    }
+    lp.push_back(l);
+  }
+  if (s.last_layer == H.n_layer) {
+    auto r = place("output_norm.weight", H.dim, 1, true);
+    if (!r) return std::move(r).error();
+    out_norm_i = *r;
+    if (!H.tied_output) {
+      auto o = place("output.weight", H.dim, H.n_vocab, false);
+      if (!o) return std::move(o).error();
+      out_i = *o;
+    }
+  }
+  if (cursor > opts.max_weight_bytes)
+    return make_error(errc::no_capacity, "{}: the shard's weights ({}) exceed the limit of {}",
+                      f.name(), gguf::human_bytes(cursor), gguf::human_bytes(opts.max_weight_bytes));
+
+  // 2. One anonymous arena, huge pages requested (see the class comment).
+  constexpr std::size_t huge = std::size_t{2} << 20;
+  m->arena_size_ = std::max<std::size_t>((cursor + huge - 1) / huge * huge, huge);
+  void* mem = ::mmap(nullptr, m->arena_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  if (mem == MAP_FAILED)
+    return make_error(errc::io, "{}: cannot allocate {} for the weights", f.name(),
+                      gguf::human_bytes(m->arena_size_));
+  m->arena_ = static_cast<std::byte*>(mem);
+  m->arena_bytes_ = cursor;
+#ifdef MADV_HUGEPAGE
+  ::madvise(mem, m->arena_size_, MADV_HUGEPAGE);
+#endif
+
+  // 3. Fill it: straight from memory when the file is loaded, else pread of each tensor's bytes.
+  std::vector<float> conv;
+  for (const placement& pl : plan) {
+    std::byte* dst = m->arena_ + pl.offset;
+    const gguf::tensor_info& ti = *pl.info;
+    const std::byte* src = nullptr;
+    gguf::tensor_buffer buf;
+    if (f.mode() == gguf::load_mode::headers_only) {
+      auto r = f.read_rows(ti, 0, ti.rows());
+      if (!r) return std::move(r).error();
+      buf = std::move(*r);
+      src = buf.bytes().data();
+    } else {
+      auto d = f.data(ti);
+      if (!d) return std::move(d).error();
+      src = d->data();
+    }
+    if (pl.as_f32) {
+      auto r = dequantize_row(ti.type, src, reinterpret_cast<float*>(dst),
+                              static_cast<std::int64_t>(ti.elements));
+      if (!r)
+        return make_error(errc::corrupt, "{}: tensor {}: {}", f.name(), ti.name, r.error().message);
+      const float* v = reinterpret_cast<const float*>(dst);
+      for (std::uint64_t i = 0; i < ti.elements; ++i) {
+        if (!std::isfinite(v[i]))
+          return make_error(errc::corrupt, "{}: tensor {} holds a non-finite value at {}", f.name(),
+                            ti.name, i);
+      }
+    } else {
+      std::memcpy(dst, src, pl.bytes);
+    }
+  }
+
+  auto view = [&](std::size_t i) {
+    const placement& pl = plan[i];
+    weight_view w;
+    w.type = pl.info->type;
+    w.cols = static_cast<std::int64_t>(pl.info->dims[0]);
+    w.rows = static_cast<std::int64_t>(pl.info->rows());
+    w.data = m->arena_ + pl.offset;
+    w.row_stride_bytes = 0;
+    return w;
+  };
+  auto floats = [&](std::size_t i) {
+    return reinterpret_cast<const float*>(m->arena_ + plan[i].offset);
+  };
+  auto maybe = [&](const std::optional<std::size_t>& i) -> const float* {
+    return i ? floats(*i) : nullptr;
+  };
+  for (const layer_plan& l : lp) {
+    layer_weights w;
+    w.attn_norm = view(l.attn_norm);
+    w.attn_norm_f = floats(l.attn_norm);
+    w.wq = view(l.wq);
+    w.wk = view(l.wk);
+    w.wv = view(l.wv);
+    w.wo = view(l.wo);
+    w.ffn_norm = view(l.ffn_norm);
+    w.ffn_norm_f = floats(l.ffn_norm);
+    w.w_gate = view(l.gate);
+    w.w_up = view(l.up);
+    w.w_down = view(l.down);
+    w.q_norm = maybe(l.q_norm);
+    w.k_norm = maybe(l.k_norm);
+    w.bq = maybe(l.bq);
+    w.bk = maybe(l.bk);
+    w.bv = maybe(l.bv);
+    for (const weight_view* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      if (!row_bytes(v->type, v->cols))
+        return make_error(errc::corrupt, "{}: layer {}: a {} weight with rows of {} elements",
+                          f.name(), m->layers_.size() + static_cast<std::size_t>(s.first_layer),
+                          to_string(v->type), v->cols);
+    }
+    m->layers_.push_back(w);
+  }
+  if (embd_i) m->tok_embd_ = view(*embd_i);
+  if (out_norm_i) m->output_norm_ = floats(*out_norm_i);
+  if (out_i) {
+    m->output_ = view(*out_i);
+  } else if (s.last_layer == H.n_layer) {
+    m->output_ = m->tok_embd_;
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// context
+
+context::~context() = default;
+
+result<std::unique_ptr<context>> context::create(const model& m, const context_options& opts) {
+  const hparams& H = m.params();
+  if (opts.n_ctx < 1 || opts.n_ctx > (std::int64_t{1} << 20))
+    return make_error(errc::invalid_argument, "context: n_ctx {} is outside [1, {}]", opts.n_ctx,
+                      std::int64_t{1} << 20);
+  if (opts.max_batch < 1 || opts.max_batch > 4096)
+    return make_error(errc::invalid_argument, "context: max_batch {} is outside [1, 4096]",
+                      opts.max_batch);
+  std::unique_ptr<context> c(new context(m));
+  c->pool_ = opts.pool;
+  c->n_ctx_ = opts.n_ctx;
+  c->max_batch_ = std::min(opts.max_batch, opts.n_ctx);
+  const auto B = static_cast<std::size_t>(c->max_batch_);
+  const auto cache = static_cast<std::size_t>(m.n_local_layers()) *
+                     static_cast<std::size_t>(opts.n_ctx) * static_cast<std::size_t>(H.kv_dim());
+  c->k_cache_.assign(cache, 0);
+  c->v_cache_.assign(cache, 0);
+  c->x_.resize(B * static_cast<std::size_t>(H.dim));
+  c->h_.resize(B * static_cast<std::size_t>(H.dim));
+  c->tmp_.resize(B * static_cast<std::size_t>(H.dim));
+  // q, k, v are produced by one fused mat-mul when the types agree: one buffer [B][q + 2 kv].
+  c->q_.resize(B * static_cast<std::size_t>(H.q_dim() + 2 * H.kv_dim()));
+  c->k_.resize(B * static_cast<std::size_t>(H.kv_dim()));
+  c->v_.resize(B * static_cast<std::size_t>(H.kv_dim()));
+  c->att_.resize(B * static_cast<std::size_t>(H.q_dim()));
+  c->gate_.resize(B * static_cast<std::size_t>(2 * H.ffn));
+  c->up_.resize(B * static_cast<std::size_t>(H.ffn));
+  const std::int64_t half = H.head_dim / 2;
+  c->inv_freq_.resize(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    c->inv_freq_[static_cast<std::size_t>(i)] =
+        std::pow(static_cast<double>(H.rope_base),
+                 -2.0 * static_cast<double>(i) / static_cast<double>(H.head_dim));
+  c->rope_cos_.resize(B * static_cast<std::size_t>(half));
+  c->rope_sin_.resize(B * static_cast<std::size_t>(half));
+  const int threads = opts.pool ? opts.pool->size() : 1;
+  c->scores_.resize(static_cast<std::size_t>(threads) * static_cast<std::size_t>(opts.n_ctx) *
+                    static_cast<std::size_t>(H.n_head / H.n_head_kv));
+  return c;
+}
+
+void context::truncate(std::int64_t p) noexcept {
+  if (p >= 0 && p < pos_) pos_ = p;
+}
+
+result<void> context::check_batch(std::int64_t n, logits_mode mode, std::size_t logits_size,
+                                  const char* what) const {
+  const hparams& H = m_->params();
+  if (n <= 0) return make_error(errc::invalid_argument, "{}: no tokens", what);
+  if (mode != logits_mode::none && !m_->has_output())
+    return make_error(errc::invalid_argument,
+                      "{}: this shard (layers [{}, {})) has no output layer; no logits", what,
+                      m_->shard().first_layer, m_->shard().last_layer);
+  if (pos_ + n > n_ctx_)
+    return make_error(errc::no_capacity,
+                      "{}: KV cache full: {} tokens at position {} exceed the context of {} "
+                      "positions",
+                      what, n, pos_, n_ctx_);
+  const std::size_t need = mode == logits_mode::all    ? static_cast<std::size_t>(n * H.n_vocab)
+                           : mode == logits_mode::last ? static_cast<std::size_t>(H.n_vocab)
+                                                       : 0;
+  if (logits_size < need)
+    return make_error(errc::invalid_argument, "{}: logits buffer of {} floats, {} needed", what,
+                      logits_size, need);
+  return ok();
+}
+
+result<void> context::eval(std::span<const token_id> tokens, logits_mode mode,
+                           std::span<float> logits, std::span<float> hidden_out) {
+  const hparams& H = m_->params();
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  TESSERA_TRY(check_batch(n, mode, logits.size(), "eval"));
+  if (!m_->has_embedding())
+    return make_error(errc::invalid_argument,
+                      "eval: this shard (layers [{}, {})) has no embedding; use eval_hidden",
+                      m_->shard().first_layer, m_->shard().last_layer);
+  if (!hidden_out.empty() && hidden_out.size() < static_cast<std::size_t>(n * H.dim))
+    return make_error(errc::invalid_argument, "eval: hidden_out of {} floats, {} needed",
+                      hidden_out.size(), n * H.dim);
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (tokens[static_cast<std::size_t>(i)] < 0 || tokens[static_cast<std::size_t>(i)] >= H.n_vocab)
+      return make_error(errc::invalid_argument, "eval: token id {} is outside the vocabulary [0, {})",
+                        tokens[static_cast<std::size_t>(i)], H.n_vocab);
+  }
+  for (std::int64_t done = 0; done < n;) {
+    const std::int64_t chunk = std::min(max_batch_, n - done);
+    logits_mode m = mode;
+    float* out = nullptr;
+    if (mode == logits_mode::all) {
+      out = logits.data() + done * H.n_vocab;
+    } else if (mode == logits_mode::last) {
+      m = done + chunk == n ? logits_mode::last : logits_mode::none;
+      out = logits.data();
+    }
+    TESSERA_TRY(forward_chunk(tokens.data() + done, nullptr,
+                              hidden_out.empty() ? nullptr : hidden_out.data() + done * H.dim, chunk,
+                              m, out));
+    done += chunk;
+  }
+  return ok();
+}
+
+result<void> context::eval_hidden(std::span<float> hidden, std::int64_t n, logits_mode mode,
+                                  std::span<float> logits) {
+  const hparams& H = m_->params();
+  TESSERA_TRY(check_batch(n, mode, logits.size(), "eval_hidden"));
+  if (hidden.size() < static_cast<std::size_t>(n * H.dim))
+    return make_error(errc::invalid_argument, "eval_hidden: {} tokens need {} floats, got {}", n,
+                      n * H.dim, hidden.size());
+  for (std::int64_t done = 0; done < n;) {
+    const std::int64_t chunk = std::min(max_batch_, n - done);
+    logits_mode m = mode;
+    float* out = nullptr;
+    if (mode == logits_mode::all) {
+      out = logits.data() + done * H.n_vocab;
+    } else if (mode == logits_mode::last) {
+      m = done + chunk == n ? logits_mode::last : logits_mode::none;
+      out = logits.data();
+    }
+    float* h = hidden.data() + done * H.dim;
+    TESSERA_TRY(forward_chunk(nullptr, h, h, chunk, m, out));
+    done += chunk;
+  }
+  return ok();
+}
+
+result<void> context::forward_chunk(const token_id* tokens, const float* hidden_in,
+                                    float* hidden_out, std::int64_t n, logits_mode mode,
+                                    float* logits) {
+  const hparams& H = m_->params();
+  const std::int64_t dim = H.dim;
+  auto t0 = std::chrono::steady_clock::now();
+  if (tokens != nullptr) {
+    const weight_view& e = m_->token_embedding();
+    const std::size_t row = *row_bytes(e.type, e.cols);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const auto* src = static_cast<const std::byte*>(e.data) + static_cast<std::size_t>(tokens[t]) * row;
+      TESSERA_TRY(dequantize_row(e.type, src, x_.data() + t * dim, dim));
+    }
+  } else {
+    std::memcpy(x_.data(), hidden_in, static_cast<std::size_t>(n * dim) * sizeof(float));
+  }
+  const std::int64_t half = H.head_dim / 2;
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      // As ops.hpp's rope(): the angle in double, its cos/sin rounded to float.
+      const double theta = static_cast<double>(pos_ + t) * inv_freq_[static_cast<std::size_t>(i)];
+      rope_cos_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(theta));
+      rope_sin_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(theta));
+    }
+  }
+  if (profile_) times_.embed_s += seconds_since(t0);
+
+  for (std::int64_t il = m_->shard().first_layer; il < m_->shard().last_layer; ++il) {
+    TESSERA_TRY(layer_forward(il, n));
+  }
+  pos_ += n;
+
+  if (hidden_out != nullptr) {
+    std::memcpy(hidden_out, x_.data(), static_cast<std::size_t>(n * dim) * sizeof(float));
+  }
+  if (mode != logits_mode::none) {
+    t0 = std::chrono::steady_clock::now();
+    const std::int64_t first = mode == logits_mode::last ? n - 1 : 0;
+    const std::int64_t count = n - first;
+    for (std::int64_t t = 0; t < count; ++t)
+      rmsnorm(x_.data() + (first + t) * dim, m_->output_norm(), h_.data() + t * dim, dim, H.rms_eps);
+    TESSERA_TRY(matmul(m_->output(), h_.data(), count, logits, pool_));
+    if (profile_) times_.output_s += seconds_since(t0);
+  }
+  return ok();
+}
+
+template <class Fn>
+void context::per_token(std::int64_t n, Fn&& fn) {
+  // Element-wise work of a prefill chunk is split by tokens over the pool; for a few tokens the
+  // hand-off would cost more than the work.
+  if (pool_ != nullptr && pool_->size() > 1 && n >= 8) {
+    pool_->run([&](int index, int size) {
+      const std::int64_t per = (n + size - 1) / size;
+      const std::int64_t b = std::min(n, index * per), e = std::min(n, b + per);
+      for (std::int64_t t = b; t < e; ++t) fn(t);
+    });
+  } else {
+    for (std::int64_t t = 0; t < n; ++t) fn(t);
+  }
+}
+
+result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
+  const hparams& H = m_->params();
+  const layer_weights& L = m_->layer(il);
+  const std::int64_t dim = H.dim, qd = H.q_dim(), kvd = H.kv_dim(), hd = H.head_dim;
+  float* x = x_.data();
+  float* h = h_.data();
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&](double& acc) {
+    if (!profile_) return;
+    auto now = std::chrono::steady_clock::now();
+    acc += std::chrono::duration<double>(now - t0).count();
+    t0 = now;
+  };
+
+  per_token(n, [&](std::int64_t t) {
+    rmsnorm(x + t * dim, L.attn_norm_f, h + t * dim, dim, H.rms_eps);
+  });
+  lap(times_.norm_s);
+
+  // q, k, v. The weights sit back to back in the arena; with one type they form one [q+2kv] x dim
+  // matrix and one mat-mul (one activation quantization, one thread hand-off).
+  float* q = q_.data();
+  float* k = k_.data();
+  float* v = v_.data();
+  const bool fused = L.wq.type == L.wk.type && L.wk.type == L.wv.type &&
+                     static_cast<const std::byte*>(L.wk.data) ==
+                         static_cast<const std::byte*>(L.wq.data) + inference::weight_bytes(L.wq) &&
+                     static_cast<const std::byte*>(L.wv.data) ==
+                         static_cast<const std::byte*>(L.wk.data) + inference::weight_bytes(L.wk);
+  std::int64_t q_stride = qd, kv_stride = kvd;
+  if (fused) {
+    weight_view w = L.wq;
+    w.rows = qd + 2 * kvd;
+    TESSERA_TRY(matmul(w, h, n, q, pool_));
+    k = q + qd;
+    v = q + qd + kvd;
+    q_stride = kv_stride = qd + 2 * kvd;
+  } else {
+    TESSERA_TRY(matmul(L.wq, h, n, q, pool_));
+    TESSERA_TRY(matmul(L.wk, h, n, k, pool_));
+    TESSERA_TRY(matmul(L.wv, h, n, v, pool_));
+  }
+  lap(times_.qkv_s);
+
+  const std::int64_t local = il - m_->shard().first_layer;
+  std::uint16_t* kc = k_cache_.data() + static_cast<std::size_t>(local * n_ctx_ * kvd);
+  std::uint16_t* vc = v_cache_.data() + static_cast<std::size_t>(local * n_ctx_ * kvd);
+  per_token(n, [&](std::int64_t t) {
+    float* qt = q + t * q_stride;
+    float* kt = k + t * kv_stride;
+    float* vt = v + t * kv_stride;
+    if (L.bq) add(qt, L.bq, qt, qd);
+    if (L.bk) add(kt, L.bk, kt, kvd);
+    if (L.bv) add(vt, L.bv, vt, kvd);
+    if (L.q_norm) {
+      for (std::int64_t hh = 0; hh < H.n_head; ++hh) rmsnorm(qt + hh * hd, L.q_norm, qt + hh * hd, hd, H.rms_eps);
+      for (std::int64_t hh = 0; hh < H.n_head_kv; ++hh) rmsnorm(kt + hh * hd, L.k_norm, kt + hh * hd, hd, H.rms_eps);
+    }
+    const float* cs = rope_cos_.data() + t * (hd / 2);
+    const float* sn = rope_sin_.data() + t * (hd / 2);
+    apply_rope(qt, H.n_head, hd, cs, sn, H.rope);
+    apply_rope(kt, H.n_head_kv, hd, cs, sn, H.rope);
+    fp32_to_fp16_row(kt, kc + (pos_ + t) * kvd, kvd);
+    fp32_to_fp16_row(vt, vc + (pos_ + t) * kvd, kvd);
+  });
+  lap(times_.rope_s);
+
+  // Attention: work items are (token, KV head) pairs; the query heads of a group share the keys.
+  {
+    const std::int64_t group = H.n_head / H.n_head_kv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* att = att_.data();
+    const bool simd = active_isa() != isa::scalar;
+    auto work = [&](int index, int size) {
+      float* scores = scores_.data() + static_cast<std::size_t>(index) *
+                                           static_cast<std::size_t>(n_ctx_ * group);
+      for (std::int64_t item = index; item < n * H.n_head_kv; item += size) {
+        const std::int64_t t = item / H.n_head_kv, g = item % H.n_head_kv;
+        const std::int64_t n_att = pos_ + t + 1;  // causal: positions 0..pos_+t
+        attention_scores_f16(q + t * q_stride + g * group * hd, group, hd, kc + g * hd, kvd, n_att,
+                             hd, scale, scores);
+        for (std::int64_t i = 0; i < group; ++i) {
+          if (simd) {
+            softmax_avx2(scores + i * n_att, n_att);
+          } else {
+            softmax(scores + i * n_att, n_att);
+          }
+          attention_values_f16(scores + i * n_att, n_att, vc + g * hd, kvd, hd,
+                               att + t * qd + (g * group + i) * hd);
+        }
+      }
+    };
+    if (pool_ != nullptr && pool_->size() > 1) {
+      pool_->run(work);
+    } else {
+      work(0, 1);
+    }
+  }
+  lap(times_.attention_s);
+
+  TESSERA_TRY(matmul(L.wo, att_.data(), n, tmp_.data(), pool_));
+  lap(times_.wo_s);
+
+  per_token(n, [&](std::int64_t t) {
+    const float* a = tmp_.data() + t * dim;
+    float* xt = x + t * dim;
+    add(xt, a, xt, dim);  // the attention output's residual
+    rmsnorm(xt, L.ffn_norm_f, h + t * dim, dim, H.rms_eps);
+  });
+  lap(times_.norm_s);
+
+  const std::int64_t ffn = H.ffn;
+  const bool fused_ffn = L.w_gate.type == L.w_up.type &&
+                         static_cast<const std::byte*>(L.w_up.data) ==
+                             static_cast<const std::byte*>(L.w_gate.data) +
+                                 inference::weight_bytes(L.w_gate);
+  float* gate = gate_.data();
+  if (fused_ffn) {
+    weight_view w = L.w_gate;
+    w.rows = 2 * ffn;
+    TESSERA_TRY(matmul(w, h, n, gate, pool_));
+    // gate_ rows are [gate | up] per token: combine in place into the first ffn floats of each row,
+    // then compact so the down projection reads packed [n][ffn].
+    per_token(n, [&](std::int64_t t) {
+      float* row = gate + t * 2 * ffn;
+      swiglu(row, row + ffn, up_.data() + t * ffn, ffn);
+    });
+  } else {
+    TESSERA_TRY(matmul(L.w_gate, h, n, gate, pool_));
+    TESSERA_TRY(matmul(L.w_up, h, n, up_.data(), pool_));
+    swiglu(gate, up_.data(), up_.data(), n * ffn);
+  }
+  lap(times_.ffn_up_s);
+  TESSERA_TRY(matmul(L.w_down, up_.data(), n, tmp_.data(), pool_));
+  add(x, tmp_.data(), x, n * dim);
+  lap(times_.ffn_down_s);
+  return ok();
+}
+
+}  // namespace tessera::inference::model

@@ -1,0 +1,224 @@
+// A llama-family transformer loaded from a GGUF file, and the forward pass over it.
+//
+// Architectures: `llama` (Llama 2/3, Mistral, TinyLlama, SmolLM; "normal" RoPE), `qwen2` (NeoX
+// RoPE, biases on q/k/v), `qwen3` (NeoX RoPE, RMSNorm of every q/k head). The maths is the one in
+// ../shared/notes/llama-numerics.md; the KV cache is F16 (like llama.cpp's default).
+//
+// Split of responsibilities:
+//   model    — hyper-parameters and immutable weights (shareable by several contexts/threads);
+//   context  — one sequence: its KV cache, its position and bounded scratch buffers, allocated once.
+//
+// Sharding (issue 6): a model is built for a `shard_spec` — a range of layers (pipeline
+// parallelism) and, reserved for tensor parallelism, a range of attention heads and of FFN columns.
+// Only the bytes the shard owns are read from the file (pread of the tensors' byte ranges), so a
+// peer that serves layers 8..15 never touches the rest. The first shard owns the embedding, the
+// last the output norm and projection; a context of a middle shard takes and returns hidden states
+// (`eval_hidden`). Head/FFN slices are validated and recorded but rejected as `unsupported` for now.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/base/result.hpp"
+#include "inference/gguf/gguf.hpp"
+#include "inference/kernels/matmul.hpp"
+#include "inference/kernels/ops.hpp"
+#include "inference/kernels/thread_pool.hpp"
+
+namespace tessera::inference::model {
+
+using token_id = std::int32_t;
+
+enum class architecture { llama, qwen2, qwen3 };
+std::string_view to_string(architecture a) noexcept;
+
+/// Hyper-parameters from `<arch>.*` metadata, checked for consistency.
+struct hparams {
+  architecture arch = architecture::llama;
+  std::int64_t n_vocab = 0;
+  std::int64_t dim = 0;        ///< embedding_length
+  std::int64_t n_layer = 0;    ///< block_count
+  std::int64_t n_head = 0;
+  std::int64_t n_head_kv = 0;
+  std::int64_t head_dim = 0;   ///< attention.key_length (default dim / n_head)
+  std::int64_t ffn = 0;        ///< feed_forward_length
+  std::int64_t n_ctx_train = 0;
+  float rms_eps = 1e-5f;
+  float rope_base = 10000.0f;
+  rope_mode rope = rope_mode::normal;
+  bool qk_norm = false;        ///< qwen3
+  bool tied_output = false;    ///< output.weight absent: logits use token_embd
+
+  [[nodiscard]] std::int64_t q_dim() const noexcept { return n_head * head_dim; }
+  [[nodiscard]] std::int64_t kv_dim() const noexcept { return n_head_kv * head_dim; }
+};
+
+/// Reads and checks the hyper-parameters of `f`. Errors name the file and the key: a missing key,
+/// an unsupported architecture, head counts that do not divide, an odd head dimension.
+result<hparams> read_hparams(const gguf::file& f);
+
+/// What part of the model an instance holds. Ends are exclusive; -1 means "to the end".
+struct shard_spec {
+  std::int64_t first_layer = 0;
+  std::int64_t last_layer = -1;   ///< exclusive; -1 = n_layer
+  std::int64_t head_begin = 0;    ///< attention heads [head_begin, head_end) (tensor parallelism)
+  std::int64_t head_end = -1;
+  std::int64_t ffn_begin = 0;     ///< FFN columns [ffn_begin, ffn_end) (tensor parallelism)
+  std::int64_t ffn_end = -1;
+
+  [[nodiscard]] static shard_spec full() noexcept { return {}; }
+  [[nodiscard]] static shard_spec layers(std::int64_t first, std::int64_t last) noexcept {
+    return {first, last, 0, -1, 0, -1};
+  }
+};
+
+/// One transformer block's weights (views into the model's weight arena).
+struct layer_weights {
+  weight_view attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  const float* attn_norm_f = nullptr;  ///< norms as f32 (they are F32 in GGUF; converted if not)
+  const float* ffn_norm_f = nullptr;
+  const float* q_norm = nullptr;       ///< qwen3: [head_dim]
+  const float* k_norm = nullptr;
+  const float* bq = nullptr;           ///< qwen2: biases [q_dim], [kv_dim], [kv_dim]
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
+struct load_options {
+  shard_spec shard{};
+  /// Refuse models whose weights (this shard's) exceed this many bytes.
+  std::uint64_t max_weight_bytes = std::uint64_t{64} << 30;
+};
+
+/// Weights and hyper-parameters. Weights are read (pread or copied) into one anonymous arena with
+/// transparent huge pages requested: never paged out to the file by DAMON/reclaim, and streamed at
+/// full DRAM speed (4 KiB pages cost ~15% here). Immutable after load; share it between contexts.
+class model {
+ public:
+  /// Loads the shard `opts.shard` of `f` (any load mode: in headers_only mode only the shard's byte
+  /// ranges are read). Errors name the file and the tensor (missing, wrong shape, wrong type).
+  static result<std::unique_ptr<model>> load(const gguf::file& f, const load_options& opts = {});
+
+  ~model();
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+
+  [[nodiscard]] const hparams& params() const noexcept { return hp_; }
+  [[nodiscard]] const shard_spec& shard() const noexcept { return shard_; }
+  [[nodiscard]] bool has_embedding() const noexcept { return shard_.first_layer == 0; }
+  [[nodiscard]] bool has_output() const noexcept { return shard_.last_layer == hp_.n_layer; }
+  [[nodiscard]] std::int64_t n_local_layers() const noexcept {
+    return shard_.last_layer - shard_.first_layer;
+  }
+  /// Weights of global layer `il` (first_layer <= il < last_layer).
+  [[nodiscard]] const layer_weights& layer(std::int64_t il) const noexcept {
+    return layers_[static_cast<std::size_t>(il - shard_.first_layer)];
+  }
+  [[nodiscard]] const weight_view& token_embedding() const noexcept { return tok_embd_; }
+  [[nodiscard]] const weight_view& output() const noexcept { return output_; }
+  [[nodiscard]] const float* output_norm() const noexcept { return output_norm_; }
+  /// Bytes of weights this shard holds.
+  [[nodiscard]] std::uint64_t weight_bytes_total() const noexcept { return arena_bytes_; }
+  /// Bytes of weights one decoded token streams: every mat-mul weight once (the embedding row
+  /// lookup excluded, the output projection included). The numerator of the decode roofline.
+  [[nodiscard]] std::uint64_t bytes_per_token() const noexcept;
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+ private:
+  model() = default;
+
+  hparams hp_;
+  shard_spec shard_;
+  std::string name_;
+  std::byte* arena_ = nullptr;
+  std::size_t arena_size_ = 0;
+  std::uint64_t arena_bytes_ = 0;
+  std::vector<layer_weights> layers_;
+  weight_view tok_embd_{};
+  weight_view output_{};
+  const float* output_norm_ = nullptr;
+};
+
+struct context_options {
+  std::int64_t n_ctx = 2048;      ///< KV cache positions (bounded; eval beyond is an error)
+  std::int64_t max_batch = 256;   ///< tokens per internal forward step (prefill is chunked)
+  thread_pool* pool = nullptr;    ///< compute threads (mat-muls, attention across heads)
+};
+
+/// Which logits eval() writes.
+enum class logits_mode { none, last, all };
+
+/// Wall time per forward-pass stage, accumulated while `profile` is on (for `tessera bench`).
+struct stage_times {
+  double embed_s = 0, norm_s = 0, qkv_s = 0, rope_s = 0, attention_s = 0, wo_s = 0, ffn_up_s = 0,
+         ffn_down_s = 0, output_s = 0;
+  [[nodiscard]] double total() const noexcept {
+    return embed_s + norm_s + qkv_s + rope_s + attention_s + wo_s + ffn_up_s + ffn_down_s + output_s;
+  }
+};
+
+/// One sequence's state: KV cache (F16, n_ctx positions) and scratch, allocated at creation.
+class context {
+ public:
+  static result<std::unique_ptr<context>> create(const model& m, const context_options& opts = {});
+
+  /// Feeds `tokens` at positions [pos(), pos() + n). With logits_mode::last, `logits` receives
+  /// n_vocab floats (the last token's); with all, n * n_vocab. A shard that does not end the model
+  /// passes logits_mode::none and gets its output hidden states (n * dim floats) in `hidden_out`.
+  /// Errors (nothing is changed): the KV cache would overflow (errc::no_capacity), a token id out of
+  /// range, logits asked of a shard without the output layer, a shard without the embedding.
+  result<void> eval(std::span<const token_id> tokens, logits_mode mode, std::span<float> logits,
+                    std::span<float> hidden_out = {});
+
+  /// For shards after the first: `hidden` holds n * dim floats entering the shard's first layer
+  /// and is overwritten with the hidden states leaving its last layer (before the final norm).
+  /// A shard that ends the model may also produce logits (as eval()).
+  result<void> eval_hidden(std::span<float> hidden, std::int64_t n,
+                           logits_mode mode = logits_mode::none, std::span<float> logits = {});
+
+  [[nodiscard]] std::int64_t pos() const noexcept { return pos_; }
+  [[nodiscard]] std::int64_t n_ctx() const noexcept { return n_ctx_; }
+  /// Forgets positions >= p (p <= pos()): the next eval starts at p.
+  void truncate(std::int64_t p) noexcept;
+  void reset() noexcept { truncate(0); }
+
+  void set_profile(bool on) noexcept { profile_ = on; }
+  [[nodiscard]] const stage_times& times() const noexcept { return times_; }
+  void clear_times() noexcept { times_ = {}; }
+
+  ~context();
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+
+ private:
+  explicit context(const model& m) : m_(&m) {}
+  result<void> check_batch(std::int64_t n, logits_mode mode, std::size_t logits_size,
+                           const char* what) const;
+  result<void> forward_chunk(const token_id* tokens, const float* hidden_in, float* hidden_out,
+                             std::int64_t n, logits_mode mode, float* logits);
+  result<void> layer_forward(std::int64_t il, std::int64_t n);
+  template <class Fn>
+  void per_token(std::int64_t n, Fn&& fn);
+
+  const model* m_;
+  thread_pool* pool_ = nullptr;
+  std::int64_t n_ctx_ = 0;
+  std::int64_t max_batch_ = 0;
+  std::int64_t pos_ = 0;
+  bool profile_ = false;
+  stage_times times_;
+  // KV cache: per local layer, [n_ctx][kv_dim] F16 for keys and for values.
+  std::vector<std::uint16_t> k_cache_, v_cache_;
+  // Scratch, sized for max_batch tokens.
+  std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_;
+  std::vector<float> scores_;  // per thread: n_ctx * (n_head / n_head_kv) floats
+  // RoPE cos/sin for the positions of the current chunk, [n][head_dim / 2] each: computed once per
+  // chunk rather than once per layer and per q/k.
+  std::vector<double> inv_freq_;
+  std::vector<float> rope_cos_, rope_sin_;
+};
+
+}  // namespace tessera::inference::model

@@ -1,0 +1,388 @@
+// The model library: metadata and tensor errors name what is wrong, the KV cache bound, batch /
+// thread / shard invariance of the logits, and generation sessions. Numerical agreement with the
+// float64 reference is compare_reference.py's job (ctest inference.model.logits_match_numpy_reference).
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "inference/gguf/gguf.hpp"
+#include "inference/gguf/synth.hpp"
+#include "inference/gguf/writer.hpp"
+#include "inference/model/generator.hpp"
+#include "inference/model/model.hpp"
+#include "inference/tokenizer/tokenizer.hpp"
+
+namespace tessera::inference::model {
+namespace {
+
+std::string temp_path(std::string_view tag) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("tessera_model_{}_{}.gguf", tag, ::getpid()))
+      .string();
+}
+
+gguf::synth_config small(std::string arch = "llama", tensor_type type = tensor_type::f32) {
+  gguf::synth_config c;
+  c.arch = std::move(arch);
+  c.dim = 64;
+  c.layers = 3;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 128;
+  c.vocab = 600;
+  c.context = 64;
+  c.type = type;
+  c.seed = 5;
+  return c;
+}
+
+// A synthetic model file, removed at the end of the test.
+struct model_file {
+  std::string path;
+  explicit model_file(const gguf::synth_config& c, std::string_view tag) : path(temp_path(tag)) {
+    auto r = gguf::write_synthetic_model(c, path);
+    EXPECT_TRUE(r) << r.error().message;
+  }
+  ~model_file() { std::filesystem::remove(path); }
+};
+
+gguf::file open(const std::string& path, gguf::load_mode mode = gguf::load_mode::headers_only) {
+  auto f = gguf::file::open(path, {mode, {}});
+  EXPECT_TRUE(f) << f.error().message;
+  return std::move(*f);
+}
+
+// Copies `src` into a new file with `edit` applied to the metadata and tensors (drop / rename /
+// replace), for the error tests.
+struct rewrite {
+  std::function<bool(const std::string& key, gguf::value& v)> meta;  // false: drop
+  std::function<bool(std::string& name)> tensor;                     // false: drop
+};
+std::string rewritten(const std::string& src, std::string_view tag, const rewrite& rw) {
+  auto f = open(src, gguf::load_mode::anonymous);
+  gguf::writer w(f.alignment());
+  for (auto [k, v] : f.metadata()) {
+    if (!rw.meta || rw.meta(k, v)) w.set(k, v);
+  }
+  for (const auto& t : f.tensors()) {
+    std::string name = t.name;
+    if (rw.tensor && !rw.tensor(name)) continue;
+    auto bytes = f.data(t);
+    EXPECT_TRUE(bytes);
+    auto r = w.add_tensor(name, t.type, t.dims, *bytes);
+    EXPECT_TRUE(r) << r.error().message;
+  }
+  const std::string out = temp_path(tag);
+  auto r = w.write(out);
+  EXPECT_TRUE(r) << r.error().message;
+  return out;
+}
+
+std::string load_error(const std::string& path, const load_options& o = {}) {
+  auto f = gguf::file::open(path, {gguf::load_mode::headers_only, {}});
+  if (!f) return "open: " + f.error().message;
+  auto m = model::load(*f, o);
+  return m ? std::string("loaded") : m.error().message;
+}
+
+TEST(ModelLoad, HyperParametersFromMetadata) {
+  model_file mf(small("qwen3"), "hp");
+  auto f = open(mf.path);
+  auto m = model::load(f);
+  ASSERT_TRUE(m) << m.error().message;
+  const hparams& hp = (*m)->params();
+  EXPECT_EQ(hp.arch, architecture::qwen3);
+  EXPECT_EQ(hp.dim, 64);
+  EXPECT_EQ(hp.n_layer, 3);
+  EXPECT_EQ(hp.n_head, 4);
+  EXPECT_EQ(hp.n_head_kv, 2);
+  EXPECT_EQ(hp.head_dim, 16);
+  EXPECT_EQ(hp.ffn, 128);
+  EXPECT_EQ(hp.n_vocab, 600);
+  EXPECT_EQ(hp.rope, rope_mode::neox);
+  EXPECT_TRUE(hp.qk_norm);
+  EXPECT_TRUE((*m)->has_embedding() && (*m)->has_output());
+  // Every mat-mul weight once per token (f32): 3 layers x (q, k, v, o, gate, up, down) + output.
+  const std::uint64_t per_layer = 4 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128);
+  EXPECT_EQ((*m)->bytes_per_token(), 3 * per_layer + 4 * 600 * 64);
+}
+
+TEST(ModelLoad, MissingTensorIsNamed) {
+  model_file mf(small(), "missing");
+  const std::string p = rewritten(mf.path, "missing2", {nullptr, [](std::string& n) {
+                                                          return n != "blk.1.ffn_up.weight";
+                                                        }});
+  const std::string e = load_error(p);
+  std::filesystem::remove(p);
+  EXPECT_NE(e.find("blk.1.ffn_up.weight"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, WrongShapeIsNamed) {
+  model_file mf(small(), "shape");
+  // attn_q (64x64) stored under the name attn_k (expected 64x32), and attn_k dropped.
+  const std::string p = rewritten(mf.path, "shape2", {nullptr, [](std::string& n) {
+                                                        if (n == "blk.0.attn_k.weight") return false;
+                                                        if (n == "blk.0.attn_q.weight") n = "blk.0.attn_k.weight";
+                                                        return true;
+                                                      }});
+  const std::string e = load_error(p);
+  std::filesystem::remove(p);
+  // attn_q is now missing, which is found first; either way the message names the tensor.
+  EXPECT_NE(e.find("blk.0.attn_"), std::string::npos) << e;
+  EXPECT_NE(e, "loaded");
+}
+
+TEST(ModelLoad, MetadataErrorsNameTheKey) {
+  model_file mf(small(), "meta");
+  struct tcase {
+    std::string key;
+    std::function<bool(gguf::value&)> edit;
+    std::string expect;
+  };
+  const std::vector<tcase> cases = {
+      {"llama.block_count", [](gguf::value&) { return false; }, "llama.block_count is missing"},
+      {"llama.feed_forward_length", [](gguf::value&) { return false; }, "llama.feed_forward_length"},
+      {"llama.attention.head_count_kv",
+       [](gguf::value& v) { v = gguf::value::u32(3); return true; }, "head_count_kv 3"},
+      {"general.architecture",
+       [](gguf::value& v) { v = gguf::value::str("gpt2"); return true; },
+       "architecture 'gpt2' is not supported"},
+      {"llama.embedding_length",
+       [](gguf::value& v) { v = gguf::value::u32(96); return true; }, "token_embd.weight"},
+      {"llama.attention.key_length",
+       [](gguf::value& v) { v = gguf::value::u32(17); return true; }, "key_length 17"},
+  };
+  for (const auto& c : cases) {
+    const std::string p = rewritten(mf.path, "meta2", {[&](const std::string& k, gguf::value& v) {
+                                                         return k == c.key ? c.edit(v) : true;
+                                                       },
+                                                       nullptr});
+    const std::string e = load_error(p);
+    std::filesystem::remove(p);
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.key << ": " << e;
+  }
+}
+
+// Logits for `tokens` with the given batch size and thread count.
+std::vector<float> run_logits(const model& m, const std::vector<token_id>& tokens,
+                              std::int64_t batch, int threads) {
+  auto pool = thread_pool::create(threads);
+  EXPECT_TRUE(pool);
+  auto c = context::create(m, {64, batch, pool->get()});
+  EXPECT_TRUE(c);
+  std::vector<float> logits(tokens.size() * static_cast<std::size_t>(m.params().n_vocab));
+  auto r = (*c)->eval(tokens, logits_mode::all, logits);
+  EXPECT_TRUE(r) << r.error().message;
+  return logits;
+}
+
+// A qwen2 model made from a llama one: keys renamed, optional q/k/v biases added.
+std::string as_qwen2(const std::string& llama_path, std::string_view tag, float bias) {
+  auto f = open(llama_path, gguf::load_mode::anonymous);
+  gguf::writer w(f.alignment());
+  for (auto [k, v] : f.metadata()) {
+    if (k == "general.architecture") v = gguf::value::str("qwen2");
+    if (k.rfind("llama.", 0) == 0) k = "qwen2." + k.substr(6);
+    w.set(k, v);
+  }
+  for (const auto& t : f.tensors()) {
+    EXPECT_TRUE(w.add_tensor(t.name, t.type, t.dims, *f.data(t)));
+    const auto n = t.dims.size() == 2 ? t.dims[1] : 0;
+    for (const char* which : {"attn_q", "attn_k", "attn_v"}) {
+      if (bias != 0.0f && t.name.find(std::string(which) + ".weight") != std::string::npos) {
+        std::vector<float> b(n);
+        for (std::size_t i = 0; i < n; ++i) b[i] = bias * static_cast<float>((i % 7)) - bias * 3;
+        const std::string name = t.name.substr(0, t.name.size() - 6) + "bias";
+        EXPECT_TRUE(w.add_tensor(name, tensor_type::f32, {n},
+                                 std::as_bytes(std::span<const float>(b))));
+      }
+    }
+  }
+  const std::string out = temp_path(tag);
+  EXPECT_TRUE(w.write(out));
+  return out;
+}
+
+TEST(ModelLoad, Qwen2UsesNeoxRopeAndOptionalBiases) {
+  model_file mf(small("llama"), "q2src");
+  const std::string plain = as_qwen2(mf.path, "q2plain", 0.0f);
+  const std::string biased = as_qwen2(mf.path, "q2bias", 0.2f);
+  const std::vector<token_id> tokens = {1, 5, 9, 300};
+  auto logits_of = [&](const std::string& p, architecture arch) {
+    auto f = open(p);
+    auto m = model::load(f);
+    EXPECT_TRUE(m) << m.error().message;
+    if (!m) return std::vector<float>{};
+    EXPECT_EQ((*m)->params().arch, arch);
+    EXPECT_EQ((*m)->params().rope, arch == architecture::llama ? rope_mode::normal : rope_mode::neox);
+    EXPECT_FALSE((*m)->params().qk_norm);
+    return run_logits(**m, tokens, 64, 1);
+  };
+  const auto a = logits_of(plain, architecture::qwen2), b = logits_of(biased, architecture::qwen2),
+             l = logits_of(mf.path, architecture::llama);
+  std::filesystem::remove(plain);
+  std::filesystem::remove(biased);
+  ASSERT_EQ(a.size(), b.size());
+  // Position 0 is not rotated: without biases qwen2 and llama agree there, not later.
+  const std::size_t v = 600;
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + v, l.begin()));
+  EXPECT_FALSE(std::equal(a.begin() + v, a.end(), l.begin() + v));
+  EXPECT_NE(a, b);  // the biases are applied
+}
+
+TEST(ModelLoad, ShardSpecsAreChecked) {
+  model_file mf(small(), "shards");
+  EXPECT_NE(load_error(mf.path, {shard_spec::layers(2, 1)}).find("shard layers [2, 1)"),
+            std::string::npos);
+  EXPECT_NE(load_error(mf.path, {shard_spec::layers(0, 4)}).find("not inside [0, 3)"),
+            std::string::npos);
+  shard_spec tp;
+  tp.head_begin = 0;
+  tp.head_end = 2;
+  EXPECT_NE(load_error(mf.path, {tp}).find("tensor-parallel slices"), std::string::npos);
+  EXPECT_EQ(load_error(mf.path, {shard_spec::layers(1, 2)}), "loaded");
+}
+
+TEST(Context, KvCacheFullIsAnErrorAndChangesNothing) {
+  model_file mf(small(), "kv");
+  auto f = open(mf.path);
+  auto m = model::load(f);
+  ASSERT_TRUE(m);
+  auto c = context::create(**m, {4, 4, nullptr});
+  ASSERT_TRUE(c);
+  std::vector<float> logits(600);
+  const std::vector<token_id> three = {1, 2, 3}, two = {4, 5}, one = {6};
+  ASSERT_TRUE((*c)->eval(three, logits_mode::last, logits));
+  auto r = (*c)->eval(two, logits_mode::last, logits);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::no_capacity);
+  EXPECT_NE(r.error().message.find("KV cache full"), std::string::npos) << r.error().message;
+  EXPECT_EQ((*c)->pos(), 3);
+  ASSERT_TRUE((*c)->eval(one, logits_mode::last, logits));
+  EXPECT_FALSE((*c)->eval(one, logits_mode::last, logits));
+  (*c)->truncate(2);
+  EXPECT_EQ((*c)->pos(), 2);
+  EXPECT_TRUE((*c)->eval(two, logits_mode::last, logits));
+  // Bad inputs.
+  const std::vector<token_id> bad = {600};
+  (*c)->reset();
+  auto b = (*c)->eval(bad, logits_mode::last, logits);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message.find("token id 600"), std::string::npos);
+  std::vector<float> small_buf(10);
+  EXPECT_FALSE((*c)->eval(one, logits_mode::last, small_buf));
+  EXPECT_FALSE(context::create(**m, {0, 4, nullptr}));
+}
+
+TEST(Context, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
+  for (auto type : {tensor_type::f16, tensor_type::q8_0}) {
+    for (const char* arch : {"llama", "qwen3"}) {
+      model_file mf(small(arch, type), "inv");
+      auto f = open(mf.path);
+      auto m = model::load(f);
+      ASSERT_TRUE(m) << m.error().message;
+      const std::vector<token_id> tokens = {1, 17, 300, 45, 599, 2, 88, 88, 7};
+      const auto all = run_logits(**m, tokens, 64, 1);
+      for (float v : all) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(run_logits(**m, tokens, 1, 1), all) << arch << " decode path";
+      EXPECT_EQ(run_logits(**m, tokens, 4, 1), all) << arch << " chunked prefill";
+      EXPECT_EQ(run_logits(**m, tokens, 64, 2), all) << arch << " two threads";
+      // Two pipeline shards chained by hidden states.
+      auto a = model::load(f, {shard_spec::layers(0, 1)});
+      auto b = model::load(f, {shard_spec::layers(1, -1)});
+      ASSERT_TRUE(a && b);
+      EXPECT_FALSE((*a)->has_output());
+      EXPECT_FALSE((*b)->has_embedding());
+      auto ca = context::create(**a, {64, 64, nullptr});
+      auto cb = context::create(**b, {64, 64, nullptr});
+      ASSERT_TRUE(ca && cb);
+      std::vector<float> logits(all.size()), hidden(tokens.size() * 64);
+      EXPECT_FALSE((*ca)->eval(tokens, logits_mode::all, logits));  // no output layer
+      EXPECT_FALSE((*cb)->eval(tokens, logits_mode::all, logits));  // no embedding
+      ASSERT_TRUE((*ca)->eval(tokens, logits_mode::none, {}, hidden));
+      ASSERT_TRUE((*cb)->eval_hidden(hidden, static_cast<std::int64_t>(tokens.size()),
+                                     logits_mode::all, logits));
+      EXPECT_EQ(logits, all) << arch << " layer shards";
+      EXPECT_LT((*a)->weight_bytes_total(), (*m)->weight_bytes_total());
+    }
+  }
+}
+
+TEST(Generator, StopsAtMaxTokensContextAndCallback) {
+  model_file mf(small(), "gen");
+  auto f = open(mf.path);
+  auto tok = tokenizer::tokenizer::from_gguf(f);
+  ASSERT_TRUE(tok) << tok.error().message;
+  auto m = model::load(f);
+  ASSERT_TRUE(m);
+  const std::vector<token_id> prompt = {1, 50, 60};
+  {
+    auto c = context::create(**m, {64, 16, nullptr});
+    generator g(**m, **c, &*tok, sampler_options::greedy());
+    std::string text;
+    auto st = g.generate(prompt, 5, [&](std::string_view p) { text += p; return true; });
+    ASSERT_TRUE(st) << st.error().message;
+    if (st->stop == stop_reason::max_tokens) {
+      EXPECT_EQ(st->generated_tokens, 5);
+    } else {
+      EXPECT_EQ(st->stop, stop_reason::end_of_generation);
+    }
+    EXPECT_EQ(g.history().size(), prompt.size() + static_cast<std::size_t>(st->generated_tokens));
+    // The last sampled token is not fed: the context holds prompt + generated - 1.
+    EXPECT_EQ((*c)->pos(), static_cast<std::int64_t>(prompt.size()) + st->generated_tokens - 1);
+  }
+  {
+    auto c = context::create(**m, {5, 16, nullptr});
+    generator g(**m, **c, nullptr, sampler_options::greedy());
+    auto st = g.generate(prompt, 100, {});
+    ASSERT_TRUE(st);
+    EXPECT_EQ(st->stop, stop_reason::context_full);
+    EXPECT_EQ(st->generated_tokens, 3);
+  }
+  {
+    auto c = context::create(**m, {64, 16, nullptr});
+    generator g(**m, **c, &*tok, sampler_options::greedy());
+    int pieces = 0;
+    auto st = g.generate(prompt, 50, [&](std::string_view) { return ++pieces < 2; });
+    ASSERT_TRUE(st);
+    if (st->stop != stop_reason::end_of_generation) {
+      EXPECT_EQ(st->stop, stop_reason::cancelled);
+    }
+  }
+  {
+    auto c = context::create(**m, {64, 16, nullptr});
+    generator g(**m, **c, nullptr, sampler_options::greedy());
+    EXPECT_FALSE(g.step());  // nothing prefilled
+  }
+}
+
+TEST(Generator, SeededSamplingIsDeterministic) {
+  model_file mf(small(), "seed");
+  auto f = open(mf.path);
+  auto m = model::load(f);
+  ASSERT_TRUE(m);
+  auto run = [&](std::uint64_t seed) {
+    sampler_options o;
+    o.temperature = 1.5f;
+    o.top_k = 0;
+    o.top_p = 1.0f;
+    o.min_p = 0.0f;
+    o.seed = seed;
+    auto c = context::create(**m, {64, 16, nullptr});
+    generator g(**m, **c, nullptr, o);
+    EXPECT_TRUE(g.generate(std::vector<token_id>{1, 2, 3}, 24, {}));
+    return g.history();
+  };
+  const auto a = run(7);
+  EXPECT_EQ(run(7), a);
+  EXPECT_NE(run(8), a);
+}
+
+}  // namespace
+}  // namespace tessera::inference::model
