@@ -47,8 +47,8 @@ struct wire_msg {
   std::uint32_t buf_rkey = 0;
   std::uint64_t buf_addr = 0;
   std::uint64_t buf_size = 0;
-  std::uint32_t cause_rank = 0;
   std::uint32_t reserved = 0;
+  char reason[100] = {};  // abort: the failure, truncated, NUL-terminated
 };
 
 struct p2p_header {
@@ -107,6 +107,7 @@ class group::impl {
     std::deque<bulk::completion> pending;
     std::uint32_t outstanding = 0;
     bool down = false;
+    std::optional<error> down_cause;
     std::uint32_t p2p_send_seq = 0;
     std::uint32_t p2p_recv_seq = 0;
     bool p2p_unacked = false;
@@ -140,23 +141,20 @@ class group::impl {
 
   // --- progress ---------------------------------------------------------------------------------
 
-  // Files one completion from peer q. Stale traffic is dropped here.
+  // Files one completion from peer q. Stale traffic is dropped here. A link that goes down is
+  // only marked: it is an error for the operations that still need that peer (await, drain); the
+  // others learn through the abort of the rank that needed it.
   result<void> file(std::uint32_t q, bulk::completion&& c) {
     peer& p = peers_[q];
     switch (c.kind) {
       case bulk::completion_kind::write_done:
       case bulk::completion_kind::send_done:
         if (p.outstanding > 0) --p.outstanding;
-        if (!c.ok()) {
-          p.down = true;
-          return make_error(errc::closed, "collectives: write to rank {} failed: {}", q,
-                            c.failure->describe());
-        }
+        if (!c.ok()) mark_down(q, *c.failure);
         return ok();
       case bulk::completion_kind::link_down:
-        p.down = true;
-        return make_error(errc::closed, "collectives: link to rank {} is down: {}", q,
-                          c.failure ? c.failure->describe() : std::string("closed"));
+        mark_down(q, c.failure ? *c.failure : make_error(errc::closed, "closed"));
+        return ok();
       case bulk::completion_kind::write_received:
         if (epoch8_cmp(imm_epoch(c.imm), epoch_) < 0 ||
             (epoch8_cmp(imm_epoch(c.imm), epoch_) == 0 && imm_kind(c.imm) != kind::p2p &&
@@ -175,11 +173,7 @@ class group::impl {
           ++stats_.stale_dropped;
           return ok();
         }
-        if (m->epoch == epoch_ && static_cast<msg_type>(m->type) == msg_type::abort) {
-          return make_error(errc::cancelled,
-                            "collectives: rank {} aborted the operation (epoch {}): trouble with rank {}",
-                            q, m->epoch, m->cause_rank);
-        }
+        if (auto e = abort_error(q, *m)) return *e;
         break;
       }
     }
@@ -191,6 +185,31 @@ class group::impl {
     return ok();
   }
 
+  // An abort from rank q applies to its operation and every later one (a peer may abort an
+  // operation this rank has not reached yet; the current one still completes).
+  std::optional<error> abort_error(std::uint32_t q, const wire_msg& m) const {
+    if (static_cast<msg_type>(m.type) != msg_type::abort || m.epoch != epoch_ ||
+        seq16_cmp(m.seq, seq_) > 0) {
+      return std::nullopt;
+    }
+    std::string reason(m.reason, strnlen(m.reason, sizeof m.reason));
+    return make_error(errc::cancelled, "collectives: rank {} aborted operation {} of epoch {}: {}",
+                      q, m.seq, m.epoch, reason);
+  }
+
+  result<void> check_aborts() const {
+    for (std::uint32_t q = 0; q < n_; ++q) {
+      if (q == rank_) continue;
+      for (const auto& c : peers_[q].pending) {
+        if (c.kind != bulk::completion_kind::send_received) continue;
+        if (auto m = parse_msg(c.data)) {
+          if (auto e = abort_error(q, *m)) return *e;
+        }
+      }
+    }
+    return ok();
+  }
+
   // Polls every link without blocking, then blocks up to `slice` on `focus` (a rank != rank_).
   result<void> pump(std::uint32_t focus, std::chrono::microseconds slice) {
     bulk::completion c[16];
@@ -199,26 +218,25 @@ class group::impl {
       const std::size_t got = peers_[q].link->poll(c);
       for (std::size_t i = 0; i < got; ++i) TESSERA_TRY(file(q, std::move(c[i])));
     }
-    if (peers_[focus].down) {
-      return make_error(errc::closed, "collectives: link to rank {} is down", focus);
-    }
+    TESSERA_TRY(check_link(focus));
     auto got = peers_[focus].link->wait(c, slice);
     if (!got) {
-      peers_[focus].down = true;
-      return make_error(errc::closed, "collectives: link to rank {} is down: {}", focus,
-                        got.error().describe());
+      mark_down(focus, got.error());
+      return check_link(focus);
     }
     for (std::size_t i = 0; i < *got; ++i) TESSERA_TRY(file(focus, std::move(c[i])));
     return ok();
   }
 
-  result<void> check_links() const {
-    for (std::uint32_t q = 0; q < n_; ++q) {
-      if (q != rank_ && peers_[q].down) {
-        return make_error(errc::closed, "collectives: link to rank {} is down", q);
-      }
-    }
-    return ok();
+  void mark_down(std::uint32_t q, const error& cause) {
+    if (!peers_[q].down) peers_[q].down_cause = cause;
+    peers_[q].down = true;
+  }
+
+  result<void> check_link(std::uint32_t q) const {
+    if (!peers_[q].down) return ok();
+    return make_error(errc::closed, "collectives: link to rank {} is down ({})", q,
+                      peers_[q].down_cause ? peers_[q].down_cause->describe() : std::string("closed"));
   }
 
   // Waits for the received message from `from` that `match` accepts.
@@ -234,7 +252,8 @@ class group::impl {
           return c;
         }
       }
-      TESSERA_TRY(check_links());
+      TESSERA_TRY(check_link(from));
+      TESSERA_TRY(check_aborts());
       const auto now = steady::now();
       if (now >= deadline) {
         return make_error(errc::timeout,
@@ -269,7 +288,7 @@ class group::impl {
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (q == rank_) continue;
       while (peers_[q].outstanding > 0) {
-        TESSERA_TRY(check_links());
+        TESSERA_TRY(check_link(q));
         const auto now = steady::now();
         if (now >= deadline) {
           return make_error(errc::timeout, "collectives: writes to rank {} not completed in {} ms",
@@ -288,7 +307,7 @@ class group::impl {
     peer& p = peers_[to];
     auto r = p.link->write_with_imm(p.work_h, work_offset, p.remote, remote_offset, bytes, imm, imm);
     if (!r) {
-      if (r.error().code == errc::closed) p.down = true;
+      if (r.error().code == errc::closed) mark_down(to, r.error());
       return make_error(r.error().code, "collectives: write to rank {} refused: {}", to,
                         r.error().describe());
     }
@@ -300,7 +319,7 @@ class group::impl {
     peer& p = peers_[to];
     auto r = p.link->send(to_bytes(m), 0);
     if (!r) {
-      if (r.error().code == errc::closed) p.down = true;
+      if (r.error().code == errc::closed) mark_down(to, r.error());
       return make_error(r.error().code, "collectives: message to rank {} refused: {}", to,
                         r.error().describe());
     }
@@ -315,7 +334,9 @@ class group::impl {
     m.epoch = epoch_;
     m.rank = rank_;
     m.size = n_;
-    m.cause_rank = rank_;
+    m.seq = seq_;
+    const std::size_t len = std::min(e.message.size(), sizeof m.reason - 1);
+    std::memcpy(m.reason, e.message.data(), len);
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (q == rank_ || peers_[q].down) continue;
       if (peers_[q].link->send(to_bytes(m), 0)) {
@@ -716,6 +737,9 @@ std::uint32_t group::rank() const noexcept { return impl_->rank_; }
 std::uint32_t group::size() const noexcept { return impl_->n_; }
 std::uint32_t group::epoch() const noexcept { return impl_->epoch_; }
 group_stats group::stats() const noexcept { return impl_->stats_; }
+void group::set_timeout(std::chrono::milliseconds timeout) noexcept {
+  impl_->options_.timeout_ms = timeout;
+}
 
 result<void> group::all_reduce(std::span<float> data, algorithm algo) {
   return impl_->all_reduce(data, algo);

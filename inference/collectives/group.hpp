@@ -83,6 +83,8 @@ class group {
   [[nodiscard]] std::uint32_t size() const noexcept;
   [[nodiscard]] std::uint32_t epoch() const noexcept;
   [[nodiscard]] group_stats stats() const noexcept;
+  /// Changes group_options::timeout_ms for later calls.
+  void set_timeout(std::chrono::milliseconds timeout) noexcept;
 
   /// In-place sum over all ranks; every rank passes a vector of the same length and ends with the
   /// same bits. Vectors longer than max_floats go in pieces of max_floats.
