@@ -42,7 +42,7 @@ inline constexpr std::uint32_t max_group_size = 8;
 
 /// Vectors of at least this many floats go by ring, smaller ones by direct mesh (measured on this
 /// machine: bench/RESULTS.md, "Collectives").
-inline constexpr std::size_t default_ring_threshold_floats = 64 * 1024;
+inline constexpr std::size_t default_ring_threshold_floats = 128 * 1024;
 
 struct group_options {
   /// Plan epoch; every rank of a group uses the same one. Must be > 0.
