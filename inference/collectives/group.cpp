@@ -240,15 +240,23 @@ class group::impl {
   }
 
   // Waits for the received message from `from` that `match` accepts.
+  // With drop_before, everything from `from` that arrived before the match is dropped as stale
+  // (the hand-shake: a peer sends its hello before any traffic of the new epoch, so whatever came
+  // earlier is older, whatever its 8-bit epoch tag says).
   template <class Match>
   result<bulk::completion> await(std::uint32_t from, steady::time_point deadline, Match&& match,
-                                 const char* what) {
+                                 const char* what, bool drop_before = false) {
     for (;;) {
       auto& pend = peers_[from].pending;
       for (auto it = pend.begin(); it != pend.end(); ++it) {
         if (match(*it)) {
           bulk::completion c = std::move(*it);
-          pend.erase(it);
+          if (drop_before) {
+            stats_.stale_dropped += static_cast<std::uint64_t>(it - pend.begin());
+            pend.erase(pend.begin(), it + 1);
+          } else {
+            pend.erase(it);
+          }
           return c;
         }
       }
@@ -401,7 +409,7 @@ class group::impl {
             auto m = parse_msg(x.data);
             return m && m->type == static_cast<std::uint32_t>(msg_type::hello) && m->epoch == epoch_;
           },
-          "the hand-shake");
+          "the hand-shake", /*drop_before=*/true);
       if (!c) return c.error();
       auto m = *parse_msg(c->data);
       if (m.rank != q || m.size != n_ || m.max_floats != options_.max_floats) {
