@@ -175,6 +175,24 @@ TEST_P(collectives, all_reduce_is_bit_identical_on_every_rank_and_matches_the_re
   }
 }
 
+TEST_P(collectives, groups_of_five_and_eight_ranks_work_with_both_algorithms) {
+  for (std::uint32_t n : {5u, 8u}) {
+    SCOPED_TRACE(n);
+    std::vector<std::vector<float>> mesh_out(n), ring_out(n);
+    run_ranks(GetParam(), n, opts(1024), [&](std::uint32_t r, group& g) {
+      mesh_out[r] = input(r, 1, 301);
+      ring_out[r] = input(r, 2, 1500);  // chunked: 1024 + 476
+      ASSERT_TRUE(g.all_reduce(mesh_out[r], algorithm::mesh)) << "rank " << r;
+      ASSERT_TRUE(g.all_reduce(ring_out[r], algorithm::ring)) << "rank " << r;
+    });
+    ASSERT_FALSE(HasFailure());
+    for (std::uint32_t r = 0; r < n; ++r) {
+      EXPECT_TRUE(same_bits(mesh_out[r], rank_order_sum(n, 1, 301))) << "rank " << r;
+      EXPECT_TRUE(same_bits(ring_out[r], ring_order_sum(n, 2, 1500, 1024))) << "rank " << r;
+    }
+  }
+}
+
 TEST_P(collectives, the_two_algorithms_agree_within_rounding_and_the_threshold_picks_one) {
   auto o = opts(4096);
   o.ring_threshold_floats = 100;
