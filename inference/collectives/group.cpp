@@ -211,20 +211,29 @@ class group::impl {
   }
 
   // Polls every link without blocking, then blocks up to `slice` on `focus` (a rank != rank_).
+  // Every completion taken from a link is filed (counts stay right) before an error is returned.
   result<void> pump(std::uint32_t focus, std::chrono::microseconds slice) {
     bulk::completion c[16];
+    std::optional<error> first;
+    auto file_all = [&](std::uint32_t q, std::size_t got) {
+      for (std::size_t i = 0; i < got; ++i) {
+        auto r = file(q, std::move(c[i]));
+        if (!r && !first) first = std::move(r).error();
+      }
+    };
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (q == rank_ || q == focus || peers_[q].down) continue;
-      const std::size_t got = peers_[q].link->poll(c);
-      for (std::size_t i = 0; i < got; ++i) TESSERA_TRY(file(q, std::move(c[i])));
+      file_all(q, peers_[q].link->poll(c));
     }
+    if (first) return *first;
     TESSERA_TRY(check_link(focus));
     auto got = peers_[focus].link->wait(c, slice);
     if (!got) {
       mark_down(focus, got.error());
       return check_link(focus);
     }
-    for (std::size_t i = 0; i < *got; ++i) TESSERA_TRY(file(focus, std::move(c[i])));
+    file_all(focus, *got);
+    if (first) return *first;
     return ok();
   }
 
@@ -310,15 +319,22 @@ class group::impl {
     return ok();
   }
 
+  // A refused post: when the link went down with it (closed, or a remote access error because
+  // the peer left and deregistered its buffers) it is errc::closed like any other dead peer.
+  error refused(std::uint32_t to, const error& e, const char* what) {
+    if (e.code == errc::closed || !peers_[to].link->is_up()) {
+      mark_down(to, e);
+      return make_error(errc::closed, "collectives: {} to rank {} failed, the link is down: {}",
+                        what, to, e.describe());
+    }
+    return make_error(e.code, "collectives: {} to rank {} refused: {}", what, to, e.describe());
+  }
+
   result<void> write(std::uint32_t to, std::uint64_t work_offset, std::uint64_t remote_offset,
                      std::uint64_t bytes, std::uint32_t imm) {
     peer& p = peers_[to];
     auto r = p.link->write_with_imm(p.work_h, work_offset, p.remote, remote_offset, bytes, imm, imm);
-    if (!r) {
-      if (r.error().code == errc::closed) mark_down(to, r.error());
-      return make_error(r.error().code, "collectives: write to rank {} refused: {}", to,
-                        r.error().describe());
-    }
+    if (!r) return refused(to, r.error(), "write");
     ++p.outstanding;
     return ok();
   }
@@ -326,11 +342,7 @@ class group::impl {
   result<void> send_msg(std::uint32_t to, const wire_msg& m) {
     peer& p = peers_[to];
     auto r = p.link->send(to_bytes(m), 0);
-    if (!r) {
-      if (r.error().code == errc::closed) mark_down(to, r.error());
-      return make_error(r.error().code, "collectives: message to rank {} refused: {}", to,
-                        r.error().describe());
-    }
+    if (!r) return refused(to, r.error(), "message");
     ++p.outstanding;
     return ok();
   }
