@@ -114,6 +114,7 @@ control::node_config node_cfg(const std::string& id) {
   auto secret = control::parse_cluster_secret(kSecret, "bench");
   c.keys = *control::derive_cluster_keys(*secret);
   c.send_queue_capacity = 4096;
+  c.timing.dead_after_ms = 10000;  // a loaded machine must not declare the peer dead mid-run
   return c;
 }
 
