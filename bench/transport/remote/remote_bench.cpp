@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -160,7 +161,11 @@ int run_peer(const std::string& parent_endpoint) {
   if (!rn) return 1;
   ctl.store(&(*rn)->control());
   must((*rn)->add_node(1, "node-1", parent_endpoint), "add node 1");
-  auto s = sys.spawn<sink>();
+  // The sink's mailbox holds a whole run: a full mailbox would refuse (count) remote messages,
+  // and this benchmark measures the transport, not the drop rate.
+  actors::spawn_options big;
+  big.data_capacity = 1u << 21;
+  auto s = sys.spawn_with<sink>(big);
   auto e = sys.spawn<echo>();
   std::printf("ready %s %llu %llu\n", (*rn)->endpoint().c_str(),
               static_cast<unsigned long long>(s->id()), static_cast<unsigned long long>(e->id()));
@@ -177,7 +182,8 @@ int run_peer(const std::string& parent_endpoint) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--peer") return run_peer(argv[2]);
-  const std::uint64_t messages = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 200000;
+  const std::uint64_t messages =
+      std::min<std::uint64_t>(argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 200000, 1u << 20);
   const std::uint64_t trips = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 20000;
 
   actors::config cfg;
