@@ -1,6 +1,6 @@
 // Remote actor throughput and round trip between two processes on loopback (CURVE on), beside the
 // raw control plane (control_node::send of the same size, no actors) between the same two nodes.
-//   tessera_remote_bench [messages] [round_trips]
+//   tessera_remote_bench [messages per rep] [round trips per rep] [reps]
 // The parent is node 1; it starts itself again as node 2 (`--peer <endpoint>`).
 #include <unistd.h>
 #include <sys/wait.h>
@@ -13,6 +13,7 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "transport/remote/control_router.hpp"
 
@@ -185,6 +186,7 @@ int main(int argc, char** argv) {
   const std::uint64_t messages =
       std::min<std::uint64_t>(argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 200000, 1u << 20);
   const std::uint64_t trips = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 20000;
+  const int reps = std::max(1, argc > 3 ? std::atoi(argv[3]) : 5);
 
   actors::config cfg;
   cfg.node = 1;
@@ -236,53 +238,69 @@ int main(int argc, char** argv) {
 
   const std::string body8 = pack_u64(0x0123456789abcdefull);  // the same body size as ping{seq}
 
-  // 1. Raw control plane round trip.
-  auto t0 = clk::now();
-  for (std::uint64_t i = 0; i < trips; ++i) {
-    send_retry(ctl, "node-2", kRawPing, body8);
-    while (pongs.load(std::memory_order_acquire) <= i) std::this_thread::yield();
-  }
-  const double raw_rtt_us = std::chrono::duration<double, std::micro>(clk::now() - t0).count() / trips;
-
-  // 2. Remote actor round trip (an actor on node 1 requesting from an actor on node 2).
-  std::promise<double> done;
-  auto fut = done.get_future();
-  must(sys.spawn<pinger>(echo_ref, trips, &done) ? ok() : result<void>(error{errc::internal, "spawn"}), "spawn pinger");
-  const double actor_rtt_us = fut.get() * 1e6 / trips;
-
-  // 3. Raw control plane one-way throughput.
-  send_retry(ctl, "node-2", kRawExpect, pack_u64(messages));
-  t0 = clk::now();
-  for (std::uint64_t i = 0; i < messages; ++i) send_retry(ctl, "node-2", kRawOneWay, body8);
-  while (!raw_done.load(std::memory_order_acquire)) std::this_thread::yield();
-  const double raw_rate = messages / std::chrono::duration<double>(clk::now() - t0).count();
-
-  // 4. Remote actor one-way throughput (sends from outside any actor, retried when overloaded).
-  t0 = clk::now();
-  std::uint64_t refused = 0;
-  for (std::uint64_t i = 0; i < messages; ++i) {
-    for (;;) {
-      auto r = sys.send(sink_ref, ping{i});
-      if (r) break;
-      if (r.error().code != errc::overloaded) must(r, "actor send");
-      ++refused;
-      std::this_thread::yield();
+  // Phases run interleaved in each repetition; medians over repetitions, and the median of the
+  // per-repetition ratios (the machine's load moves between repetitions, less within one).
+  std::vector<double> raw_rtt, actor_rtt, rtt_ratio, raw_rate, actor_rate, rate_ratio;
+  std::uint64_t refused = 0, sunk = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    // 1. Raw control plane round trip: main thread sends, node 2's I/O thread echoes from its
+    // callback, the main thread polls (yielding) for the pong.
+    const std::uint64_t base = pongs.load();
+    auto t0 = clk::now();
+    for (std::uint64_t i = 0; i < trips; ++i) {
+      send_retry(ctl, "node-2", kRawPing, body8);
+      while (pongs.load(std::memory_order_acquire) <= base + i) std::this_thread::yield();
     }
-  }
-  for (;;) {
-    auto c = sys.ask<count_r>(sink_ref, count_q{}, std::chrono::seconds(30));
-    must(c ? ok() : result<void>(c.error()), "count");
-    if (c->n >= messages) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  const double actor_rate = messages / std::chrono::duration<double>(clk::now() - t0).count();
+    raw_rtt.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count() / trips);
 
-  std::printf("remote actors, 2 processes, loopback, CURVE on, 1 worker per system\n");
-  std::printf("  round trip   raw control %.1f us   actor request/response %.1f us   ratio %.2fx  (%llu trips)\n",
-              raw_rtt_us, actor_rtt_us, actor_rtt_us / raw_rtt_us, static_cast<unsigned long long>(trips));
-  std::printf("  one-way      raw control %.0f msg/s   actor send %.0f msg/s   ratio %.2fx  (%llu msgs, %llu overloaded retries)\n",
-              raw_rate, actor_rate, actor_rate / raw_rate, static_cast<unsigned long long>(messages),
-              static_cast<unsigned long long>(refused));
+    // 2. Remote actor round trip (an actor on node 1 requesting from an actor on node 2).
+    std::promise<double> done;
+    auto fut = done.get_future();
+    must(sys.spawn<pinger>(echo_ref, trips, &done) ? ok() : result<void>(error{errc::internal, "spawn"}), "spawn pinger");
+    actor_rtt.push_back(fut.get() * 1e6 / trips);
+    rtt_ratio.push_back(actor_rtt.back() / raw_rtt.back());
+
+    // 3. Raw control plane one-way throughput.
+    raw_done.store(false);
+    send_retry(ctl, "node-2", kRawExpect, pack_u64(messages));
+    t0 = clk::now();
+    for (std::uint64_t i = 0; i < messages; ++i) send_retry(ctl, "node-2", kRawOneWay, body8);
+    while (!raw_done.load(std::memory_order_acquire)) std::this_thread::yield();
+    raw_rate.push_back(messages / std::chrono::duration<double>(clk::now() - t0).count());
+
+    // 4. Remote actor one-way throughput (sends from outside any actor, retried when overloaded).
+    t0 = clk::now();
+    for (std::uint64_t i = 0; i < messages; ++i) {
+      for (;;) {
+        auto r = sys.send(sink_ref, ping{i});
+        if (r) break;
+        if (r.error().code != errc::overloaded) must(r, "actor send");
+        ++refused;
+        std::this_thread::yield();
+      }
+    }
+    sunk += messages;
+    for (;;) {
+      auto c = sys.ask<count_r>(sink_ref, count_q{}, std::chrono::seconds(30));
+      must(c ? ok() : result<void>(c.error()), "count");
+      if (c->n >= sunk) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    actor_rate.push_back(messages / std::chrono::duration<double>(clk::now() - t0).count());
+    rate_ratio.push_back(actor_rate.back() / raw_rate.back());
+    std::printf("  rep %d: rtt raw %.1f us actor %.1f us; one-way raw %.0f actor %.0f msg/s\n", rep,
+                raw_rtt.back(), actor_rtt.back(), raw_rate.back(), actor_rate.back());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("remote actors, 2 processes, loopback, CURVE on, 1 worker per system, %d reps\n", reps);
+  std::printf("  round trip   raw control %.1f us   actor request/response %.1f us   ratio %.2fx  (%llu trips/rep)\n",
+              median(raw_rtt), median(actor_rtt), median(rtt_ratio), static_cast<unsigned long long>(trips));
+  std::printf("  one-way      raw control %.0f msg/s   actor send %.0f msg/s   ratio %.2fx  (%llu msgs/rep, %llu overloaded retries)\n",
+              median(raw_rate), median(actor_rate), median(rate_ratio),
+              static_cast<unsigned long long>(messages), static_cast<unsigned long long>(refused));
   ::close(in[1]);
   ::waitpid(pid, nullptr, 0);
   sys.shutdown();
