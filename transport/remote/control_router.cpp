@@ -1,6 +1,7 @@
 #include "transport/remote/control_router.hpp"
 
 #include <algorithm>
+#include <bit>
 
 #include "actors/base/log.hpp"
 #include "actors/system_messages.hpp"
@@ -27,6 +28,12 @@ std::span<const std::byte> as_bytes(const std::vector<char>& v) {
 }
 
 void bump(std::atomic<std::uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+
+/// Counts one rejected input; true when it should be logged (the 1st, 2nd, 4th, 8th, ...), so a
+/// peer sending garbage cannot flood the log.
+bool count_reject(std::atomic<std::uint64_t>& c) {
+  return std::has_single_bit(c.fetch_add(1, std::memory_order_relaxed) + 1);
+}
 
 }  // namespace
 
@@ -163,9 +170,10 @@ bool control_router::on_message(const control::inbound_message& m) {
     if (it != peers_.end()) from = it->second;
   }
   if (from == 0) {
-    bump(ctr_.rejected_inbound);
-    SPDLOG_WARN("node {}: remote actor message from control peer '{}' that carries no node",
-                sys_.node(), m.sender);
+    if (count_reject(ctr_.rejected_inbound)) {
+      SPDLOG_WARN("node {}: remote actor message from control peer '{}' that carries no node "
+                  "({} rejected so far)", sys_.node(), m.sender, ctr_.rejected_inbound.load());
+    }
     return true;
   }
   if (is_envelope) {
@@ -179,14 +187,18 @@ bool control_router::on_message(const control::inbound_message& m) {
 void control_router::handle_envelope(const control::inbound_message& m, node_id from) {
   auto env = actors::decode_envelope(std::span<const char>(m.body.data(), m.body.size()));
   if (!env) {
-    bump(ctr_.rejected_inbound);
-    SPDLOG_WARN("node {}: envelope from node {}: {}", sys_.node(), from, env.error().message);
+    if (count_reject(ctr_.rejected_inbound)) {
+      SPDLOG_WARN("node {}: envelope from node {}: {} ({} rejected so far)", sys_.node(), from,
+                  env.error().message, ctr_.rejected_inbound.load());
+    }
     return;
   }
   // A peer speaks only for its own node's actors (the sender is who gets answers and downs).
   if (env->sender.valid() && env->sender.node() != from) {
-    bump(ctr_.rejected_inbound);
-    SPDLOG_WARN("node {}: envelope from node {} claims sender {}", sys_.node(), from, env->sender);
+    if (count_reject(ctr_.rejected_inbound)) {
+      SPDLOG_WARN("node {}: envelope from node {} claims sender {} ({} rejected so far)",
+                  sys_.node(), from, env->sender, ctr_.rejected_inbound.load());
+    }
     return;
   }
   bump(ctr_.envelopes_received);
@@ -215,8 +227,10 @@ void control_router::handle_envelope(const control::inbound_message& m, node_id 
 void control_router::handle_watch(const control::inbound_message& m, node_id from) {
   auto w = actors::unpack_message<watch_request>(std::span<const char>(m.body.data(), m.body.size()));
   if (!w || w->watcher.node() != from || !w->watcher.valid() || w->target.node() != sys_.node()) {
-    bump(ctr_.rejected_inbound);
-    SPDLOG_WARN("node {}: malformed remote watch from node {}", sys_.node(), from);
+    if (count_reject(ctr_.rejected_inbound)) {
+      SPDLOG_WARN("node {}: malformed remote watch from node {} ({} rejected so far)", sys_.node(),
+                  from, ctr_.rejected_inbound.load());
+    }
     return;
   }
   bump(ctr_.watches_received);

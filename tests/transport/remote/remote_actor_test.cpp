@@ -230,3 +230,50 @@ TEST(remote_auth, APeerWithoutTheSecretCannotReachActors) {
 
 }  // namespace
 }  // namespace tessera::transport::remote
+
+namespace tessera::transport::remote {
+namespace {
+
+// A member of the cluster speaks only for its own node: an envelope whose sender names another
+// node, or one from a control peer that carries no actor node, is dropped and counted.
+TEST(remote_inbound, SpoofedSenderNodeAndUnmappedPeersAreRejected) {
+  actors::actor_system b(sys_config(2));
+  auto nb = remote_node::start(b, test::control_config("node-2", test::kSecretHex));
+  ASSERT_TRUE(nb);
+  std::atomic<std::uint64_t> seen{0};
+  auto e = b.spawn<test::echo>(&seen);
+  ASSERT_TRUE(e);
+  ASSERT_TRUE((*nb)->router().map_node(3, "node-3"));
+  // Raw control nodes with the cluster secret: "node-3" is mapped to node 3, "node-4" to nothing.
+  auto raw3 = control::control_node::start(test::control_config("node-3", test::kSecretHex), {});
+  auto raw4 = control::control_node::start(test::control_config("node-4", test::kSecretHex), {});
+  ASSERT_TRUE(raw3 && raw4);
+  ASSERT_TRUE((*raw3)->add_peer("node-2", (*nb)->endpoint()));
+  ASSERT_TRUE((*raw4)->add_peer("node-2", (*nb)->endpoint()));
+  auto envelope_from = [&](actors::node_id sender_node) {
+    actors::envelope env;
+    env.sender = actor_ref(sender_node, 5);
+    env.receiver = actor_ref(2, e->id());
+    env.type_id = ping::type_id;
+    env.body = actors::pack_message(ping{1});
+    return actors::encode_envelope(env);
+  };
+  auto send = [](control::control_node& n, const std::vector<char>& body) {
+    return n.send("node-2", control::msg_type::actor_envelope,
+                  std::span<const std::byte>(reinterpret_cast<const std::byte*>(body.data()),
+                                             body.size()));
+  };
+  ASSERT_TRUE(send(**raw4, envelope_from(4)));  // unmapped control peer
+  ASSERT_TRUE(send(**raw3, envelope_from(1)));  // node 3 claiming to speak for node 1
+  ASSERT_TRUE(send(**raw3, envelope_from(3)));  // the honest one, after the spoof on one link
+  ASSERT_TRUE(wait_for([&] { return seen.load() == 1; }));
+  ASSERT_TRUE(wait_for([&] { return (*nb)->router().stats().rejected_inbound == 2; }))
+      << (*nb)->router().stats().rejected_inbound;
+  EXPECT_EQ(seen.load(), 1u);
+  EXPECT_EQ((*nb)->router().stats().envelopes_received, 1u);
+  b.shutdown();
+  (*nb)->stop();
+}
+
+}  // namespace
+}  // namespace tessera::transport::remote
