@@ -277,3 +277,41 @@ TEST(remote_inbound, SpoofedSenderNodeAndUnmappedPeersAreRejected) {
 
 }  // namespace
 }  // namespace tessera::transport::remote
+
+namespace tessera::transport::remote {
+namespace {
+
+// The router's own tables are bounded: watches refuse beyond the bound, tracked requests forget
+// the oldest (which then ends by its own deadline) and count it.
+TEST(remote_bounds, WatchesAndTrackedRequestsStopAtTheirBounds) {
+  actors::actor_system c(sys_config(3));
+  router_options opts;
+  opts.max_watches = 2;
+  opts.max_tracked_requests = 2;
+  auto n = remote_node::start(c, test::control_config("node-3", test::kSecretHex), opts);
+  ASSERT_TRUE(n) << n.error().describe();
+  // Node 4 never answers (nothing listens there): watches and requests stay outstanding.
+  ASSERT_TRUE((*n)->add_node(4, "node-4", "tcp://127.0.0.1:1"));
+  down_log log;
+  auto w = c.spawn<test::watcher>(log);
+  ASSERT_TRUE(w);
+  ASSERT_TRUE(c.monitor(actor_ref(4, 1), *w));
+  ASSERT_TRUE(c.monitor(actor_ref(4, 2), *w));
+  auto third = c.monitor(actor_ref(4, 3), *w);
+  ASSERT_FALSE(third);
+  EXPECT_EQ(third.error().code, errc::no_capacity);
+  EXPECT_EQ((*n)->router().watch_count(), 2u);
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(c.request<pong>(actor_ref(4, 1), ping{1}, std::chrono::hours(1),
+                                [&answered](result<pong>) { answered.fetch_add(1); }));
+  }
+  ASSERT_TRUE(wait_for([&] { return (*n)->router().stats().tracked_requests_evicted == 1; }));
+  EXPECT_EQ((*n)->router().tracked_requests(), 2u);
+  c.shutdown();  // fails the three requests with errc::closed
+  EXPECT_EQ(answered.load(), 3);
+  (*n)->stop();
+}
+
+}  // namespace
+}  // namespace tessera::transport::remote
