@@ -19,6 +19,13 @@ class remote_router {
   /// Takes the envelope for `env.receiver.node()`. Errors: errc::not_found (no route to that
   /// node), errc::overloaded (the link's queue is full), errc::closed (transport stopped).
   [[nodiscard]] virtual result<void> route(envelope&& env) = 0;
+  /// `watcher` (a local actor) gets `down` when `target` (on another node) stops or its node is
+  /// lost; the router delivers it with actor_system::deliver_remote. Default: errc::unsupported.
+  [[nodiscard]] virtual result<void> monitor(const actor_ref& target, const actor_ref& watcher) {
+    (void)watcher;
+    return make_error(errc::unsupported, "monitoring {} on another node: this router cannot",
+                      target);
+  }
 };
 
 }  // namespace tessera::actors

@@ -208,8 +208,17 @@ result<void> actor_system::stop(const actor_ref& target, exit_reason reason) {
 
 result<void> actor_system::monitor(const actor_ref& target, const actor_ref& watcher) {
   if (target.node() != node_) {
-    return make_error(errc::unsupported, "monitoring {} on another node needs the transport",
-                      target);
+    std::shared_ptr<remote_router> router;
+    {
+      std::lock_guard lock(router_mutex_);
+      router = router_;
+    }
+    if (!router) {
+      return make_error(errc::unsupported, "monitoring {} on another node needs the transport",
+                        target);
+    }
+    return router->monitor(actor_ref(target.node(), target.id()),
+                           actor_ref(watcher.node(), watcher.id()));
   }
   cell_ptr cell = target.cell() != nullptr ? cell_ptr(target.cell()) : find_cell(target.id());
   exit_reason reason{exit_kind::unknown, "no such actor"};
