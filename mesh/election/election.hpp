@@ -2,7 +2,7 @@
 //
 // Owns: term, vote, role, the leader this node follows, and the committed member set ("config").
 // Must not touch: sockets, threads, clocks; randomness only from its own seeded det_rng.
-// Design and the membership-change rule: docs/design/001-election.md.
+// Design and the membership-change rule: docs/design/002-election.md.
 //
 //                      election timeout, member of own config
 //   +----------+ ----------------------------------------------> +---------------+

@@ -85,7 +85,7 @@ struct membership_message {
 /// Tunables. Defaults are for a LAN/loopback cluster (justification in mesh/README.md): a
 /// crashed member is suspected within ~1-2 probe rounds of the first probe that misses it and
 /// declared dead suspicion_timeout_ms later. Leader failover does not wait for this: election
-/// has its own, faster lease/timeout (docs/design/001-election.md).
+/// has its own, faster lease/timeout (docs/design/002-election.md).
 struct membership_config {
   member_id self = no_member;
   std::string self_address;

@@ -1,4 +1,4 @@
-// The cluster secret and everything derived from it (see docs/design/001-control-plane-security.md).
+// The cluster secret and everything derived from it (see docs/design/007-control-plane-security.md).
 //
 //   secret (32 random bytes, from `tessera keygen`)
 //     ├─ crypto_kdf(id 1, ctx "TSclstid") → 16 bytes → cluster id (public: discovery TXT records)
