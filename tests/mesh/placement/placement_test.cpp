@@ -433,6 +433,93 @@ TEST(PlacementSplit, OneToEightPeersEachNeededOnce) {
   }
 }
 
+// The worked example of docs/design/009-placement.md: a Llama-3-8B-shaped Q8_0 model.
+model_spec llama3_8b_q8() {
+  model_spec s;
+  s.name = "llama3-8b-q8_0";
+  s.n_layers = 32;
+  s.n_heads = 32;
+  s.n_kv_heads = 8;
+  s.dim = 4096;
+  s.ffn_size = 14336;
+  s.n_vocab = 128256;
+  s.bytes_per_layer = 231'735'296;  // 218'103'808 weights × 8.5 bits
+  s.bytes_embeddings = 558'170'112;
+  s.bytes_output = 558'170'112;
+  s.kv_bytes_per_token = 32 * 2 * 8 * 128 * 2;
+  s.context_tokens = 8192;
+  s.ffn_block = 32;
+  s.column_block = 32;
+  return s;
+}
+
+struct expected_rank {
+  std::uint32_t hf, hl, kf, kl, ff, fl, vf, vl;
+};
+
+void expect_tp_stage(const serving_group& g, const std::vector<expected_rank>& want) {
+  ASSERT_EQ(g.ranks.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    const auto& r = g.ranks[i];
+    EXPECT_EQ(r.stage, 0u);
+    EXPECT_EQ(r.layer_first, 0u);
+    EXPECT_EQ(r.layer_last, 32u);
+    EXPECT_EQ(
+        (std::vector<std::uint32_t>{r.head_first, r.head_last, r.kv_head_first, r.kv_head_last,
+                                    r.ffn_first, r.ffn_last, r.vocab_first, r.vocab_last}),
+        (std::vector<std::uint32_t>{want[i].hf, want[i].hl, want[i].kf, want[i].kl, want[i].ff,
+                                    want[i].fl, want[i].vf, want[i].vl}));
+  }
+}
+
+TEST(PlacementWorkedExample, LargeModelOnTwoAndThreePeers) {
+  const auto s = llama3_8b_q8();
+  constexpr std::uint64_t gb = 1'000'000'000;
+  plan_input in;
+  in.models = {s};
+  in.members = {member(1, 0), member(2, 0)};
+  for (auto& m : in.members)
+    m.memory_free_bytes = 6 * gb;
+  link_all(in, {1, 2}, 30, link_backend::rdma);
+  const plan two = must_plan(in);
+  ASSERT_EQ(two.models[0].groups.size(), 1u) << two.models[0].no_capacity;
+  expect_tp_stage(two.models[0].groups[0],
+                  {{0, 16, 0, 4, 0, 7168, 0, 64128}, {16, 32, 4, 8, 7168, 14336, 64128, 128256}});
+
+  in.members = {member(1, 0), member(2, 0), member(3, 0)};
+  for (auto& m : in.members)
+    m.memory_free_bytes = 4 * gb;
+  in.links.clear();
+  link_all(in, {1, 2, 3}, 30, link_backend::rdma);
+  const plan three = must_plan(in);
+  ASSERT_EQ(three.models[0].groups.size(), 1u) << three.models[0].no_capacity;
+  expect_tp_stage(three.models[0].groups[0], {{0, 11, 0, 3, 0, 4768, 0, 42752},
+                                              {11, 22, 2, 6, 4768, 9536, 42752, 85504},
+                                              {22, 32, 5, 8, 9536, 14336, 85504, 128256}});
+
+  // Over 2 ms tcp: a pipeline of three stages, 11/11/10 layers.
+  in.links.clear();
+  link_all(in, {1, 2, 3}, 2000);
+  const plan pp = must_plan(in);
+  ASSERT_EQ(pp.models[0].groups.size(), 1u) << pp.models[0].no_capacity;
+  const auto& g = pp.models[0].groups[0];
+  ASSERT_EQ(g.ranks.size(), 3u);
+  EXPECT_EQ(stages_of(g), 3u);
+  EXPECT_EQ(g.ranks[0].layer_last, 11u);
+  EXPECT_EQ(g.ranks[1].layer_last, 22u);
+  EXPECT_EQ(g.ranks[2].layer_last, 32u);
+
+  // Q4_K: head_dim 128 is not a multiple of 256, so even on fast links: layers only.
+  auto k = s;
+  k.column_block = 256;
+  k.ffn_block = 256;
+  in.models = {k};
+  in.links.clear();
+  link_all(in, {1, 2, 3}, 30, link_backend::rdma);
+  EXPECT_EQ(stages_of(must_plan(in).models[0].groups[0]), 3u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stability
 // ---------------------------------------------------------------------------------------------
