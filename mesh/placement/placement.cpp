@@ -178,6 +178,10 @@ struct view {
   }
   bool fast(member_id a, member_id b) const { return fast_one_way(a, b) && fast_one_way(b, a); }
 
+  // Islands over all members, computed once per plan (O(n²) link look-ups); a pool uses each
+  // island's members that are in the pool, which are still pairwise fast.
+  std::vector<std::vector<member_id>> islands;
+
   std::uint64_t capacity(const member_caps& m) const {
     return m.memory_free_bytes > config.reserve_bytes ? m.memory_free_bytes - config.reserve_bytes
                                                       : 0;
@@ -328,7 +332,14 @@ std::optional<serving_group> form_group(const view& v, const model_spec& spec,
   const std::uint32_t tp_limit = std::max<std::uint32_t>(
       1, std::min({cfg.max_tp_ranks, spec.n_heads, ffn_units(spec), spec.n_vocab}));
   const auto largest = by_capacity(pool, budget);
-  const auto islands = islands_of(v, pool);
+  std::vector<std::vector<member_id>> islands;
+  for (const auto& all : v.islands) {
+    std::vector<member_id> in_pool;
+    for (member_id id : all) {
+      if (std::binary_search(pool.begin(), pool.end(), id)) in_pool.push_back(id);
+    }
+    if (!in_pool.empty()) islands.push_back(std::move(in_pool));
+  }
   const std::size_t max_k = std::min<std::size_t>(
       pool.size(), std::size_t{tp ? tp_limit : 1} * std::max(1u, cfg.max_stages));
   for (std::size_t k = 1; k <= max_k; ++k) {
@@ -517,6 +528,12 @@ result<void> validate_model_spec(const model_spec& s) {
 }
 
 std::uint64_t rank_memory_bytes(const model_spec& spec, const rank_assignment& r) {
+  // Nonsense in, "does not fit anywhere" out: never a division by zero or a wrapped range.
+  if (!validate_model_spec(spec) || r.layer_last < r.layer_first || r.head_last < r.head_first ||
+      r.kv_head_last < r.kv_head_first || r.ffn_last < r.ffn_first ||
+      r.vocab_last < r.vocab_first) {
+    return UINT64_MAX;
+  }
   const rank_cost c =
       cost_of(spec, r.head_last - r.head_first, r.kv_head_last - r.kv_head_first,
               r.ffn_last - r.ffn_first, r.vocab_last - r.vocab_first, r.first_stage, r.last_stage);
@@ -527,6 +544,7 @@ result<void> validate_group(const model_spec& s, const serving_group& g) {
   auto bad = [&](std::string what) {
     return make_error(errc::invalid_argument, "model {}: malformed group: {}", s.name, what);
   };
+  TESSERA_TRY(validate_model_spec(s));
   if (g.ranks.empty() || g.ranks.size() > max_group_ranks) return bad("no ranks or over 1024");
   std::set<member_id> nodes;
   std::uint32_t layer = 0;
@@ -628,6 +646,10 @@ result<plan> compute_plan(const plan_input& input, const plan* previous, std::ui
     }
   }
 
+  std::vector<member_id> all_ids;
+  for (const auto& m : v.members)
+    all_ids.push_back(m.id);
+  v.islands = islands_of(v, all_ids);
   budgets budget;
   for (const auto& m : v.members)
     budget[m.id] = v.capacity(m);

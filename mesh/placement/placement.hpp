@@ -115,9 +115,10 @@ struct planner_config {
 };
 
 /// Bounds on inputs; beyond them compute_plan refuses with invalid_argument.
-inline constexpr std::size_t max_members = 1024;
+// A full mesh of 256 peers is already 65 280 measured links; topology negotiates a full mesh.
+inline constexpr std::size_t max_members = 256;
 inline constexpr std::size_t max_models = 64;
-inline constexpr std::size_t max_links = max_members * 32;
+inline constexpr std::size_t max_links = max_members * (max_members - 1);
 
 // ---------------------------------------------------------------------------------------------
 // Output

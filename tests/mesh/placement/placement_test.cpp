@@ -849,6 +849,78 @@ TEST(PlacementProperty, RandomConfigsCoverEveryTensorOnceAndAreStable) {
   EXPECT_GT(no_capacity, 0u);
 }
 
+TEST(PlacementProperty, CorruptPreviousPlansAreDroppedNeverTrusted) {
+  // A previous plan comes from the wire: any field may be wrong. Bad groups are dropped and
+  // re-planned; the result is always well formed and within memory.
+  const std::uint64_t seed = seed_from_env(77);
+  det_rng rng(seed);
+  const auto s = model();
+  auto in = cluster(6, model_bytes(s) * 6 / 10 / mib);
+  in.models = {s};
+  const plan good = must_plan(in);
+  ASSERT_EQ(good.models[0].groups.size(), 3u);
+  std::size_t changed = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    SCOPED_TRACE(fmt::format("seed {} iteration {}", seed, iter));
+    plan bad = good;
+    auto& g = bad.models[0].groups[rng.uniform(0, 3)];
+    auto& r = g.ranks[rng.uniform(0, g.ranks.size())];
+    std::uint32_t* fields[] = {&r.stage,        &r.tp_rank,    &r.tp_size,   &r.layer_first,
+                               &r.layer_last,   &r.head_first, &r.head_last, &r.kv_head_first,
+                               &r.kv_head_last, &r.ffn_first,  &r.ffn_last,  &r.vocab_first,
+                               &r.vocab_last};
+    const std::uint32_t values[] = {0, 1, 2, 7, 16, 4000, 0xffffffffu};
+    *fields[rng.uniform(0, std::size(fields))] = values[rng.uniform(0, std::size(values))];
+    if (rng.chance_ppm(200'000)) r.node = rng.uniform(0, 3);
+    if (rng.chance_ppm(100'000)) g.ranks.clear();
+    const plan p = must_plan(in, &bad, 1);
+    changed += p == bad ? 0 : 1;
+    std::map<member_id, std::uint64_t> used;
+    for (const auto& grp : p.models[0].groups) {
+      ASSERT_TRUE(validate_group(s, grp)) << validate_group(s, grp).error().describe();
+      for (const auto& rr : grp.ranks)
+        used[rr.node] += rank_memory_bytes(s, rr);
+    }
+    EXPECT_EQ(p.models[0].groups.size(), 3u);
+    for (const auto& m : in.members)
+      EXPECT_LE(used[m.id], m.memory_free_bytes);
+  }
+  EXPECT_GT(changed, 200u);
+  auto invalid = s;
+  invalid.n_vocab = 0;
+  EXPECT_EQ(rank_memory_bytes(invalid, good.models[0].groups[0].ranks[0]), UINT64_MAX);
+  EXPECT_FALSE(validate_group(invalid, good.models[0].groups[0]));
+}
+
+TEST(PlacementScale, ManyMembersAndModels) {
+  // 96 members in islands of 4 (same host: shm), 12 models of different sizes. Checks the plan
+  // is well formed and stable at a size well past the CI clusters (no timing asserted; 256
+  // members took ~11 s under ASan on the loaded CI-like machine, too slow for a unit test).
+  plan_input in;
+  for (member_id id = 1; id <= 96; ++id)
+    in.members.push_back(member(id, 150 + (id % 7) * 40));
+  for (const auto& a : in.members) {
+    for (const auto& b : in.members) {
+      if (a.id == b.id) continue;
+      const bool same_host = (a.id - 1) / 4 == (b.id - 1) / 4;
+      in.links.push_back({a.id, b.id, same_host ? 5u : 400u, 1000,
+                          same_host ? link_backend::shm : link_backend::tcp});
+    }
+  }
+  for (std::uint32_t i = 0; i < 12; ++i)
+    in.models.push_back(model(fmt::format("m{}", i), 2 + i * 3));
+  const plan p = must_plan(in);
+  std::size_t groups = 0;
+  for (const auto& mp : p.models) {
+    for (const auto& g : mp.groups) {
+      ASSERT_TRUE(validate_group(mp.spec, g));
+      ++groups;
+    }
+  }
+  EXPECT_GT(groups, 12u);
+  EXPECT_EQ(must_plan(in, &p, 2), p);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shards: explicit convention and errors
 // ---------------------------------------------------------------------------------------------
