@@ -321,12 +321,23 @@ std::optional<serving_group> try_stages(const view& v, const model_spec& spec,
   return build_group(spec, stages, budget, [&](member_id id) { return budget.at(id); });
 }
 
+std::uint64_t model_bytes(const model_spec& s) {
+  const rank_cost c = cost_of(s, s.n_heads, s.n_kv_heads, s.ffn_size, s.n_vocab, true, true);
+  return c.extras + c.per_layer * s.n_layers;
+}
+
 // The smallest group (fewest members) that holds `spec`, from `pool`. Per size k: one member
 // (best fit), then tensor parallelism inside one island, then a pipeline over the k largest
 // members (members of one island that may share a stage do, up to max_tp_ranks).
 std::optional<serving_group> form_group(const view& v, const model_spec& spec,
                                         const std::vector<member_id>& pool, const budgets& budget) {
   if (pool.empty()) return std::nullopt;
+  // Every split holds at least the whole model once (shares round up, KV heads may be
+  // replicated): a pool with less cannot hold it, whatever the split.
+  u128 pool_bytes = 0;
+  for (member_id id : pool)
+    pool_bytes += budget.at(id);
+  if (pool_bytes < model_bytes(spec)) return std::nullopt;
   const auto& cfg = v.config;
   const bool tp = tp_allowed(spec);
   const std::uint32_t tp_limit = std::max<std::uint32_t>(
@@ -386,11 +397,6 @@ std::optional<serving_group> form_group(const view& v, const model_spec& spec,
     }
   }
   return std::nullopt;
-}
-
-std::uint64_t model_bytes(const model_spec& s) {
-  const rank_cost c = cost_of(s, s.n_heads, s.n_kv_heads, s.ffn_size, s.n_vocab, true, true);
-  return c.extras + c.per_layer * s.n_layers;
 }
 
 std::string no_capacity_reason(const view& v, const model_spec& spec, const budgets& budget) {
