@@ -48,7 +48,7 @@ struct member_caps {
   std::uint32_t cores = 1;
   std::uint64_t memory_total_bytes = 0;
   std::uint64_t memory_free_bytes = 0;
-  std::vector<model_file> models;
+  std::vector<model_file> models;  ///< carried for the view; the planner does not use it yet
   bool operator==(const member_caps&) const = default;
   MSGPACK_DEFINE(id, cores, memory_total_bytes, memory_free_bytes, models);
 };
@@ -191,8 +191,10 @@ struct plan {
 /// unchanged; the rest are re-planned from unused members, one replica per model per round in
 /// model-name order. If the content equals `previous`'s, `previous` is returned unchanged (same
 /// epoch); otherwise the epoch is {term, previous.version + 1} (version 1 without previous).
-/// Errors (invalid_argument): duplicate or zero member ids / model names, inconsistent model
-/// shapes, bounds exceeded, `term` below previous's term.
+/// Errors (invalid_argument): duplicate or zero member ids, members with 0 cores, duplicate
+/// links or model names, inconsistent model shapes (validate_model_spec), bounds exceeded, `term`
+/// below previous's term. Links naming non-members are ignored. A malformed previous group is
+/// dropped (re-planned), never an error.
 [[nodiscard]] result<plan> compute_plan(const plan_input& input, const plan* previous,
                                         std::uint64_t term, const planner_config& config = {});
 
