@@ -378,7 +378,6 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
 #endif
 
   // 3. Fill it: straight from memory when the file is loaded, else pread of each tensor's bytes.
-  std::vector<float> conv;
   for (const placement& pl : plan) {
     std::byte* dst = m->arena_ + pl.offset;
     const gguf::tensor_info& ti = *pl.info;
