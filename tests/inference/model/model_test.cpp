@@ -249,7 +249,7 @@ TEST(ModelLoad, ShardSpecsAreChecked) {
   EXPECT_EQ(load_error(mf.path, {shard_spec::layers(1, 2)}), "loaded");
 }
 
-TEST(Context, KvCacheFullIsAnErrorAndChangesNothing) {
+TEST(ModelContext, KvCacheFullIsAnErrorAndChangesNothing) {
   model_file mf(small(), "kv");
   auto f = open(mf.path);
   auto m = model::load(f);
@@ -280,7 +280,7 @@ TEST(Context, KvCacheFullIsAnErrorAndChangesNothing) {
   EXPECT_FALSE(context::create(**m, {0, 4, nullptr}));
 }
 
-TEST(Context, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
+TEST(ModelContext, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
   for (auto type : {tensor_type::f16, tensor_type::q8_0}) {
     for (const char* arch : {"llama", "qwen3"}) {
       model_file mf(small(arch, type), "inv");
@@ -314,7 +314,7 @@ TEST(Context, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
   }
 }
 
-TEST(Generator, StopsAtMaxTokensContextAndCallback) {
+TEST(ModelGenerator, StopsAtMaxTokensContextAndCallback) {
   model_file mf(small(), "gen");
   auto f = open(mf.path);
   auto tok = tokenizer::tokenizer::from_gguf(f);
@@ -362,7 +362,7 @@ TEST(Generator, StopsAtMaxTokensContextAndCallback) {
   }
 }
 
-TEST(Generator, SeededSamplingIsDeterministic) {
+TEST(ModelGenerator, SeededSamplingIsDeterministic) {
   model_file mf(small(), "seed");
   auto f = open(mf.path);
   auto m = model::load(f);
