@@ -46,8 +46,10 @@ result<float> get_real(const gguf::file& f, const std::string& key, float fallba
 // Where one tensor goes in the arena and how it is stored there.
 struct placement {
   const gguf::tensor_info* info = nullptr;
-  std::uint64_t first_row = 0;
+  std::uint64_t first_row = 0;  // row slice (tensor parallelism), or the element slice of a vector
   std::uint64_t rows = 0;
+  std::int64_t first_col = 0;   // column slice (tensor parallelism); cols = 0: all
+  std::int64_t cols = 0;
   bool as_f32 = false;      // norms/biases: converted to f32
   std::size_t offset = 0;   // in the arena
   std::size_t bytes = 0;    // in the arena
@@ -252,23 +254,31 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
     return make_error(errc::invalid_argument,
                       "{}: shard heads [{}, {}) / FFN columns [{}, {}) are not inside [0, {}) / [0, {})",
                       f.name(), s.head_begin, s.head_end, s.ffn_begin, s.ffn_end, hp->n_head, hp->ffn);
-  if (s.head_begin != 0 || s.head_end != hp->n_head || s.ffn_begin != 0 || s.ffn_end != hp->ffn)
-    return make_error(errc::unsupported,
-                      "{}: tensor-parallel slices (heads [{}, {}), FFN [{}, {})) are not implemented "
-                      "yet; only layer ranges",
-                      f.name(), s.head_begin, s.head_end, s.ffn_begin, s.ffn_end);
-
+  const std::int64_t group = hp->n_head / hp->n_head_kv;
+  if (s.head_begin % group != 0 || s.head_end % group != 0)
+    return make_error(errc::invalid_argument,
+                      "{}: shard heads [{}, {}) must be whole GQA groups of {} query heads",
+                      f.name(), s.head_begin, s.head_end, group);
   std::unique_ptr<model> m(new model());
   m->hp_ = *hp;
   m->shard_ = s;
   m->name_ = f.name();
   const hparams& H = m->hp_;
+  m->local_ = H;
+  m->local_.n_head = s.head_end - s.head_begin;
+  m->local_.n_head_kv = m->local_.n_head / group;
+  m->local_.ffn = s.ffn_end - s.ffn_begin;
+  const hparams& LH = m->local_;
+  const bool tp = LH.n_head != H.n_head || LH.ffn != H.ffn;
 
   // 1. Find and check every tensor the shard needs, and lay it out in the arena.
   std::vector<placement> plan;
   std::size_t cursor = 0;
+  // Rows [row_b, row_b + row_n) and columns [col_b, col_b + col_n) of a [rows][cols] tensor
+  // (row_n / col_n = 0: all); for a vector the row range selects elements.
   auto place = [&](const std::string& name, std::int64_t cols, std::int64_t rows, bool as_f32,
-                   bool pack = false) -> result<std::size_t> {
+                   bool pack = false, std::int64_t row_b = 0, std::int64_t row_n = 0,
+                   std::int64_t col_b = 0, std::int64_t col_n = 0) -> result<std::size_t> {
     auto t = f.tensor(name);
     if (!t) return std::move(t).error();
     const gguf::tensor_info& ti = **t;
@@ -282,10 +292,25 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
                         f.name(), name, ti.dims[0], cols);
     placement pl;
     pl.info = &ti;
-    pl.rows = ti.rows();
+    pl.first_row = static_cast<std::uint64_t>(row_b);
+    pl.rows = row_n > 0 ? static_cast<std::uint64_t>(row_n) : ti.rows();
+    pl.first_col = col_b;
+    pl.cols = col_n;
     pl.as_f32 = as_f32;
-    pl.bytes = as_f32 ? static_cast<std::size_t>(ti.elements) * sizeof(float)
-                      : static_cast<std::size_t>(ti.size);
+    if (as_f32) {
+      pl.bytes = static_cast<std::size_t>(is_vector && row_n > 0 ? row_n : static_cast<std::int64_t>(ti.elements)) *
+                 sizeof(float);
+    } else {
+      const std::int64_t blk = block_elements(ti.type);
+      if (col_n > 0 && (col_b % blk != 0 || col_n % blk != 0))
+        return make_error(errc::unsupported,
+                          "{}: tensor {}: columns [{}, {}) of a shard do not fall on {}-element {} "
+                          "block boundaries",
+                          f.name(), name, col_b, col_b + col_n, blk, to_string(ti.type));
+      auto rb = row_bytes(ti.type, col_n > 0 ? col_n : static_cast<std::int64_t>(ti.dims[0]));
+      if (!rb) return make_error(errc::corrupt, "{}: tensor {}: {}", f.name(), name, rb.error().message);
+      pl.bytes = *rb * static_cast<std::size_t>(pl.rows);
+    }
     // `pack`: right after the previous tensor (no alignment gap) so the two can form one matrix.
     if (!pack) cursor = (cursor + 63) / 64 * 64;
     pl.offset = cursor;
@@ -293,9 +318,10 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
     plan.push_back(pl);
     return plan.size() - 1;
   };
-  auto optional_place = [&](const std::string& name, std::int64_t n) -> result<std::optional<std::size_t>> {
+  auto optional_place = [&](const std::string& name, std::int64_t n, std::int64_t b,
+                            std::int64_t count) -> result<std::optional<std::size_t>> {
     if (f.find_tensor(name) == nullptr) return std::optional<std::size_t>{};
-    auto r = place(name, n, 1, true);
+    auto r = place(name, n, 1, true, false, b, count);
     if (!r) return std::move(r).error();
     return std::optional<std::size_t>{*r};
   };
@@ -316,32 +342,40 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
     const std::string p = fmt::format("blk.{}.", il);
     layer_plan l{};
     auto get = [&](const char* suffix, std::int64_t cols, std::int64_t rows, bool f32,
-                   std::size_t& out, bool pack = false) -> result<void> {
-      auto r = place(p + suffix, cols, rows, f32, pack);
+                   std::size_t& out, bool pack = false, std::int64_t row_b = 0,
+                   std::int64_t row_n = 0, std::int64_t col_b = 0,
+                   std::int64_t col_n = 0) -> result<void> {
+      auto r = place(p + suffix, cols, rows, f32, pack, row_b, row_n, col_b, col_n);
       if (!r) return std::move(r).error();
       out = *r;
       return ok();
     };
     TESSERA_TRY(get("attn_norm.weight", H.dim, 1, true, l.attn_norm));
     // q, k, v adjacent (and gate, up adjacent): when their types agree they run as one mat-mul.
-    TESSERA_TRY(get("attn_q.weight", H.dim, H.q_dim(), false, l.wq));
-    TESSERA_TRY(get("attn_k.weight", H.dim, H.kv_dim(), false, l.wk, true));
-    TESSERA_TRY(get("attn_v.weight", H.dim, H.kv_dim(), false, l.wv, true));
-    TESSERA_TRY(get("attn_output.weight", H.q_dim(), H.dim, false, l.wo));
+    // A tensor-parallel shard takes the rows of its heads / FFN columns of q, k, v, gate, up and
+    // the matching columns of attn_output and ffn_down.
+    const std::int64_t hd = H.head_dim;
+    const std::int64_t kv_b = s.head_begin / group;
+    TESSERA_TRY(get("attn_q.weight", H.dim, H.q_dim(), false, l.wq, false, s.head_begin * hd, LH.q_dim()));
+    TESSERA_TRY(get("attn_k.weight", H.dim, H.kv_dim(), false, l.wk, true, kv_b * hd, LH.kv_dim()));
+    TESSERA_TRY(get("attn_v.weight", H.dim, H.kv_dim(), false, l.wv, true, kv_b * hd, LH.kv_dim()));
+    TESSERA_TRY(get("attn_output.weight", H.q_dim(), H.dim, false, l.wo, false, 0, 0,
+                    tp ? s.head_begin * hd : 0, tp ? LH.q_dim() : 0));
     TESSERA_TRY(get("ffn_norm.weight", H.dim, 1, true, l.ffn_norm));
-    TESSERA_TRY(get("ffn_gate.weight", H.dim, H.ffn, false, l.gate));
-    TESSERA_TRY(get("ffn_up.weight", H.dim, H.ffn, false, l.up, true));
-    TESSERA_TRY(get("ffn_down.weight", H.ffn, H.dim, false, l.down));
+    TESSERA_TRY(get("ffn_gate.weight", H.dim, H.ffn, false, l.gate, false, s.ffn_begin, LH.ffn));
+    TESSERA_TRY(get("ffn_up.weight", H.dim, H.ffn, false, l.up, true, s.ffn_begin, LH.ffn));
+    TESSERA_TRY(get("ffn_down.weight", H.ffn, H.dim, false, l.down, false, 0, 0,
+                    tp ? s.ffn_begin : 0, tp ? LH.ffn : 0));
     if (H.qk_norm) {
       TESSERA_TRY(get("attn_q_norm.weight", H.head_dim, 1, true, l.q_norm.emplace()));
       TESSERA_TRY(get("attn_k_norm.weight", H.head_dim, 1, true, l.k_norm.emplace()));
     }
     if (H.arch == architecture::qwen2) {
-      auto bq = optional_place(p + "attn_q.bias", H.q_dim());
+      auto bq = optional_place(p + "attn_q.bias", H.q_dim(), s.head_begin * hd, LH.q_dim());
       if (!bq) return std::move(bq).error();
-      auto bk = optional_place(p + "attn_k.bias", H.kv_dim());
+      auto bk = optional_place(p + "attn_k.bias", H.kv_dim(), kv_b * hd, LH.kv_dim());
       if (!bk) return std::move(bk).error();
-      auto bv = optional_place(p + "attn_v.bias", H.kv_dim());
+      auto bv = optional_place(p + "attn_v.bias", H.kv_dim(), kv_b * hd, LH.kv_dim());
       if (!bv) return std::move(bv).error();
       l.bq = *bq;
       l.bk = *bk;
@@ -378,33 +412,45 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
 #endif
 
   // 3. Fill it: straight from memory when the file is loaded, else pread of each tensor's bytes.
-  std::vector<float> conv;
+  std::vector<float> vec;
   for (const placement& pl : plan) {
     std::byte* dst = m->arena_ + pl.offset;
     const gguf::tensor_info& ti = *pl.info;
+    const bool vector_slice = pl.as_f32 && ti.dims.size() == 1;
+    // The rows to read (a vector is read whole and sliced after conversion).
+    const std::uint64_t r0 = vector_slice ? 0 : pl.first_row;
+    const std::uint64_t nr = vector_slice ? ti.rows() : pl.rows;
     const std::byte* src = nullptr;
     gguf::tensor_buffer buf;
     if (f.mode() == gguf::load_mode::headers_only) {
-      auto r = f.read_rows(ti, 0, ti.rows());
+      auto r = f.read_rows(ti, r0, nr);
       if (!r) return std::move(r).error();
       buf = std::move(*r);
       src = buf.bytes().data();
     } else {
       auto d = f.data(ti);
       if (!d) return std::move(d).error();
-      src = d->data();
+      src = d->data() + r0 * ti.row_size();
     }
     if (pl.as_f32) {
-      auto r = dequantize_row(ti.type, src, reinterpret_cast<float*>(dst),
-                              static_cast<std::int64_t>(ti.elements));
+      vec.resize(static_cast<std::size_t>(ti.elements));
+      auto r = dequantize_row(ti.type, src, vec.data(), static_cast<std::int64_t>(ti.elements));
       if (!r)
         return make_error(errc::corrupt, "{}: tensor {}: {}", f.name(), ti.name, r.error().message);
-      const float* v = reinterpret_cast<const float*>(dst);
-      for (std::uint64_t i = 0; i < ti.elements; ++i) {
-        if (!std::isfinite(v[i]))
+      const std::size_t first = vector_slice ? static_cast<std::size_t>(pl.first_row) : 0;
+      const std::size_t count = pl.bytes / sizeof(float);
+      for (std::size_t i = 0; i < count; ++i) {
+        if (!std::isfinite(vec[first + i]))
           return make_error(errc::corrupt, "{}: tensor {} holds a non-finite value at {}", f.name(),
-                            ti.name, i);
+                            ti.name, first + i);
       }
+      std::memcpy(dst, vec.data() + first, count * sizeof(float));
+    } else if (pl.cols > 0) {
+      // Column slice: the same byte range of every row (block aligned, checked when planned).
+      const std::size_t in_row = ti.row_size();
+      const std::size_t skip = *row_bytes(ti.type, pl.first_col);
+      const std::size_t take = *row_bytes(ti.type, pl.cols);
+      for (std::uint64_t r = 0; r < nr; ++r) std::memcpy(dst + r * take, src + r * in_row + skip, take);
     } else {
       std::memcpy(dst, src, pl.bytes);
     }
@@ -414,8 +460,8 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
     const placement& pl = plan[i];
     weight_view w;
     w.type = pl.info->type;
-    w.cols = static_cast<std::int64_t>(pl.info->dims[0]);
-    w.rows = static_cast<std::int64_t>(pl.info->rows());
+    w.cols = pl.cols > 0 ? pl.cols : static_cast<std::int64_t>(pl.info->dims[0]);
+    w.rows = static_cast<std::int64_t>(pl.rows);
     w.data = m->arena_ + pl.offset;
     w.row_stride_bytes = 0;
     return w;
@@ -468,7 +514,13 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
 context::~context() = default;
 
 result<std::unique_ptr<context>> context::create(const model& m, const context_options& opts) {
-  const hparams& H = m.params();
+  const hparams& H = m.local();
+  if (m.is_tensor_parallel() && !opts.reduce)
+    return make_error(errc::invalid_argument,
+                      "context: a tensor-parallel shard (heads [{}, {}), FFN [{}, {})) needs a "
+                      "reduce function",
+                      m.shard().head_begin, m.shard().head_end, m.shard().ffn_begin,
+                      m.shard().ffn_end);
   if (opts.n_ctx < 1 || opts.n_ctx > (std::int64_t{1} << 20))
     return make_error(errc::invalid_argument, "context: n_ctx {} is outside [1, {}]", opts.n_ctx,
                       std::int64_t{1} << 20);
@@ -477,6 +529,7 @@ result<std::unique_ptr<context>> context::create(const model& m, const context_o
                       opts.max_batch);
   std::unique_ptr<context> c(new context(m));
   c->pool_ = opts.pool;
+  if (m.is_tensor_parallel()) c->reduce_ = opts.reduce;
   c->n_ctx_ = opts.n_ctx;
   c->max_batch_ = std::min(opts.max_batch, opts.n_ctx);
   const auto B = static_cast<std::size_t>(c->max_batch_);
@@ -656,7 +709,7 @@ void context::per_token(std::int64_t n, Fn&& fn) {
 }
 
 result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
-  const hparams& H = m_->params();
+  const hparams& H = m_->local();
   const layer_weights& L = m_->layer(il);
   const std::int64_t dim = H.dim, qd = H.q_dim(), kvd = H.kv_dim(), hd = H.head_dim;
   float* x = x_.data();
@@ -756,6 +809,7 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
   lap(times_.attention_s);
 
   TESSERA_TRY(matmul(L.wo, att_.data(), n, tmp_.data(), pool_));
+  if (reduce_) TESSERA_TRY(reduce_(std::span<float>(tmp_.data(), static_cast<std::size_t>(n * dim))));
   lap(times_.wo_s);
 
   per_token(n, [&](std::int64_t t) {
@@ -789,6 +843,7 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
   }
   lap(times_.ffn_up_s);
   TESSERA_TRY(matmul(L.w_down, up_.data(), n, tmp_.data(), pool_));
+  if (reduce_) TESSERA_TRY(reduce_(std::span<float>(tmp_.data(), static_cast<std::size_t>(n * dim))));
   add(x, tmp_.data(), x, n * dim);
   lap(times_.ffn_down_s);
   return ok();

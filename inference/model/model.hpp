@@ -13,10 +13,14 @@
 // Only the bytes the shard owns are read from the file (pread of the tensors' byte ranges), so a
 // peer that serves layers 8..15 never touches the rest. The first shard owns the embedding, the
 // last the output norm and projection; a context of a middle shard takes and returns hidden states
-// (`eval_hidden`). Head/FFN slices are validated and recorded but rejected as `unsupported` for now.
+// (`eval_hidden`). A head/FFN-column slice holds the rows of q/k/v/gate/up and the columns of
+// attn_output/ffn_down for its heads (whole GQA groups) and FFN columns; its attention and FFN
+// outputs are partial sums, added up across the shards by a caller-supplied all-reduce
+// (context_options::reduce) before the residual: two synchronisations per layer.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -107,6 +111,14 @@ class model {
   model& operator=(const model&) = delete;
 
   [[nodiscard]] const hparams& params() const noexcept { return hp_; }
+  /// The shard's own view: n_head, n_head_kv and ffn of its slice (equal to params() unless the
+  /// shard is a tensor-parallel slice).
+  [[nodiscard]] const hparams& local() const noexcept { return local_; }
+  /// True when the shard holds a slice of heads or FFN columns: its attention output and FFN
+  /// output are partial sums that the shards must add up (context_options::reduce).
+  [[nodiscard]] bool is_tensor_parallel() const noexcept {
+    return local_.n_head != hp_.n_head || local_.ffn != hp_.ffn;
+  }
   [[nodiscard]] const shard_spec& shard() const noexcept { return shard_; }
   [[nodiscard]] bool has_embedding() const noexcept { return shard_.first_layer == 0; }
   [[nodiscard]] bool has_output() const noexcept { return shard_.last_layer == hp_.n_layer; }
@@ -131,6 +143,7 @@ class model {
   model() = default;
 
   hparams hp_;
+  hparams local_;
   shard_spec shard_;
   std::string name_;
   std::byte* arena_ = nullptr;
@@ -142,10 +155,16 @@ class model {
   const float* output_norm_ = nullptr;
 };
 
+/// Tensor parallelism: adds up, across the shards of a layer, the partial outputs `partial`
+/// ([n][dim] floats: this shard's attention projection or FFN down projection) in place — an
+/// all-reduce (sum). Called twice per layer, in the same order on every shard.
+using reduce_fn = std::function<result<void>(std::span<float> partial)>;
+
 struct context_options {
   std::int64_t n_ctx = 2048;      ///< KV cache positions (bounded; eval beyond is an error)
   std::int64_t max_batch = 256;   ///< tokens per internal forward step (prefill is chunked)
   thread_pool* pool = nullptr;    ///< compute threads (mat-muls, attention across heads)
+  reduce_fn reduce;               ///< required for tensor-parallel shards, unused otherwise
 };
 
 /// Which logits eval() writes.
@@ -205,6 +224,7 @@ class context {
 
   const model* m_;
   thread_pool* pool_ = nullptr;
+  reduce_fn reduce_;
   std::int64_t n_ctx_ = 0;
   std::int64_t max_batch_ = 0;
   std::int64_t pos_ = 0;

@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <filesystem>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -244,12 +247,18 @@ TEST(ModelLoad, ShardSpecsAreChecked) {
             std::string::npos);
   shard_spec tp;
   tp.head_begin = 0;
+  tp.head_end = 1;  // half a GQA group (4 heads over 2 KV heads)
+  EXPECT_NE(load_error(mf.path, {tp}).find("whole GQA groups of 2"), std::string::npos);
   tp.head_end = 2;
-  EXPECT_NE(load_error(mf.path, {tp}).find("tensor-parallel slices"), std::string::npos);
+  EXPECT_EQ(load_error(mf.path, {tp}), "loaded");
+  tp.ffn_begin = 16;  // not on a q8_0 block boundary of ffn_down's columns
+  tp.ffn_end = 64;
+  model_file q8(small("llama", tensor_type::q8_0), "shards_q8");
+  EXPECT_NE(load_error(q8.path, {tp}).find("block boundaries"), std::string::npos);
   EXPECT_EQ(load_error(mf.path, {shard_spec::layers(1, 2)}), "loaded");
 }
 
-TEST(Context, KvCacheFullIsAnErrorAndChangesNothing) {
+TEST(ModelContext, KvCacheFullIsAnErrorAndChangesNothing) {
   model_file mf(small(), "kv");
   auto f = open(mf.path);
   auto m = model::load(f);
@@ -280,7 +289,7 @@ TEST(Context, KvCacheFullIsAnErrorAndChangesNothing) {
   EXPECT_FALSE(context::create(**m, {0, 4, nullptr}));
 }
 
-TEST(Context, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
+TEST(ModelContext, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
   for (auto type : {tensor_type::f16, tensor_type::q8_0}) {
     for (const char* arch : {"llama", "qwen3"}) {
       model_file mf(small(arch, type), "inv");
@@ -314,7 +323,90 @@ TEST(Context, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
   }
 }
 
-TEST(Generator, StopsAtMaxTokensContextAndCallback) {
+// Two tensor-parallel shards (half the heads and half the FFN columns each) on two threads, their
+// partial outputs added by a small in-process all-reduce, give the full model's logits (up to the
+// order of the f32 additions, and for q8_0 the activation rounding that order can flip).
+TEST(ModelContext, TensorParallelShardsMatchTheFullModel) {
+  for (auto type : {tensor_type::f32, tensor_type::q8_0}) {
+    for (const char* arch : {"llama", "qwen3"}) {
+      model_file mf(small(arch, type), "tp");
+      auto f = open(mf.path);
+      auto full = model::load(f);
+      ASSERT_TRUE(full);
+      const std::vector<token_id> tokens = {1, 17, 300, 45, 599, 2, 88};
+      const auto want = run_logits(**full, tokens, 64, 1);
+      std::unique_ptr<model> shards[2];
+      for (int i = 0; i < 2; ++i) {
+        shard_spec s;
+        s.head_begin = 2 * i;
+        s.head_end = 2 * i + 2;
+        s.ffn_begin = 64 * i;
+        s.ffn_end = 64 * i + 64;
+        auto m = model::load(f, {s});
+        ASSERT_TRUE(m) << m.error().message;
+        EXPECT_TRUE((*m)->is_tensor_parallel());
+        EXPECT_EQ((*m)->local().n_head, 2);
+        EXPECT_EQ((*m)->local().ffn, 64);
+        shards[i] = std::move(*m);
+      }
+      EXPECT_FALSE(context::create(*shards[0], {64, 64, nullptr}));  // no reduce function
+      // A two-party all-reduce: both post their partials, both read the sum.
+      std::mutex mu;
+      std::condition_variable cv;
+      std::span<float> posted[2];
+      int arrived = 0, left = 0;
+      std::uint64_t round = 0;
+      auto reducer = [&](int me) {
+        return [&, me](std::span<float> part) -> result<void> {
+          std::unique_lock lk(mu);
+          cv.wait(lk, [&] { return left == 0; });  // the previous round is fully read
+          const std::uint64_t my_round = round;
+          posted[me] = part;
+          if (++arrived == 2) {
+            std::vector<float> sum(part.size());
+            for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = posted[0][i] + posted[1][i];
+            std::copy(sum.begin(), sum.end(), posted[0].begin());
+            std::copy(sum.begin(), sum.end(), posted[1].begin());
+            arrived = 0;
+            left = 2;
+            ++round;
+            cv.notify_all();
+          } else {
+            cv.wait(lk, [&] { return round != my_round; });
+          }
+          if (--left == 0) cv.notify_all();
+          return ok();
+        };
+      };
+      std::vector<float> got[2];
+      std::thread threads[2];
+      for (int i = 0; i < 2; ++i) {
+        threads[i] = std::thread([&, i] {
+          auto c = context::create(*shards[i], {64, 64, nullptr, reducer(i)});
+          ASSERT_TRUE(c);
+          got[i].resize(want.size());
+          auto r = (*c)->eval(tokens, logits_mode::all, got[i]);
+          EXPECT_TRUE(r) << r.error().message;
+        });
+      }
+      for (auto& t : threads) t.join();
+      EXPECT_EQ(got[0], got[1]);
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        num += (got[0][i] - want[i]) * (got[0][i] - want[i]);
+        den += want[i] * want[i];
+      }
+      // f32: only the order of additions differs. q8_0: those last-bit differences can flip the
+      // rounding of a quantized activation (one int8 level of a block), so the bound is that of
+      // activation quantization (compare_reference.py measures ~1e-2 against float64).
+      EXPECT_LT(std::sqrt(num / den), type == tensor_type::f32 ? 1e-5 : 1e-2)
+          << arch << " " << to_string(type);
+      EXPECT_LT(shards[0]->weight_bytes_total(), (*full)->weight_bytes_total());
+    }
+  }
+}
+
+TEST(ModelGenerator, StopsAtMaxTokensContextAndCallback) {
   model_file mf(small(), "gen");
   auto f = open(mf.path);
   auto tok = tokenizer::tokenizer::from_gguf(f);
@@ -362,7 +454,7 @@ TEST(Generator, StopsAtMaxTokensContextAndCallback) {
   }
 }
 
-TEST(Generator, SeededSamplingIsDeterministic) {
+TEST(ModelGenerator, SeededSamplingIsDeterministic) {
   model_file mf(small(), "seed");
   auto f = open(mf.path);
   auto m = model::load(f);

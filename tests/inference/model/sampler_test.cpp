@@ -40,13 +40,13 @@ std::map<std::int32_t, int> draw(sampler& s, const std::vector<float>& logits, i
   return counts;
 }
 
-TEST(Sampler, GreedyPicksTheFirstMaximum) {
+TEST(ModelSampler, GreedyPicksTheFirstMaximum) {
   sampler s(sampler_options::greedy());
   std::vector<float> l = {0.5f, 3.0f, -1.0f, 3.0f};
   EXPECT_EQ(s.sample(l, {}), 1);
 }
 
-TEST(Sampler, TopKKeepsOnlyTheKBest) {
+TEST(ModelSampler, TopKKeepsOnlyTheKBest) {
   auto o = plain();
   o.top_k = 2;
   sampler s(o);
@@ -58,7 +58,7 @@ TEST(Sampler, TopKKeepsOnlyTheKBest) {
   EXPECT_EQ(draw(one, from_probs({0.1, 0.4, 0.2, 0.3}), 100).size(), 1u);
 }
 
-TEST(Sampler, TopPKeepsTheNucleus) {
+TEST(ModelSampler, TopPKeepsTheNucleus) {
   auto o = plain();
   o.top_p = 0.7f;  // 0.5 < 0.7 <= 0.5 + 0.3: keeps two
   sampler s(o);
@@ -67,7 +67,7 @@ TEST(Sampler, TopPKeepsTheNucleus) {
   EXPECT_TRUE(counts.count(1) && counts.count(3));
 }
 
-TEST(Sampler, MinPDropsUnlikelyTokens) {
+TEST(ModelSampler, MinPDropsUnlikelyTokens) {
   auto o = plain();
   o.min_p = 0.25f;  // threshold 0.125: 0.05 goes
   sampler s(o);
@@ -76,7 +76,7 @@ TEST(Sampler, MinPDropsUnlikelyTokens) {
   EXPECT_FALSE(counts.count(0));
 }
 
-TEST(Sampler, TemperatureOneFollowsTheDistribution) {
+TEST(ModelSampler, TemperatureOneFollowsTheDistribution) {
   sampler s(plain());
   const std::vector<double> p = {0.1, 0.6, 0.3};
   const int n = 20000;
@@ -93,7 +93,7 @@ TEST(Sampler, TemperatureOneFollowsTheDistribution) {
   EXPECT_GT(flat.count(0) ? flat.at(0) : 0, 1500);
 }
 
-TEST(Sampler, RepetitionPenaltyWithinTheWindow) {
+TEST(ModelSampler, RepetitionPenaltyWithinTheWindow) {
   auto o = sampler_options::greedy();
   o.repeat_penalty = 1.5f;
   o.repeat_window = 2;
@@ -111,7 +111,7 @@ TEST(Sampler, RepetitionPenaltyWithinTheWindow) {
   EXPECT_EQ(s.sample(ids_out_of_range, std::vector<std::int32_t>{-3, 99}), 1);
 }
 
-TEST(Sampler, SameSeedSameTokens) {
+TEST(ModelSampler, SameSeedSameTokens) {
   const auto logits = from_probs({0.2, 0.2, 0.2, 0.2, 0.2});
   auto seq = [&](std::uint64_t seed) {
     auto o = plain();
@@ -134,7 +134,7 @@ TEST(Sampler, SameSeedSameTokens) {
   EXPECT_LT(a, 1.0);
 }
 
-TEST(Sampler, OptionsAreValidated) {
+TEST(ModelSampler, OptionsAreValidated) {
   EXPECT_TRUE(validate(sampler_options{}));
   auto o = sampler_options{};
   o.temperature = NAN;
