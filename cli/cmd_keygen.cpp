@@ -1,10 +1,90 @@
+// `tessera keygen`: a new random cluster secret (32 bytes from getrandom), written to a 0600 file
+// or printed. Nodes take it by --cluster-key FILE or TESSERA_CLUSTER_KEY (the secret or @file).
+#include <cstdio>
+#include <string>
+
 #include "cli/command.hpp"
+#include "transport/control/cluster_key.hpp"
 
 namespace tessera::cli {
+namespace {
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out + "\"";
+}
+
+struct keygen_options {
+  std::string output;
+  std::string format = "hex";
+  bool force = false;
+  bool json = false;
+};
+
+int run_keygen(const keygen_options& o) {
+  namespace tc = tessera::transport::control;
+  auto secret = tc::generate_cluster_secret();
+  if (!secret) {
+    std::fprintf(stderr, "tessera keygen: %s\n", secret.error().describe().c_str());
+    return 1;
+  }
+  auto keys = tc::derive_cluster_keys(*secret);
+  if (!keys) {
+    std::fprintf(stderr, "tessera keygen: %s\n", keys.error().describe().c_str());
+    return 1;
+  }
+  const auto fmt = o.format == "z85" ? tc::secret_format::z85 : tc::secret_format::hex;
+  const std::string text = tc::format_cluster_secret(*secret, fmt);
+  if (!o.output.empty()) {
+    auto w = tc::write_secret_file(o.output, text, o.force);
+    if (!w) {
+      std::fprintf(stderr, "tessera keygen: %s\n", w.error().describe().c_str());
+      return 1;
+    }
+    if (o.json) {
+      std::printf("{\"file\":%s,\"format\":\"%s\",\"cluster_id\":\"%s\"}\n",
+                  json_string(o.output).c_str(), o.format.c_str(), keys->cluster_id.c_str());
+    } else {
+      std::printf("wrote a new cluster secret to %s (mode 0600, cluster id %s)\n",
+                  o.output.c_str(), keys->cluster_id.c_str());
+    }
+    return 0;
+  }
+  if (o.json) {
+    std::printf("{\"secret\":\"%s\",\"format\":\"%s\",\"cluster_id\":\"%s\"}\n", text.c_str(),
+                o.format.c_str(), keys->cluster_id.c_str());
+  } else {
+    std::printf("%s\n", text.c_str());
+    std::fprintf(stderr, "cluster id %s; keep the secret private (key files must be mode 0600)\n",
+                 keys->cluster_id.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
 
 void register_keygen(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("keygen", "write a new cluster secret");
-  cmd->callback([&exit_code] { exit_code = not_yet("keygen", 3); });
+  auto opts = std::make_shared<keygen_options>();
+  cmd->add_option("-o,--output", opts->output, "write the secret to FILE (mode 0600) instead of stdout");
+  cmd->add_option("--format", opts->format, "hex (64 chars) or z85 (40 chars)")
+      ->check(CLI::IsMember({"hex", "z85"}))
+      ->capture_default_str();
+  cmd->add_flag("--force", opts->force, "replace FILE if it exists");
+  cmd->add_flag("--json", opts->json, "print a JSON object (file or secret, format, cluster id)");
+  cmd->callback([opts, &exit_code] { exit_code = run_keygen(*opts); });
 }
 
 }  // namespace tessera::cli

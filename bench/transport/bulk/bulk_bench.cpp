@@ -1,0 +1,458 @@
+// Bulk-plane benchmark, two processes (fork), each figure a ratio against its floor measured in
+// the same run, interleaved, median of --reps repetitions:
+//   * throughput 4 KiB .. 64 MiB: tcp backend vs a raw TCP socket stream (same 40-byte header per
+//     message, blocking send / recv MSG_WAITALL into one buffer); shm backend vs memcpy of the
+//     same size between two buffers in one process;
+//   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
+// Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
+//
+//   tessera_bulk_bench [--reps N] [--max-mib M]
+//
+// Buffers are memfd shared memory (bulk::allocate_buffer), touched before timing (warm-up writes),
+// so no page faults are timed.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transport/bulk/link.hpp"
+
+namespace bulk = tessera::transport::bulk;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "tessera_bulk_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+template <class T>
+T must(tessera::result<T> r, const char* what) {
+  if (!r) die(std::string(what) + ": " + r.error().describe());
+  return std::move(*r);
+}
+
+void must_ok(tessera::result<void> r, const char* what) {
+  if (!r) die(std::string(what) + ": " + r.error().describe());
+}
+
+struct pipe_pair {
+  int to_child[2];
+  int to_parent[2];
+};
+
+void write_blob(int fd, const std::vector<std::byte>& b) {
+  const std::uint32_t n = static_cast<std::uint32_t>(b.size());
+  if (::write(fd, &n, 4) != 4 || ::write(fd, b.data(), n) != static_cast<ssize_t>(n)) die("pipe");
+}
+
+std::vector<std::byte> read_blob(int fd) {
+  std::uint32_t n = 0;
+  if (::read(fd, &n, 4) != 4 || n > 4096) die("pipe read");
+  std::vector<std::byte> b(n);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd, b.data() + got, n - got);
+    if (r <= 0) die("pipe read");
+    got += static_cast<std::size_t>(r);
+  }
+  return b;
+}
+
+bulk::link_options bench_options() {
+  bulk::link_options o;
+  o.limits.max_outstanding = 256;
+  o.limits.max_received = 64;
+  o.limits.max_write_bytes = 1ull << 30;
+  return o;
+}
+
+// Both processes: exchange params over the pipes and connect.
+std::unique_ptr<bulk::link> connect_over_pipes(bulk::backend_kind kind, int out_fd, int in_fd) {
+  auto setup = must(bulk::prepare_link(kind, bench_options()), "prepare_link");
+  write_blob(out_fd, bulk::encode(setup->local_params()));
+  auto remote = must(bulk::decode_connect_params(read_blob(in_fd)), "decode params");
+  return must(setup->connect(remote), "connect");
+}
+
+// Takes completions one at a time so none of the wanted kind is dropped with a batch.
+bulk::completion wait_kind(bulk::link& l, bulk::completion_kind kind) {
+  bulk::completion c[1];
+  for (;;) {
+    auto n = must(l.wait(c, std::chrono::seconds(30)), "wait");
+    if (n == 0) die("timed out waiting for a completion");
+    for (std::size_t i = 0; i < n; ++i) {
+      if (c[i].kind == bulk::completion_kind::link_down) die("link down");
+      if (c[i].kind == kind) return std::move(c[i]);
+    }
+  }
+}
+
+// Child of a throughput trial: owns the target buffer; acks after the warm-up and after the run.
+[[noreturn]] void throughput_child(bulk::backend_kind kind, std::size_t size, int warm, int iters,
+                                   int in_fd, int out_fd) {
+  auto l = connect_over_pipes(kind, out_fd, in_fd);
+  auto buf = must(bulk::allocate_buffer(size), "allocate");
+  auto h = must(l->register_buffer(buf), "register");
+  const auto d = must(l->describe(h), "describe");
+  const std::vector<std::byte> desc{reinterpret_cast<const std::byte*>(&d),
+                                    reinterpret_cast<const std::byte*>(&d) + sizeof d};
+  must_ok(l->send(desc, 0), "send descriptor");
+  for (int phase : {warm, iters}) {
+    for (int i = 0; i < phase; ++i) (void)wait_kind(*l, bulk::completion_kind::write_received);
+    const std::byte ack[1] = {std::byte{1}};
+    must_ok(l->send(ack, 1), "ack");
+  }
+  (void)wait_kind(*l, bulk::completion_kind::send_received);  // the parent's bye
+  std::_Exit(0);
+}
+
+pid_t fork_child(pipe_pair& p) {
+  std::fflush(stdout);
+  if (::pipe(p.to_child) != 0 || ::pipe(p.to_parent) != 0) die("pipe");
+  const pid_t pid = ::fork();
+  if (pid < 0) die("fork");
+  return pid;
+}
+
+void close_parent_side(pipe_pair& p, pid_t pid) {
+  ::close(p.to_child[1]);
+  ::close(p.to_parent[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("peer process failed");
+}
+
+// GB/s of the bulk backend `kind` writing `size` bytes `iters` times into the other process.
+double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters) {
+  const int warm = 2;
+  pipe_pair p{};
+  const pid_t pid = fork_child(p);
+  if (pid == 0) {
+    ::close(p.to_child[1]);
+    ::close(p.to_parent[0]);
+    throughput_child(kind, size, warm, iters, p.to_child[0], p.to_parent[1]);
+  }
+  ::close(p.to_child[0]);
+  ::close(p.to_parent[1]);
+  double gbps = 0;
+  {
+    auto l = connect_over_pipes(kind, p.to_child[1], p.to_parent[0]);
+    auto src = must(bulk::allocate_buffer(size), "allocate");
+    std::memset(src.data(), 0x5a, src.size());
+    auto h = must(l->register_buffer(src), "register");
+    auto desc = wait_kind(*l, bulk::completion_kind::send_received);
+    bulk::remote_buffer remote;
+    std::memcpy(&remote, desc.data.data(), sizeof remote);
+    // The child's ack may arrive in any batch of completions we reap while posting.
+    int acks = 0;
+    auto reap = [&](std::size_t n, bulk::completion* c) {
+      for (std::size_t k = 0; k < n; ++k) {
+        if (c[k].kind == bulk::completion_kind::link_down) die("link down");
+        acks += c[k].kind == bulk::completion_kind::send_received;
+      }
+    };
+    auto run = [&](int n) {
+      const int want = acks + 1;
+      bulk::completion c[64];
+      for (int i = 0; i < n; ++i) {
+        for (;;) {
+          auto r = l->write_with_imm(h, 0, remote, 0, size, static_cast<std::uint32_t>(i), 0);
+          if (r) break;
+          if (r.error().code != tessera::errc::overloaded) die(r.error().describe());
+          reap(must(l->wait(c, std::chrono::milliseconds(1)), "wait"), c);
+        }
+        reap(l->poll(c), c);
+      }
+      while (acks < want) reap(must(l->wait(c, std::chrono::seconds(30)), "wait"), c);
+    };
+    run(warm);
+    const auto t0 = clock_type::now();
+    run(iters);
+    const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    gbps = static_cast<double>(size) * iters / s / 1e9;
+    const std::byte bye[1] = {std::byte{0}};
+    must_ok(l->send(bye, 2), "bye");
+    bulk::completion c[8];
+    (void)l->wait(c, std::chrono::seconds(5));
+  }
+  close_parent_side(p, pid);
+  return gbps;
+}
+
+// --- raw TCP floor ------------------------------------------------------------------------------
+
+int tcp_listen(std::uint16_t& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 1) != 0) die("listen");
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+int tcp_connect(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("connect");
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+void read_exact(int fd, void* p, std::size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, c, n, MSG_WAITALL);
+    if (r <= 0) die("raw tcp recv");
+    c += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+void write_exact(int fd, const void* header, std::size_t hn, const void* p, std::size_t n) {
+  struct iovec iov[2] = {{const_cast<void*>(header), hn}, {const_cast<void*>(p), n}};
+  int cnt = n > 0 ? 2 : 1;
+  struct iovec* v = iov;
+  while (cnt > 0) {
+    msghdr m{};
+    m.msg_iov = v;
+    m.msg_iovlen = static_cast<std::size_t>(cnt);
+    ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) die("raw tcp send");
+    while (cnt > 0 && static_cast<std::size_t>(w) >= v->iov_len) {
+      w -= static_cast<ssize_t>(v->iov_len);
+      ++v;
+      --cnt;
+    }
+    if (cnt > 0) {
+      v->iov_base = static_cast<char*>(v->iov_base) + w;
+      v->iov_len -= static_cast<std::size_t>(w);
+    }
+  }
+}
+
+double raw_tcp_throughput(std::size_t size, int iters) {
+  const int warm = 2;
+  std::uint16_t port = 0;
+  const int lfd = tcp_listen(port);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = tcp_connect(port);
+    auto buf = must(bulk::allocate_buffer(size), "allocate");
+    for (int phase : {warm, iters}) {
+      for (int i = 0; i < phase; ++i) {
+        char header[40];
+        read_exact(fd, header, sizeof header);
+        read_exact(fd, buf.data(), size);
+      }
+      const char ack = 1;
+      if (::send(fd, &ack, 1, 0) != 1) die("ack");
+    }
+    std::_Exit(0);
+  }
+  const int fd = ::accept(lfd, nullptr, nullptr);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto src = must(bulk::allocate_buffer(size), "allocate");
+  std::memset(src.data(), 0x5a, src.size());
+  auto run = [&](int n) {
+    char header[40] = {};
+    for (int i = 0; i < n; ++i) write_exact(fd, header, sizeof header, src.data(), size);
+    char ack = 0;
+    read_exact(fd, &ack, 1);
+  };
+  run(warm);
+  const auto t0 = clock_type::now();
+  run(iters);
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  ::close(fd);
+  ::close(lfd);
+  ::waitpid(pid, nullptr, 0);
+  return static_cast<double>(size) * iters / s / 1e9;
+}
+
+double memcpy_throughput(std::size_t size, int iters) {
+  auto src = must(bulk::allocate_buffer(size), "allocate");
+  auto dst = must(bulk::allocate_buffer(size), "allocate");
+  std::memset(src.data(), 0x5a, src.size());
+  for (int i = 0; i < 2; ++i) std::memcpy(dst.data(), src.data(), size);
+  const auto t0 = clock_type::now();
+  for (int i = 0; i < iters; ++i) {
+    std::memcpy(dst.data(), src.data(), size);
+    asm volatile("" : : "r"(dst.data()) : "memory");
+  }
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return static_cast<double>(size) * iters / s / 1e9;
+}
+
+// --- latency ------------------------------------------------------------------------------------
+
+struct latency {
+  double p50_us;
+  double p99_us;
+};
+
+latency summarize(std::vector<double>& us) {
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us[us.size() * 99 / 100]};
+}
+
+latency backend_rtt(bulk::backend_kind kind, int rounds) {
+  pipe_pair p{};
+  const pid_t pid = fork_child(p);
+  const int warm = 200;
+  if (pid == 0) {
+    ::close(p.to_child[1]);
+    ::close(p.to_parent[0]);
+    auto l = connect_over_pipes(kind, p.to_parent[1], p.to_child[0]);
+    bulk::completion c[8];
+    for (int i = 0; i < warm + rounds;) {
+      auto n = must(l->wait(c, std::chrono::seconds(30)), "wait");
+      if (n == 0) die("echo timeout");
+      for (std::size_t k = 0; k < n; ++k) {
+        if (c[k].kind == bulk::completion_kind::send_received) {
+          must_ok(l->send(c[k].data, 0), "echo");
+          ++i;
+        }
+      }
+    }
+    (void)wait_kind(*l, bulk::completion_kind::send_received);
+    std::_Exit(0);
+  }
+  ::close(p.to_child[0]);
+  ::close(p.to_parent[1]);
+  std::vector<double> us;
+  {
+    auto l = connect_over_pipes(kind, p.to_child[1], p.to_parent[0]);
+    std::vector<std::byte> m(64, std::byte{7});
+    for (int i = 0; i < warm + rounds; ++i) {
+      const auto t0 = clock_type::now();
+      must_ok(l->send(m, 0), "ping");
+      (void)wait_kind(*l, bulk::completion_kind::send_received);
+      if (i >= warm) {
+        us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+      }
+      bulk::completion c[8];
+      (void)l->poll(c);
+    }
+    must_ok(l->send(m, 1), "bye");
+    bulk::completion c[8];
+    (void)l->wait(c, std::chrono::seconds(5));
+  }
+  close_parent_side(p, pid);
+  return summarize(us);
+}
+
+latency raw_tcp_rtt(int rounds) {
+  std::uint16_t port = 0;
+  const int lfd = tcp_listen(port);
+  const int warm = 200;
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = tcp_connect(port);
+    char buf[64];
+    for (int i = 0; i < warm + rounds; ++i) {
+      read_exact(fd, buf, sizeof buf);
+      if (::send(fd, buf, sizeof buf, 0) != sizeof buf) die("echo");
+    }
+    std::_Exit(0);
+  }
+  const int fd = ::accept(lfd, nullptr, nullptr);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::vector<double> us;
+  char buf[64] = {};
+  for (int i = 0; i < warm + rounds; ++i) {
+    const auto t0 = clock_type::now();
+    if (::send(fd, buf, sizeof buf, 0) != sizeof buf) die("ping");
+    read_exact(fd, buf, sizeof buf);
+    if (i >= warm) {
+      us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    }
+  }
+  ::close(fd);
+  ::close(lfd);
+  ::waitpid(pid, nullptr, 0);
+  return summarize(us);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double best(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 7;
+  std::size_t max_mib = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--reps") reps = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--max-mib") max_mib = static_cast<std::size_t>(std::max(0, std::atoi(argv[i + 1])));
+    else die("usage: tessera_bulk_bench [--reps N] [--max-mib M]");
+  }
+  std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
+              "brackets), GB/s\n\n",
+              reps);
+  std::printf("| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (std::size_t size = 4096; size <= max_mib << 20; size *= 4) {
+    // About 256 MiB per measurement (at least 4 messages, at most 20000).
+    const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 20000));
+    std::vector<double> tcp, raw, shm, mem;
+    for (int r = 0; r < reps; ++r) {
+      tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
+      raw.push_back(raw_tcp_throughput(size, iters));
+      shm.push_back(backend_throughput(bulk::backend_kind::shm, size, iters));
+      mem.push_back(memcpy_throughput(size, iters));
+    }
+    const std::string label =
+        size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
+    std::printf("| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2f (%.2f) | %.2fx |\n",
+                label.c_str(), median(tcp), best(tcp), median(raw), best(raw),
+                median(tcp) / median(raw), median(shm), best(shm), median(mem), best(mem),
+                median(shm) / median(mem));
+    std::fflush(stdout);
+  }
+  std::printf("\nRound trip of a 64-byte send, two processes, 2000 rounds per repetition, median "
+              "of per-repetition p50 (p99 in brackets), us\n\n");
+  std::printf("| tcp backend | raw TCP | tcp/raw | shm backend |\n|---|---|---|---|\n");
+  std::vector<double> t50, t99, r50, r99, s50, s99;
+  for (int r = 0; r < reps; ++r) {
+    auto t = backend_rtt(bulk::backend_kind::tcp, 2000);
+    auto w = raw_tcp_rtt(2000);
+    auto s = backend_rtt(bulk::backend_kind::shm, 2000);
+    t50.push_back(t.p50_us);
+    t99.push_back(t.p99_us);
+    r50.push_back(w.p50_us);
+    r99.push_back(w.p99_us);
+    s50.push_back(s.p50_us);
+    s99.push_back(s.p99_us);
+  }
+  std::printf("| %.1f (%.1f) | %.1f (%.1f) | %.2fx | %.2f (%.1f) |\n", median(t50), median(t99),
+              median(r50), median(r99), median(t50) / median(r50), median(s50), median(s99));
+  return 0;
+}

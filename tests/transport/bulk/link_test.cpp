@@ -1,0 +1,171 @@
+// Backend-independent parts of the bulk plane: params encoding, backend choice, shared buffers,
+// and backend-specific refusals that the conformance suite cannot phrase generically.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "transport/bulk/link.hpp"
+
+namespace {
+
+using namespace tessera;
+using namespace tessera::transport::bulk;
+namespace bulk = tessera::transport::bulk;
+
+TEST(connect_params, malformed_bytes_are_rejected_as_corrupt) {
+  const std::vector<std::byte> junk = {std::byte{0xc1}, std::byte{0xff}, std::byte{0x00}};
+  auto r = decode_connect_params(junk);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::corrupt) << r.error().describe();
+  auto empty = decode_connect_params({});
+  ASSERT_FALSE(empty);
+}
+
+TEST(connect_params, truncated_bytes_are_rejected) {
+  connect_params p;
+  p.backend = 1;
+  p.address = "10.0.0.1";
+  auto bytes = encode(p);
+  for (std::size_t n = 0; n < bytes.size(); n += 3) {
+    auto r = decode_connect_params(std::span(bytes).first(n));
+    EXPECT_FALSE(r) << "prefix of " << n << " bytes decoded";
+  }
+}
+
+TEST(connect_params, oversized_input_is_rejected_before_parsing) {
+  std::vector<std::byte> big(5000, std::byte{0x90});
+  auto r = decode_connect_params(big);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::corrupt);
+}
+
+TEST(connect_params, wrong_version_unknown_backend_and_bad_gid_are_rejected) {
+  connect_params p;
+  p.backend = 1;
+  p.version = 99;
+  auto v = decode_connect_params(encode(p));
+  ASSERT_FALSE(v);
+  EXPECT_EQ(v.error().code, errc::unsupported);
+  p.version = connect_params::current_version;
+  p.backend = 9;
+  auto b = decode_connect_params(encode(p));
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code, errc::corrupt);
+  p.backend = 3;
+  p.gid = {1, 2, 3};
+  auto g = decode_connect_params(encode(p));
+  ASSERT_FALSE(g);
+  EXPECT_EQ(g.error().code, errc::corrupt);
+}
+
+TEST(connect_params, round_trip_keeps_every_field) {
+  connect_params p;
+  p.backend = 3;
+  p.host_id = "boot-id";
+  p.nonce = 0x1234567890abcdefull;
+  p.address = "fe80::1";
+  p.port = 4711;
+  p.pid = 42;
+  p.shm_name = "/proc/42/fd/7";
+  p.qpn = 0x11;
+  p.psn = 0x22;
+  p.gid = std::vector<std::uint8_t>(16, 0xab);
+  p.lid = 3;
+  p.mtu = 4;
+  auto r = decode_connect_params(encode(p));
+  ASSERT_TRUE(r) << r.error().describe();
+  EXPECT_EQ(*r, p);
+}
+
+TEST(backend_choice, rdma_needs_both_ends_then_shm_needs_one_host_else_tcp) {
+  local_capabilities a{"host-a", true}, b{"host-b", true}, a2{"host-a", false};
+  EXPECT_EQ(choose_backend(a, b), backend_kind::rdma);
+  EXPECT_EQ(choose_backend(a, b, std::nullopt, true), backend_kind::tcp);
+  EXPECT_EQ(choose_backend(a, a2), backend_kind::shm);
+  EXPECT_EQ(choose_backend(a2, a), backend_kind::shm);
+  EXPECT_EQ(choose_backend(a2, local_capabilities{"host-b", false}), backend_kind::tcp);
+  EXPECT_EQ(choose_backend(a, b, backend_kind::tcp), backend_kind::tcp);
+  EXPECT_EQ(choose_backend(local_capabilities{"", false}, local_capabilities{"", false}),
+            backend_kind::tcp);
+}
+
+TEST(backend_choice, names_parse_and_unknown_names_are_refused) {
+  EXPECT_EQ(*parse_backend("shm"), backend_kind::shm);
+  auto bad = parse_backend("infiniband");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("infiniband"), std::string::npos);
+}
+
+TEST(shared_buffer, zero_size_is_refused_and_sizes_round_to_pages) {
+  auto z = allocate_buffer(0);
+  ASSERT_FALSE(z);
+  EXPECT_EQ(z.error().code, errc::invalid_argument);
+  auto b = allocate_buffer(10);
+  ASSERT_TRUE(b);
+  EXPECT_GE(b->size(), 10u);
+  EXPECT_EQ(b->size() % 4096, 0u);
+  EXPECT_EQ(b->data()[9], std::byte{0});
+  shared_buffer moved = std::move(*b);
+  EXPECT_EQ(b->data(), nullptr);
+  EXPECT_NE(moved.data(), nullptr);
+}
+
+TEST(prepare_link, zero_limits_are_refused) {
+  link_options o;
+  o.limits.max_outstanding = 0;
+  auto s = prepare_link(backend_kind::tcp, o);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, errc::invalid_argument);
+}
+
+TEST(tcp_backend, a_bind_address_that_is_not_numeric_is_refused) {
+  link_options o;
+  o.bind_address = "localhost.example";
+  auto s = prepare_link(backend_kind::tcp, o);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("localhost.example"), std::string::npos);
+}
+
+TEST(shm_backend, a_peer_on_another_host_is_refused) {
+  auto s = prepare_link(backend_kind::shm, link_options{});
+  ASSERT_TRUE(s);
+  connect_params remote = (*s)->local_params();
+  remote.host_id = "some-other-host";
+  remote.nonce ^= 1;
+  auto l = (*s)->connect(remote);
+  ASSERT_FALSE(l);
+  EXPECT_EQ(l.error().code, errc::invalid_argument) << l.error().describe();
+}
+
+TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
+  auto sa = prepare_link(backend_kind::shm, link_options{});
+  auto sb = prepare_link(backend_kind::shm, link_options{});
+  ASSERT_TRUE(sa && sb);
+  result<std::unique_ptr<bulk::link>> lb = error{};
+  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
+  auto la = (*sa)->connect((*sb)->local_params());
+  t.join();
+  ASSERT_TRUE(la && lb);
+  std::vector<std::byte> priv(4096, std::byte{5});
+  auto h = (*la)->register_buffer(priv.data(), priv.size());
+  ASSERT_TRUE(h);
+  auto d = (*la)->describe(*h);
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().code, errc::unsupported);
+  EXPECT_NE(d.error().message.find("allocate_buffer"), std::string::npos);
+  // ... and as a source it works.
+  auto target = allocate_buffer(4096);
+  ASSERT_TRUE(target);
+  auto th = (*lb)->register_buffer(*target);
+  ASSERT_TRUE(th);
+  auto remote = (*lb)->describe(*th);
+  ASSERT_TRUE(remote);
+  ASSERT_TRUE((*la)->write_with_imm(*h, 0, *remote, 0, 4096, 1, 1));
+  completion c[1];
+  std::size_t n = 0;
+  while (n == 0) n = *(*lb)->wait(c, std::chrono::seconds(1));
+  EXPECT_EQ(c[0].kind, completion_kind::write_received);
+  EXPECT_EQ(target->data()[4095], std::byte{5});
+}
+
+}  // namespace

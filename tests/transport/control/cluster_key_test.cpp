@@ -1,0 +1,150 @@
+// Cluster secret: parsing, files, environment, and deterministic key derivation.
+#include "transport/control/cluster_key.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <sodium.h>
+
+namespace tessera::transport::control {
+namespace {
+
+namespace fs = std::filesystem;
+
+class temp_dir {
+ public:
+  temp_dir() {
+    char tmpl[] = "/tmp/tessera-key-test-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~temp_dir() { fs::remove_all(path_); }
+  [[nodiscard]] std::string file(const char* name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+cluster_secret fixed_secret(std::uint8_t fill) {
+  cluster_secret s;
+  for (std::size_t i = 0; i < s.bytes.size(); ++i) s.bytes[i] = static_cast<std::uint8_t>(fill + i);
+  return s;
+}
+
+TEST(cluster_key_test, malformed_secrets_are_refused_without_echoing_them) {
+  auto r = parse_cluster_secret("abc", "test");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::invalid_argument);
+  EXPECT_NE(r.error().message.find("found 3 characters"), std::string::npos);
+  std::string bad_hex(64, 'a');
+  bad_hex[10] = 'g';
+  r = parse_cluster_secret(bad_hex, "test");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("position 10"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().message.find(bad_hex), std::string::npos);
+  r = parse_cluster_secret(std::string(40, '~'), "test");  // '~' is not in the z85 alphabet
+  ASSERT_FALSE(r.has_value());
+}
+
+TEST(cluster_key_test, hex_and_z85_forms_round_trip) {
+  auto s = fixed_secret(3);
+  for (auto f : {secret_format::hex, secret_format::z85}) {
+    auto text = format_cluster_secret(s, f);
+    EXPECT_EQ(text.size(), f == secret_format::hex ? 64u : 40u);
+    auto back = parse_cluster_secret("  " + text + "\n", "test");
+    ASSERT_TRUE(back.has_value()) << back.error().describe();
+    EXPECT_EQ(back->bytes, s.bytes);
+  }
+}
+
+TEST(cluster_key_test, files_readable_by_others_are_refused) {
+  temp_dir dir;
+  const auto path = dir.file("key");
+  auto text = format_cluster_secret(fixed_secret(1), secret_format::hex);
+  ASSERT_TRUE(write_secret_file(path, text, false).has_value());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto r = read_cluster_secret_file(path);
+  ASSERT_TRUE(r.has_value()) << r.error().describe();
+  EXPECT_EQ(r->bytes, fixed_secret(1).bytes);
+  ::chmod(path.c_str(), 0644);
+  r = read_cluster_secret_file(path);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::unauthorized);
+  EXPECT_NE(r.error().message.find("chmod 600"), std::string::npos);
+  // No silent overwrite; --force (overwrite) also tightens the mode back to 0600.
+  auto w = write_secret_file(path, text, false);
+  ASSERT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message.find("exists"), std::string::npos);
+  ASSERT_TRUE(write_secret_file(path, text, true).has_value());
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_FALSE(read_cluster_secret_file(dir.file("missing")).has_value());
+}
+
+TEST(cluster_key_test, environment_takes_the_secret_or_a_file) {
+  temp_dir dir;
+  ::unsetenv(kClusterKeyEnv);
+  auto r = load_cluster_secret(std::nullopt);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::not_found);
+  auto text = format_cluster_secret(fixed_secret(9), secret_format::z85);
+  ::setenv(kClusterKeyEnv, text.c_str(), 1);
+  r = load_cluster_secret(std::nullopt);
+  ASSERT_TRUE(r.has_value()) << r.error().describe();
+  EXPECT_EQ(r->bytes, fixed_secret(9).bytes);
+  const auto path = dir.file("k");
+  ASSERT_TRUE(write_secret_file(path, format_cluster_secret(fixed_secret(5), secret_format::hex),
+                                false)
+                  .has_value());
+  ::setenv(kClusterKeyEnv, ("@" + path).c_str(), 1);
+  r = load_cluster_secret(std::nullopt);
+  ASSERT_TRUE(r.has_value()) << r.error().describe();
+  EXPECT_EQ(r->bytes, fixed_secret(5).bytes);
+  // An explicit file wins over the environment.
+  const auto path2 = dir.file("k2");
+  ASSERT_TRUE(write_secret_file(path2, format_cluster_secret(fixed_secret(6), secret_format::hex),
+                                false)
+                  .has_value());
+  r = load_cluster_secret(path2);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->bytes, fixed_secret(6).bytes);
+  ::unsetenv(kClusterKeyEnv);
+}
+
+TEST(cluster_key_test, derivation_is_deterministic_and_separates_clusters) {
+  auto a1 = derive_cluster_keys(fixed_secret(1));
+  auto a2 = derive_cluster_keys(fixed_secret(1));
+  auto b = derive_cluster_keys(fixed_secret(2));
+  ASSERT_TRUE(a1.has_value() && a2.has_value() && b.has_value());
+  EXPECT_EQ(a1->cluster_id, a2->cluster_id);
+  EXPECT_EQ(a1->server.public_key, a2->server.public_key);
+  EXPECT_EQ(a1->client.secret_key, a2->client.secret_key);
+  EXPECT_EQ(a1->cluster_id.size(), 32u);
+  EXPECT_NE(a1->cluster_id, b->cluster_id);
+  EXPECT_NE(a1->server.public_key, b->server.public_key);
+  EXPECT_NE(a1->client.public_key, b->client.public_key);
+  EXPECT_NE(a1->server.secret_key, a1->client.secret_key);
+  // The public keys really belong to the secret keys.
+  std::array<std::uint8_t, 32> pk{};
+  ASSERT_EQ(crypto_scalarmult_base(pk.data(), a1->server.secret_key.data()), 0);
+  EXPECT_EQ(pk, a1->server.public_key);
+  // The cluster id (public) is not the secret nor a prefix of its text forms.
+  auto hex = format_cluster_secret(fixed_secret(1), secret_format::hex);
+  EXPECT_EQ(hex.find(a1->cluster_id), std::string::npos);
+}
+
+TEST(cluster_key_test, generated_secrets_differ) {
+  auto a = generate_cluster_secret();
+  auto b = generate_cluster_secret();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_NE(a->bytes, b->bytes);
+}
+
+}  // namespace
+}  // namespace tessera::transport::control

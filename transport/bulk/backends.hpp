@@ -1,0 +1,21 @@
+// Entry points of the individual backends, called by prepare_link() (link.cpp). Not for use
+// outside transport/bulk: code above the bulk plane calls prepare_link().
+//
+// The rdma backend lives in rdma*.cpp; transport/bulk/CMakeLists.txt compiles those files when
+// rdma.cpp exists and then defines TESSERA_BULK_HAVE_RDMA, which makes prepare_link() and
+// probe_capabilities() call the two rdma functions below.
+#pragma once
+
+#include <memory>
+
+#include "transport/bulk/link.hpp"
+
+namespace tessera::transport::bulk::detail {
+
+[[nodiscard]] result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options);
+[[nodiscard]] result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options);
+[[nodiscard]] result<std::unique_ptr<link_setup>> prepare_rdma_link(const link_options& options);
+/// True when an RDMA device with an active port is present (rdma.cpp).
+[[nodiscard]] bool rdma_device_available();
+
+}  // namespace tessera::transport::bulk::detail

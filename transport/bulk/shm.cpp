@@ -1,0 +1,646 @@
+// shm backend: two processes on one host.
+//
+// Each side owns an *inbox*: a memfd holding a header, a registration table and a single-producer
+// single-consumer ring of fixed slots. The peer maps it through /proc/<pid>/fd/<n> and is its only
+// producer. A write_with_imm() copies straight from the source into the peer's registered
+// shared_buffer (also mapped through /proc/<pid>/fd/<n>: one memcpy, as RDMA does one DMA) and
+// then publishes a slot {imm, bytes}; a send() copies its bytes into the slot. The consumer polls
+// the ring; wait() spins, then sleeps on a futex in the inbox that the producer rings only when
+// the consumer said it is asleep, so the fast path has no system call.
+//
+//   inbox: | header | reg_entry[max_buffers] | slot[depth] (16-byte head + slot_payload bytes) |
+//
+// Liveness: a pidfd of the peer (readable once it exits) is checked whenever the ring is empty
+// (at most once per millisecond in poll(), every 10 ms slice in wait()); a peer that closes sets
+// `closed` in our header. Either takes the link down after the slots already published.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "transport/bulk/backends.hpp"
+#include "transport/bulk/completion_queue.hpp"
+
+namespace tessera::transport::bulk::detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+constexpr std::uint32_t inbox_magic = 0x54425348;  // "TBSH"
+constexpr std::uint32_t slot_write = 1;
+constexpr std::uint32_t slot_send = 2;
+
+struct inbox_header {
+  std::uint32_t magic;
+  std::uint32_t version;
+  std::uint64_t owner_nonce;
+  std::uint32_t depth;         // slots in the ring
+  std::uint32_t slot_payload;  // bytes per slot (the owner's max_send_bytes)
+  std::uint32_t max_buffers;   // entries in the registration table
+  std::uint32_t pad0;
+  std::atomic<std::uint64_t> attached_nonce;  // the producer's nonce once it mapped us
+  std::atomic<std::uint32_t> closed;          // set by the producer when it closes its end
+  std::atomic<std::uint32_t> sleeping;        // consumer is (about to be) in futex_wait
+  std::atomic<std::uint32_t> doorbell;        // futex word
+  alignas(64) std::atomic<std::uint64_t> head;  // written by the producer
+  alignas(64) std::atomic<std::uint64_t> tail;  // written by the consumer
+  alignas(64) char end[1];
+};
+
+struct reg_entry {
+  std::atomic<std::uint32_t> rkey;  // 0 = not a write target
+  std::int32_t fd;                  // the shared_buffer's memfd in the owner's process
+  std::uint64_t size;
+};
+
+struct slot_head {
+  std::uint32_t kind;
+  std::uint32_t imm;
+  std::uint64_t bytes;
+};
+
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+std::size_t table_offset() { return offsetof(inbox_header, end); }
+std::size_t slot_stride(std::uint32_t payload) { return (sizeof(slot_head) + payload + 63) / 64 * 64; }
+std::size_t inbox_bytes(std::uint32_t depth, std::uint32_t payload, std::uint32_t buffers) {
+  const std::size_t slots = (table_offset() + buffers * sizeof(reg_entry) + 63) / 64 * 64;
+  return slots + depth * slot_stride(payload);
+}
+
+struct inbox_view {
+  std::byte* base = nullptr;
+  std::size_t size = 0;
+  inbox_header* header() const { return reinterpret_cast<inbox_header*>(base); }
+  reg_entry* table() const { return reinterpret_cast<reg_entry*>(base + table_offset()); }
+  std::byte* slot(std::uint64_t index) const {
+    const inbox_header* h = header();
+    const std::size_t first =
+        (table_offset() + h->max_buffers * sizeof(reg_entry) + 63) / 64 * 64;
+    return base + first + (index % h->depth) * slot_stride(h->slot_payload);
+  }
+};
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* ts) {
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, ts, nullptr, 0);
+}
+
+std::uint64_t random_u64() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+error sys_error(errc code, std::string_view what) {
+  return make_error(code, "bulk shm: {}: {}", what, std::strerror(errno));
+}
+
+// Maps /proc/<pid>/fd/<fd>-style paths.
+result<inbox_view> map_path(const std::string& path, std::size_t expect_min) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return sys_error(errc::io, fmt::format("open {}", path));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < expect_min) {
+    ::close(fd);
+    return make_error(errc::protocol, "bulk shm: {} is smaller than expected ({} bytes)", path,
+                      expect_min);
+  }
+  void* p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return sys_error(errc::io, fmt::format("mmap {}", path));
+  return inbox_view{static_cast<std::byte*>(p), static_cast<std::size_t>(st.st_size)};
+}
+
+struct local_registration {
+  std::byte* addr = nullptr;
+  std::uint64_t size = 0;
+  bool shared = false;  // a write target the peer can map
+  bool used = false;
+};
+
+struct peer_mapping {
+  std::uint32_t rkey = 0;
+  std::byte* addr = nullptr;
+  std::size_t size = 0;
+};
+
+class shm_link final : public link {
+ public:
+  shm_link(inbox_view own, int own_fd, inbox_view peer, int peer_pidfd, std::int32_t peer_pid,
+           const link_options& options)
+      : own_(own),
+        own_fd_(own_fd),
+        peer_(peer),
+        peer_pidfd_(peer_pidfd),
+        peer_pid_(peer_pid),
+        options_(options),
+        local_(options.limits.max_received, options.limits.max_outstanding, options.spin_us),
+        regs_(options.limits.max_buffers),
+        peer_maps_(peer.header()->max_buffers) {}
+
+  ~shm_link() override {
+    close();
+    for (auto& m : peer_maps_) {
+      if (m.addr != nullptr) ::munmap(m.addr, m.size);
+    }
+    ::munmap(peer_.base, peer_.size);
+    ::munmap(own_.base, own_.size);
+    ::close(own_fd_);
+    ::close(peer_pidfd_);
+  }
+
+  backend_kind kind() const noexcept override { return backend_kind::shm; }
+  const link_limits& limits() const noexcept override { return options_.limits; }
+
+  result<buffer_handle> register_buffer(void* addr, std::size_t size) override {
+    return add_registration(static_cast<std::byte*>(addr), size, -1);
+  }
+
+  result<buffer_handle> register_buffer(const shared_buffer& buffer) override {
+    return add_registration(buffer.data(), buffer.size(), buffer.fd());
+  }
+
+  result<void> deregister_buffer(buffer_handle handle) override {
+    std::lock_guard lock(regs_mutex_);
+    TESSERA_TRY(lookup_locked(handle));
+    own_.table()[handle.id - 1].rkey.store(0, std::memory_order_release);
+    regs_[handle.id - 1] = local_registration{};
+    return ok();
+  }
+
+  result<remote_buffer> describe(buffer_handle handle) const override {
+    std::lock_guard lock(regs_mutex_);
+    auto reg = lookup_locked(handle);
+    if (!reg) return std::move(reg).error();
+    if (!reg->shared) {
+      return make_error(errc::unsupported,
+                        "bulk shm: buffer {} is private memory; a write target must come from "
+                        "bulk::allocate_buffer()",
+                        handle.id);
+    }
+    const reg_entry& e = own_.table()[handle.id - 1];
+    return remote_buffer{handle.id, static_cast<std::uint64_t>(e.fd),
+                         e.rkey.load(std::memory_order_relaxed), e.size};
+  }
+
+  result<void> write_with_imm(buffer_handle local, std::uint64_t local_offset,
+                              const remote_buffer& remote, std::uint64_t remote_offset,
+                              std::uint64_t bytes, std::uint32_t imm,
+                              std::uint64_t wr_id) override {
+    local_registration src;
+    {
+      std::lock_guard lock(regs_mutex_);
+      auto reg = lookup_locked(local);
+      if (!reg) return std::move(reg).error();
+      src = *reg;
+    }
+    if (bytes > options_.limits.max_write_bytes) {
+      return make_error(errc::invalid_argument, "write_with_imm: {} bytes exceeds the limit of {}",
+                        bytes, options_.limits.max_write_bytes);
+    }
+    if (local_offset > src.size || bytes > src.size - local_offset) {
+      return make_error(errc::invalid_argument,
+                        "write_with_imm: source range [{}, +{}) outside local buffer {} of {} bytes",
+                        local_offset, bytes, local.id, src.size);
+    }
+    if (remote_offset > remote.size || bytes > remote.size - remote_offset) {
+      return make_error(errc::invalid_argument,
+                        "write_with_imm: target range [{}, +{}) outside remote buffer {} of {} bytes",
+                        remote_offset, bytes, remote.id, remote.size);
+    }
+    TESSERA_TRY(local_.reserve_local());
+    std::lock_guard lock(post_mutex_);
+    auto target = map_target(remote);
+    if (!target) {
+      local_.cancel_local();
+      fail(target.error());
+      return std::move(target).error();
+    }
+    auto slot = claim_slot();
+    if (!slot) {
+      local_.cancel_local();
+      return std::move(slot).error();
+    }
+    if (bytes > 0) std::memcpy(*target + remote_offset, src.addr + local_offset, bytes);
+    publish(*slot, slot_write, imm, bytes);
+    finish_local(completion_kind::write_done, wr_id, bytes);
+    return ok();
+  }
+
+  result<void> send(std::span<const std::byte> message, std::uint64_t wr_id) override {
+    const std::size_t limit =
+        std::min<std::size_t>(options_.limits.max_send_bytes, peer_.header()->slot_payload);
+    if (message.size() > limit) {
+      return make_error(errc::invalid_argument, "send: {} bytes exceeds the limit of {}",
+                        message.size(), limit);
+    }
+    TESSERA_TRY(local_.reserve_local());
+    std::lock_guard lock(post_mutex_);
+    auto slot = claim_slot();
+    if (!slot) {
+      local_.cancel_local();
+      return std::move(slot).error();
+    }
+    if (!message.empty()) {
+      std::memcpy(*slot + sizeof(slot_head), message.data(), message.size());
+    }
+    publish(*slot, slot_send, 0, message.size());
+    finish_local(completion_kind::send_done, wr_id, message.size());
+    return ok();
+  }
+
+  std::size_t poll(std::span<completion> out) override {
+    std::lock_guard lock(consumer_mutex_);
+    return poll_locked(out, false);
+  }
+
+  result<std::size_t> wait(std::span<completion> out, std::chrono::microseconds timeout) override {
+    if (out.empty()) return make_error(errc::invalid_argument, "wait: empty output span");
+    std::lock_guard lock(consumer_mutex_);
+    if (down_delivered_) {
+      return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
+    }
+    const auto start = clock::now();
+    const auto deadline = start + timeout;
+    const auto spin_end = start + std::chrono::microseconds(options_.spin_us);
+    inbox_header* h = own_.header();
+    for (std::uint32_t i = 0;; ++i) {
+      if (std::size_t n = poll_locked(out, false); n > 0) return n;
+      if ((i & 15) != 15) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+        continue;
+      }
+      // Let a peer sharing this vCPU run: spinning alone cannot make its message come sooner.
+      ::sched_yield();
+      const auto now = clock::now();
+      if (now >= deadline) return poll_locked(out, true);
+      if (now < spin_end) continue;
+      // Block: announce sleep, re-check (the producer may have published meanwhile), sleep.
+      const std::uint32_t bell = h->doorbell.load(std::memory_order_acquire);
+      h->sleeping.store(1, std::memory_order_seq_cst);
+      if (std::size_t n = poll_locked(out, true); n > 0) {
+        h->sleeping.store(0, std::memory_order_relaxed);
+        return n;
+      }
+      const auto slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(10));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+      futex(&h->doorbell, FUTEX_WAIT, bell, &ts);
+      h->sleeping.store(0, std::memory_order_relaxed);
+    }
+  }
+
+  bool is_up() const noexcept override { return !local_.is_down(); }
+
+  void close() override {
+    if (local_.set_down(make_error(errc::closed, "bulk shm: link closed locally"))) {
+      tell_peer_closed();
+    }
+  }
+
+ private:
+  result<buffer_handle> add_registration(std::byte* addr, std::size_t size, int fd) {
+    if (addr == nullptr || size == 0) {
+      return make_error(errc::invalid_argument, "register_buffer: null or empty range");
+    }
+    std::lock_guard lock(regs_mutex_);
+    for (std::size_t i = 0; i < regs_.size(); ++i) {
+      if (regs_[i].used) continue;
+      regs_[i] = {addr, size, fd >= 0, true};
+      if (fd >= 0) {
+        reg_entry& e = own_.table()[i];
+        e.fd = fd;
+        e.size = size;
+        std::uint32_t rkey = 0;
+        while (rkey == 0) rkey = static_cast<std::uint32_t>(rng_());
+        e.rkey.store(rkey, std::memory_order_release);
+      }
+      return buffer_handle{static_cast<std::uint32_t>(i + 1)};
+    }
+    return make_error(errc::no_capacity, "register_buffer: all {} buffer slots of the link in use",
+                      regs_.size());
+  }
+
+  result<local_registration> lookup_locked(buffer_handle handle) const {
+    if (handle.id == 0 || handle.id > regs_.size() || !regs_[handle.id - 1].used) {
+      return make_error(errc::invalid_argument, "bulk shm: buffer handle {} is not registered",
+                        handle.id);
+    }
+    return regs_[handle.id - 1];
+  }
+
+  // The peer's registered buffer, mapped into this process (cached per registration).
+  result<std::byte*> map_target(const remote_buffer& remote) {
+    const inbox_header* ph = peer_.header();
+    if (remote.id == 0 || remote.id > ph->max_buffers) {
+      return make_error(errc::protocol, "bulk shm: remote access error: no buffer {}", remote.id);
+    }
+    const reg_entry& e = peer_.table()[remote.id - 1];
+    const std::uint32_t rkey = e.rkey.load(std::memory_order_acquire);
+    if (rkey == 0 || rkey != remote.rkey || e.size < remote.size ||
+        static_cast<std::uint64_t>(e.fd) != remote.addr) {
+      return make_error(errc::protocol,
+                        "bulk shm: remote access error: buffer {} rkey {:#x} not registered",
+                        remote.id, remote.rkey);
+    }
+    peer_mapping& m = peer_maps_[remote.id - 1];
+    if (m.rkey != rkey) {
+      if (m.addr != nullptr) ::munmap(m.addr, m.size);
+      m = {};
+      auto view = map_path(fmt::format("/proc/{}/fd/{}", peer_pid_, e.fd), remote.size);
+      if (!view) return std::move(view).error();
+      m = {rkey, view->base, view->size};
+    }
+    return m.addr;
+  }
+
+  // Waits (bounded by peer_timeout_ms) for a free slot in the peer's ring.
+  result<std::byte*> claim_slot() {
+    inbox_header* ph = peer_.header();
+    // Writing into a dead peer's memory would "succeed"; look at its pidfd once a millisecond.
+    if (const auto now = clock::now(); now >= next_post_liveness_check_) {
+      next_post_liveness_check_ = now + std::chrono::milliseconds(1);
+      if (peer_exited()) {
+        auto reason = make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_);
+        fail(reason);
+        return make_error(errc::closed, "bulk link is down: {}", reason.describe());
+      }
+    }
+    const std::uint64_t head = ph->head.load(std::memory_order_relaxed);
+    const auto deadline = clock::now() + options_.peer_timeout_ms;
+    for (std::uint32_t i = 0;; ++i) {
+      if (local_.is_down()) {
+        return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
+      }
+      if (head - ph->tail.load(std::memory_order_acquire) < ph->depth) break;
+      if (i < 1000) continue;
+      if (peer_exited() || clock::now() >= deadline) {
+        auto reason = peer_exited()
+                          ? make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_)
+                          : make_error(errc::timeout, "bulk shm: peer took no message for {} ms",
+                                       options_.peer_timeout_ms.count());
+        fail(reason);
+        return make_error(errc::closed, "bulk link is down: {}", reason.describe());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return peer_.slot(head);
+  }
+
+  void publish(std::byte* slot, std::uint32_t kind, std::uint32_t imm, std::uint64_t bytes) {
+    inbox_header* ph = peer_.header();
+    auto* sh = reinterpret_cast<slot_head*>(slot);
+    sh->kind = kind;
+    sh->imm = imm;
+    sh->bytes = bytes;
+    ph->head.store(ph->head.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+    // Dekker with wait(): our head store, then their sleeping flag; they store sleeping, then
+    // re-read head. seq_cst on both sides means one of us sees the other.
+    if (ph->sleeping.load(std::memory_order_seq_cst) != 0) ring(ph);
+  }
+
+  static void ring(inbox_header* h) {
+    h->doorbell.fetch_add(1, std::memory_order_release);
+    futex(&h->doorbell, FUTEX_WAKE, 1, nullptr);
+  }
+
+  void finish_local(completion_kind kind, std::uint64_t wr_id, std::uint64_t bytes) {
+    completion c;
+    c.kind = kind;
+    c.wr_id = wr_id;
+    c.bytes = bytes;
+    local_.push_local(std::move(c));
+    // A thread of ours may be asleep in wait() on our own doorbell.
+    inbox_header* h = own_.header();
+    if (h->sleeping.load(std::memory_order_seq_cst) != 0) ring(h);
+  }
+
+  bool peer_exited() const {
+    pollfd p{peer_pidfd_, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+
+  void fail(const error& reason) {
+    if (local_.set_down(reason)) tell_peer_closed();
+  }
+
+  void tell_peer_closed() {
+    inbox_header* ph = peer_.header();
+    ph->closed.store(1, std::memory_order_seq_cst);
+    ring(ph);
+    ring(own_.header());  // wake our own waiters to see the link down
+  }
+
+  // Moves received slots, then local completions (and finally link_down) into out.
+  std::size_t poll_locked(std::span<completion> out, bool check_liveness) {
+    inbox_header* h = own_.header();
+    std::size_t n = 0;
+    // closed before head: the producer's last publishes happen-before its closed store.
+    const bool peer_closed = h->closed.load(std::memory_order_acquire) != 0;
+    std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
+    const std::uint64_t head = h->head.load(std::memory_order_acquire);
+    while (n < out.size() && tail != head) {
+      const std::byte* slot = own_.slot(tail);
+      slot_head sh;
+      std::memcpy(&sh, slot, sizeof sh);
+      completion& c = out[n++];
+      c = completion{};
+      c.bytes = sh.bytes;
+      c.imm = sh.imm;
+      if (sh.kind == slot_send && sh.bytes <= h->slot_payload) {
+        c.kind = completion_kind::send_received;
+        c.data.assign(slot + sizeof(slot_head), slot + sizeof(slot_head) + sh.bytes);
+      } else {
+        c.kind = completion_kind::write_received;
+      }
+      ++tail;
+    }
+    if (n > 0) {
+      h->tail.store(tail, std::memory_order_release);
+      return n + take_local(out.subspan(n));
+    }
+    if (!local_.is_down()) {
+      if (peer_closed) {
+        local_.set_down(make_error(errc::closed, "bulk shm: peer closed the link"));
+      } else if (check_liveness || clock::now() >= next_liveness_check_) {
+        next_liveness_check_ = clock::now() + std::chrono::milliseconds(1);
+        if (peer_exited()) {
+          local_.set_down(make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_));
+        }
+      }
+    }
+    return take_local(out);
+  }
+
+  std::size_t take_local(std::span<completion> out) {
+    const std::size_t got = local_.poll(out);
+    for (std::size_t i = 0; i < got; ++i) {
+      if (out[i].kind == completion_kind::link_down) down_delivered_ = true;
+    }
+    return got;
+  }
+
+  inbox_view own_;
+  int own_fd_;
+  inbox_view peer_;
+  int peer_pidfd_;
+  std::int32_t peer_pid_;
+  const link_options options_;
+  completion_queue local_;  // local completions and the link-down rule
+  mutable std::mutex regs_mutex_;
+  std::vector<local_registration> regs_;
+  std::mt19937_64 rng_{random_u64()};
+  std::mutex post_mutex_;  // one producer into the peer's ring
+  clock::time_point next_post_liveness_check_{};  // guarded by post_mutex_
+  std::vector<peer_mapping> peer_maps_;
+  std::mutex consumer_mutex_;
+  clock::time_point next_liveness_check_{};
+  bool down_delivered_ = false;
+};
+
+// --- set-up ------------------------------------------------------------------------------------
+
+class shm_setup final : public link_setup {
+ public:
+  shm_setup(inbox_view own, int fd, connect_params params, const link_options& options)
+      : own_(own), fd_(fd), params_(std::move(params)), options_(options) {}
+  ~shm_setup() override {
+    if (own_.base != nullptr) ::munmap(own_.base, own_.size);
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const connect_params& local_params() const noexcept override { return params_; }
+
+  result<std::unique_ptr<link>> connect(const connect_params& remote) override {
+    if (own_.base == nullptr) return make_error(errc::invalid_argument, "bulk shm: connect twice");
+    if (remote.backend != static_cast<std::uint8_t>(backend_kind::shm)) {
+      return make_error(errc::invalid_argument, "bulk shm: peer params are for backend {}",
+                        remote.backend);
+    }
+    if (remote.host_id != params_.host_id) {
+      return make_error(errc::invalid_argument, "bulk shm: peer is on host {}, we are on {}",
+                        remote.host_id, params_.host_id);
+    }
+    if (remote.nonce == params_.nonce) {
+      return make_error(errc::invalid_argument, "bulk shm: peer params carry our own nonce");
+    }
+    auto peer = map_path(remote.shm_name, sizeof(inbox_header));
+    if (!peer) return std::move(peer).error();
+    inbox_header* ph = peer->header();
+    if (ph->magic != inbox_magic || ph->version != connect_params::current_version ||
+        ph->owner_nonce != remote.nonce || ph->depth == 0 ||
+        peer->size < inbox_bytes(ph->depth, ph->slot_payload, ph->max_buffers)) {
+      ::munmap(peer->base, peer->size);
+      return make_error(errc::unauthorized, "bulk shm: {} is not the inbox the peer announced",
+                        remote.shm_name);
+    }
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, remote.pid, 0));
+    if (pidfd < 0) {
+      auto err = sys_error(errc::closed, fmt::format("peer process {}", remote.pid));
+      ::munmap(peer->base, peer->size);
+      return err;
+    }
+    std::uint64_t expected = 0;
+    if (!ph->attached_nonce.compare_exchange_strong(expected, params_.nonce)) {
+      ::munmap(peer->base, peer->size);
+      ::close(pidfd);
+      return make_error(errc::unauthorized, "bulk shm: another process attached to {}",
+                        remote.shm_name);
+    }
+    // Wait for the peer to attach to our inbox too, so both ends are live when connect returns.
+    auto attached = wait_attached(remote, pidfd);
+    if (!attached) {
+      ::munmap(peer->base, peer->size);
+      ::close(pidfd);
+      return std::move(attached).error();
+    }
+    auto l = std::unique_ptr<link>(
+        new shm_link(std::exchange(own_, inbox_view{}), std::exchange(fd_, -1), *peer, pidfd,
+                     remote.pid, options_));
+    return l;
+  }
+
+ private:
+  result<void> wait_attached(const connect_params& remote, int pidfd) {
+    const auto deadline = clock::now() + options_.connect_timeout_ms;
+    for (;;) {
+      const std::uint64_t who = own_.header()->attached_nonce.load(std::memory_order_acquire);
+      if (who == remote.nonce) return ok();
+      if (who != 0) {
+        return make_error(errc::unauthorized, "bulk shm: a process other than the peer attached");
+      }
+      pollfd p{pidfd, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0) {
+        return make_error(errc::closed, "bulk shm: peer process {} exited during set-up",
+                          remote.pid);
+      }
+      if (clock::now() >= deadline) {
+        return make_error(errc::timeout, "bulk shm: peer did not attach within {} ms",
+                          options_.connect_timeout_ms.count());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  inbox_view own_;
+  int fd_;
+  connect_params params_;
+  link_options options_;
+};
+
+}  // namespace
+
+result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options) {
+  const auto& l = options.limits;
+  const std::size_t bytes = inbox_bytes(l.max_received, l.max_send_bytes, l.max_buffers);
+  const int fd = ::memfd_create("tessera-bulk-inbox", MFD_CLOEXEC);
+  if (fd < 0) return sys_error(errc::io, "memfd_create");
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    auto err = sys_error(errc::io, "ftruncate inbox");
+    ::close(fd);
+    return err;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    auto err = sys_error(errc::io, "mmap inbox");
+    ::close(fd);
+    return err;
+  }
+  inbox_view own{static_cast<std::byte*>(p), bytes};
+  // The memfd is zero-filled: every atomic starts at 0. Placement-new the header's atomics anyway
+  // so their lifetime begins formally.
+  auto* h = new (own.base) inbox_header{};
+  h->magic = inbox_magic;
+  h->version = connect_params::current_version;
+  h->owner_nonce = random_u64();
+  h->depth = l.max_received;
+  h->slot_payload = l.max_send_bytes;
+  h->max_buffers = l.max_buffers;
+  for (std::uint32_t i = 0; i < l.max_buffers; ++i) new (&own.table()[i]) reg_entry{};
+
+  connect_params params;
+  params.backend = static_cast<std::uint8_t>(backend_kind::shm);
+  params.host_id = this_host_id();
+  params.nonce = h->owner_nonce;
+  params.pid = static_cast<std::int32_t>(::getpid());
+  params.shm_name = fmt::format("/proc/{}/fd/{}", params.pid, fd);
+  return std::unique_ptr<link_setup>(new shm_setup(own, fd, std::move(params), options));
+}
+
+}  // namespace tessera::transport::bulk::detail

@@ -1,0 +1,994 @@
+#include "transport/control/control_node.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <msgpack.hpp>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+namespace tessera::transport::control {
+namespace {
+
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+constexpr int kMonitorEvents = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+constexpr std::size_t kMaxEndpointLen = 256;
+constexpr int kRecvBatch = 256;  // inbound messages handled per poll round before timers run
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+bool is_valid_endpoint(std::string_view ep) {
+  if (ep.empty() || ep.size() > kMaxEndpointLen) return false;
+  return ep.starts_with("tcp://") || ep.starts_with("ipc://") || ep.starts_with("inproc://");
+}
+
+// At most one log line per reason per second; the next line says how many were suppressed.
+class log_limiter {
+ public:
+  bool allow(std::size_t key, std::uint64_t now, std::uint64_t& suppressed) {
+    auto& s = slots_[key];
+    if (now >= s.last_ms + 1000 || s.last_ms == 0) {
+      suppressed = s.suppressed;
+      s.suppressed = 0;
+      s.last_ms = now;
+      return true;
+    }
+    ++s.suppressed;
+    return false;
+  }
+
+ private:
+  struct slot {
+    std::uint64_t last_ms = 0;
+    std::uint64_t suppressed = 0;
+  };
+  std::map<std::size_t, slot> slots_;
+};
+
+// Log keys beyond the reject reasons.
+constexpr std::size_t kLogZap = 100;
+constexpr std::size_t kLogHandshakeIn = 101;
+constexpr std::size_t kLogHandshakeOut = 102;
+constexpr std::size_t kLogUnknown = 103;
+
+struct counters {
+  std::atomic<std::uint64_t> frames_sent{0}, frames_received{0}, bytes_sent{0}, bytes_received{0},
+      messages_delivered{0}, heartbeats_sent{0}, heartbeats_received{0}, duplicates_dropped{0},
+      frames_missing{0}, send_queue_full{0}, zap_allowed{0}, zap_denied{0},
+      handshake_failed_inbound{0}, handshake_failed_outbound{0}, peer_up_events{0},
+      peer_down_events{0}, reconnects{0}, unknown_sender{0}, fault_dropped{0}, fault_delayed{0},
+      fault_duplicated{0}, fault_commands{0}, fault_commands_refused{0};
+  std::array<std::atomic<std::uint64_t>, kRejectReasonCount> rejected{};
+};
+
+void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) {
+  c.fetch_add(n, std::memory_order_relaxed);
+}
+
+std::string heartbeat_body(const std::string& endpoint) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack(std::string_view("ep"));
+  pk.pack(std::string_view(endpoint));
+  return std::string(buf.data(), buf.size());
+}
+
+// The "ep" field of a heartbeat body, or empty.
+std::string heartbeat_endpoint(std::span<const std::byte> body) {
+  try {
+    auto handle = msgpack::unpack(reinterpret_cast<const char*>(body.data()), body.size());
+    const msgpack::object& o = handle.get();
+    if (o.type != msgpack::type::MAP) return {};
+    for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
+      const auto& kv = o.via.map.ptr[i];
+      if (kv.key.type == msgpack::type::STR && kv.key.as<std::string_view>() == "ep" &&
+          kv.val.type == msgpack::type::STR) {
+        return kv.val.as<std::string>();
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string_view to_string(peer_event_kind k) noexcept {
+  switch (k) {
+    case peer_event_kind::up: return "up";
+    case peer_event_kind::down: return "down";
+    case peer_event_kind::restarted: return "restarted";
+  }
+  return "unknown";
+}
+
+std::uint64_t control_stats::rejected_total() const {
+  std::uint64_t n = 0;
+  for (auto r : rejected) n += r;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// State shared between the caller threads and the I/O thread lives under `mu`; everything else
+// (sockets, links) is touched by the I/O thread only.
+struct control_node::impl {
+  struct out_queue {
+    std::string endpoint;
+    std::deque<std::string> frames;
+    std::uint64_t next_seq = 1;
+    link_state state = link_state::connecting;  // a copy of the I/O thread's, for peers()
+  };
+  struct command {
+    enum kind_t { add, remove } kind;
+    std::string peer;
+    std::string endpoint;
+  };
+  struct peer_io {
+    std::string endpoint;
+    std::unique_ptr<zmq::socket_t> dealer;
+    std::unique_ptr<zmq::socket_t> monitor;
+    peer_link link;
+    bool want_pollout = false;
+  };
+
+  node_config cfg;
+  node_handlers handlers;
+  std::string endpoint;
+  std::uint64_t incarnation = 0;
+  std::atomic<std::uint64_t> epoch{0};
+  counters ctr;
+
+  mutable std::mutex mu;
+  std::map<std::string, out_queue, std::less<>> out;  // guarded by mu
+  std::vector<command> commands;                      // guarded by mu
+  bool stopped = false;                               // guarded by mu
+
+  int wake_fd = -1;
+  std::atomic<bool> wake_pending{false};
+  std::atomic<bool> stopping{false};
+  std::thread io;
+  std::thread::id io_id;
+
+  // I/O thread only.
+  std::unique_ptr<zmq::context_t> ctx;
+  std::unique_ptr<zmq::socket_t> router, zap, router_monitor;
+  std::map<std::string, peer_io, std::less<>> links;
+  std::uint64_t next_heartbeat_ms = 0;
+  std::uint64_t monitor_seq = 0;
+  log_limiter limiter;
+  std::multimap<std::int64_t, std::pair<std::string, std::string>> delayed;  // due ns -> (peer, frame)
+
+  ~impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  void wake() {
+    if (!wake_pending.exchange(true, std::memory_order_acq_rel)) {
+      std::uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
+    }
+  }
+
+  // ---- setup (I/O thread) ----
+  result<void> open_sockets();
+  std::unique_ptr<zmq::socket_t> open_monitor(zmq::socket_t& s);
+  void connect_peer(const std::string& id, const std::string& ep);
+  void close_peer(peer_io& p);
+
+  // ---- loop (I/O thread) ----
+  void run(std::promise<result<void>>& started);
+  void loop();
+  void drain_wake();
+  void run_commands();
+  void flush(const std::string& id, peer_io& p);
+  bool put_on_wire(const std::string& id, peer_io& p, const std::string& frame);
+  void release_delayed();
+  void handle_fault_command(const frame_view& f);
+  void flush_all();
+  void read_router();
+  void handle_inbound(zmq::message_t& rid, zmq::message_t& frame, bool extra_parts);
+  void handle_frame(const frame_view& f);
+  void read_zap();
+  void read_monitor(zmq::socket_t& mon, bool inbound, const std::string& peer);
+  void tick(std::uint64_t now);
+  void send_heartbeats();
+  void apply(const std::string& id, const link_actions& a);
+  void reject(reject_reason why, const std::string& detail, std::string_view rid);
+  void emit(peer_event_kind kind, const std::string& peer, std::string reason);
+};
+
+result<void> control_node::impl::open_sockets() {
+  ctx = std::make_unique<zmq::context_t>(1);
+  try {
+    if (cfg.keys) {
+      // The ZAP handler must be bound before the ROUTER accepts its first connection.
+      zap = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::rep);
+      zap->set(zmq::sockopt::linger, 0);
+      zap->bind(kZapEndpoint);
+    }
+    router = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::router);
+    router->set(zmq::sockopt::linger, 0);
+    router->set(zmq::sockopt::router_handover, 1);  // a restarted peer replaces its old connection
+    router->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kHardMaxFrameSize));
+    router->set(zmq::sockopt::rcvhwm, 10000);
+    if (cfg.keys) {
+      router->set(zmq::sockopt::curve_server, 1);
+      router->set(zmq::sockopt::curve_secretkey,
+                  zmq::const_buffer(cfg.keys->server.secret_key.data(), 32));
+      router->set(zmq::sockopt::zap_domain, "tessera");
+    }
+    router_monitor = open_monitor(*router);
+    router->bind(cfg.bind_endpoint);
+    endpoint = router->get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    return make_error(errc::io, "control plane of node '{}': cannot bind {}: {}", cfg.node_id,
+                      cfg.bind_endpoint, e.what());
+  }
+  if (cfg.advertise_endpoint.empty()) cfg.advertise_endpoint = endpoint;
+  return ok();
+}
+
+std::unique_ptr<zmq::socket_t> control_node::impl::open_monitor(zmq::socket_t& s) {
+  std::string ep = fmt::format("inproc://tessera-monitor-{}", monitor_seq++);
+  if (zmq_socket_monitor(s.handle(), ep.c_str(), kMonitorEvents) != 0) {
+    throw zmq::error_t();
+  }
+  auto mon = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::pair);
+  mon->set(zmq::sockopt::linger, 0);
+  mon->connect(ep);
+  return mon;
+}
+
+void control_node::impl::connect_peer(const std::string& id, const std::string& ep) {
+  auto it = links.find(id);
+  if (it == links.end()) {
+    it = links.emplace(id, peer_io{ep, nullptr, nullptr,
+                                   peer_link(cfg.timing, cfg.seed ^ std::hash<std::string>{}(id),
+                                             now_ms())})
+             .first;
+  }
+  peer_io& p = it->second;
+  close_peer(p);
+  p.endpoint = ep;
+  try {
+    auto d = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
+    d->set(zmq::sockopt::linger, 0);
+    d->set(zmq::sockopt::routing_id, cfg.node_id);
+    // Queue only to completed connections: while the peer is away, frames wait in our bounded
+    // queue (where send() sees the bound) instead of an invisible libzmq pipe.
+    d->set(zmq::sockopt::immediate, 1);
+    d->set(zmq::sockopt::sndhwm, 1000);
+    d->set(zmq::sockopt::reconnect_ivl, static_cast<int>(cfg.timing.backoff_min_ms));
+    d->set(zmq::sockopt::reconnect_ivl_max, static_cast<int>(cfg.timing.backoff_max_ms));
+    if (cfg.keys) {
+      d->set(zmq::sockopt::curve_serverkey,
+             zmq::const_buffer(cfg.keys->server.public_key.data(), 32));
+      d->set(zmq::sockopt::curve_publickey,
+             zmq::const_buffer(cfg.keys->client.public_key.data(), 32));
+      d->set(zmq::sockopt::curve_secretkey,
+             zmq::const_buffer(cfg.keys->client.secret_key.data(), 32));
+    }
+    p.monitor = open_monitor(*d);
+    d->connect(ep);
+    p.dealer = std::move(d);
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("control {}: cannot connect to peer {} at {}: {}", cfg.node_id, id, ep, e.what());
+    p.monitor.reset();
+    p.dealer.reset();
+  }
+}
+
+void control_node::impl::close_peer(peer_io& p) {
+  if (p.dealer) zmq_socket_monitor(p.dealer->handle(), nullptr, 0);
+  p.monitor.reset();
+  p.dealer.reset();
+  p.want_pollout = false;
+}
+
+void control_node::impl::run(std::promise<result<void>>& started) {
+  io_id = std::this_thread::get_id();
+  auto r = open_sockets();
+  const bool ok_start = r.has_value();
+  started.set_value(std::move(r));
+  if (ok_start) loop();
+  // Close every socket on the thread that used them, then the context.
+  for (auto& [id, p] : links) close_peer(p);
+  links.clear();
+  if (router) zmq_socket_monitor(router->handle(), nullptr, 0);
+  router_monitor.reset();
+  router.reset();
+  zap.reset();
+  ctx.reset();
+}
+
+void control_node::impl::loop() {
+  next_heartbeat_ms = now_ms();
+  std::vector<zmq_pollitem_t> items;
+  std::vector<std::pair<peer_io*, const std::string*>> owners;
+  while (!stopping.load(std::memory_order_acquire)) {
+    items.clear();
+    owners.clear();
+    items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+    items.push_back({router->handle(), 0, ZMQ_POLLIN, 0});
+    items.push_back({router_monitor->handle(), 0, ZMQ_POLLIN, 0});
+    if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
+    const std::size_t base = items.size();
+    std::uint64_t deadline = next_heartbeat_ms;
+    for (auto& [id, p] : links) {
+      deadline = std::min(deadline, p.link.next_deadline_ms());
+      if (!p.dealer) continue;
+      short ev = 0;
+      owners.push_back({&p, &id});
+      items.push_back({p.monitor->handle(), 0, ZMQ_POLLIN, 0});
+      if (p.want_pollout) ev = ZMQ_POLLOUT;
+      items.push_back({p.dealer->handle(), 0, ev, 0});
+    }
+    const std::uint64_t now = now_ms();
+    long timeout = deadline > now ? static_cast<long>(deadline - now) : 0;
+    if (!delayed.empty()) {
+      const std::int64_t wait_ns = delayed.begin()->first - now_ns();
+      timeout = std::min<long>(timeout, wait_ns <= 0 ? 0 : static_cast<long>(wait_ns / 1000000 + 1));
+    }
+    int rc = zmq_poll(items.data(), static_cast<int>(items.size()), timeout);
+    if (rc < 0) {
+      if (zmq_errno() == EINTR) continue;
+      spdlog::error("control {}: zmq_poll: {}", cfg.node_id, zmq_strerror(zmq_errno()));
+      break;
+    }
+    // Peers first: a command below may remove a peer whose poll item is in this round.
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      auto [p, id] = owners[i];
+      if (items[base + 2 * i].revents & ZMQ_POLLIN) read_monitor(*p->monitor, false, *id);
+      if (items[base + 2 * i + 1].revents & ZMQ_POLLOUT) flush(*id, *p);
+    }
+    if (items[1].revents & ZMQ_POLLIN) read_router();
+    if (items[2].revents & ZMQ_POLLIN) read_monitor(*router_monitor, true, {});
+    if (zap && (items[3].revents & ZMQ_POLLIN)) read_zap();
+    if (items[0].revents & ZMQ_POLLIN) drain_wake();
+    if (!delayed.empty()) release_delayed();
+    tick(now_ms());
+  }
+}
+
+void control_node::impl::drain_wake() {
+  std::uint64_t v = 0;
+  [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
+  // Clear before draining: a send() after this point wakes us again.
+  wake_pending.store(false, std::memory_order_release);
+  run_commands();
+  flush_all();
+}
+
+void control_node::impl::run_commands() {
+  std::vector<command> cmds;
+  {
+    std::lock_guard lock(mu);
+    cmds.swap(commands);
+  }
+  for (auto& c : cmds) {
+    if (c.kind == command::add) {
+      connect_peer(c.peer, c.endpoint);
+    } else if (auto it = links.find(c.peer); it != links.end()) {
+      close_peer(it->second);
+      links.erase(it);
+    }
+  }
+}
+
+void control_node::impl::flush(const std::string& id, peer_io& p) {
+  if (!p.dealer) return;
+  std::lock_guard lock(mu);
+  auto it = out.find(id);
+  if (it == out.end()) return;
+  auto& q = it->second.frames;
+  p.want_pollout = false;
+  while (!q.empty()) {
+    if (cfg.faults.decide) {
+      // Only once the socket can take it, so a frame is judged once: check writability first.
+      if ((p.dealer->get(zmq::sockopt::events) & ZMQ_POLLOUT) == 0) {
+        p.want_pollout = true;
+        break;
+      }
+      std::string f = std::move(q.front());
+      q.pop_front();
+      (void)put_on_wire(id, p, f);
+      continue;
+    }
+    const std::string& f = q.front();
+    // zmq_send copies the bytes; with DONTWAIT it never blocks, so holding `mu` is brief.
+    if (zmq_send(p.dealer->handle(), f.data(), f.size(), ZMQ_DONTWAIT) < 0) {
+      p.want_pollout = true;  // no completed connection yet, or the HWM: retry on POLLOUT
+      break;
+    }
+    bump(ctr.frames_sent);
+    bump(ctr.bytes_sent, f.size());
+    q.pop_front();
+  }
+}
+
+// Passes one frame through the fault hook: copies due now go to the socket, later ones wait in
+// `delayed` (bounded). Returns false when nothing could be written now.
+bool control_node::impl::put_on_wire(const std::string& id, peer_io& p, const std::string& frame) {
+  const std::int64_t now = now_ns();
+  std::array<std::int64_t, 2> due{now, now};
+  std::uint8_t copies = 1;
+  if (cfg.faults.decide) copies = std::min<std::uint8_t>(cfg.faults.decide(id, now, due), 2);
+  if (copies == 0) {
+    bump(ctr.fault_dropped);
+    return false;
+  }
+  if (copies == 2) bump(ctr.fault_duplicated);
+  bool wrote = false;
+  for (std::uint8_t i = 0; i < copies; ++i) {
+    if (due[i] > now) {
+      if (delayed.size() >= kMaxDelayedFrames) {
+        bump(ctr.fault_dropped);
+        continue;
+      }
+      bump(ctr.fault_delayed);
+      delayed.emplace(due[i], std::make_pair(id, frame));
+      continue;
+    }
+    if (p.dealer && zmq_send(p.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
+      bump(ctr.frames_sent);
+      bump(ctr.bytes_sent, frame.size());
+      wrote = true;
+    }
+  }
+  return wrote;
+}
+
+void control_node::impl::release_delayed() {
+  const std::int64_t now = now_ns();
+  while (!delayed.empty() && delayed.begin()->first <= now) {
+    auto node = delayed.extract(delayed.begin());
+    auto& [peer, frame] = node.mapped();
+    auto it = links.find(peer);
+    // A held-back frame is "in the network": if the socket cannot take it now, it is lost.
+    if (it != links.end() && it->second.dealer &&
+        zmq_send(it->second.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
+      bump(ctr.frames_sent);
+      bump(ctr.bytes_sent, frame.size());
+    } else {
+      bump(ctr.fault_dropped);
+    }
+  }
+}
+
+void control_node::impl::handle_fault_command(const frame_view& f) {
+  const auto type = static_cast<msg_type>(f.header.type);
+  if (!cfg.faults.on_command) {
+    bump(ctr.fault_commands_refused);
+    spdlog::warn("control {}: fault command from {} ignored: no fault layer installed",
+                 cfg.node_id, f.header.sender);
+    return;
+  }
+  auto r = cfg.faults.on_command(type, f.body);
+  if (r) {
+    bump(ctr.fault_commands);
+    spdlog::info("control {}: fault command ({}) from {} applied", cfg.node_id,
+                 type == msg_type::fault_set ? "fault.set" : "fault.clear", f.header.sender);
+  } else {
+    bump(ctr.fault_commands_refused);
+    spdlog::warn("control {}: fault command from {} refused: {}", cfg.node_id, f.header.sender,
+                 r.error().describe());
+  }
+}
+
+void control_node::impl::flush_all() {
+  for (auto& [id, p] : links) flush(id, p);
+}
+
+void control_node::impl::read_router() {
+  for (int i = 0; i < kRecvBatch; ++i) {
+    zmq::message_t rid;
+    zmq::message_t frame;
+    try {
+      if (!router->recv(rid, zmq::recv_flags::dontwait)) return;
+      if (!rid.more()) {
+        // A ROUTER always prepends the routing id: a one-part message cannot happen, but if it
+        // does it is a frame without a routing id.
+        reject(reject_reason::bad_parts, "message with a single part", {});
+        continue;
+      }
+      (void)router->recv(frame, zmq::recv_flags::none);  // parts of one message arrive together
+      bool extra = false;
+      while (frame.more() || extra) {
+        zmq::message_t drop;
+        (void)router->recv(drop, zmq::recv_flags::none);
+        extra = true;
+        if (!drop.more()) break;
+      }
+      handle_inbound(rid, frame, extra);
+    } catch (const zmq::error_t& e) {
+      spdlog::error("control {}: receive: {}", cfg.node_id, e.what());
+      return;
+    }
+  }
+}
+
+void control_node::impl::reject(reject_reason why, const std::string& detail,
+                                std::string_view rid) {
+  bump(ctr.rejected[static_cast<std::size_t>(why)]);
+  std::uint64_t suppressed = 0;
+  if (limiter.allow(static_cast<std::size_t>(why), now_ms(), suppressed)) {
+    spdlog::warn("control {}: rejected frame from '{}' ({}): {}{}", cfg.node_id, rid,
+                 to_string(why), detail,
+                 suppressed ? fmt::format(" ({} similar suppressed)", suppressed) : "");
+  }
+}
+
+void control_node::impl::handle_inbound(zmq::message_t& rid, zmq::message_t& frame, bool extra) {
+  std::string_view routing_id(static_cast<const char*>(rid.data()), rid.size());
+  if (extra) {
+    reject(reject_reason::bad_parts, "message with more than [routing id, frame] parts",
+           routing_id);
+    return;
+  }
+  frame_view f;
+  std::string detail;
+  auto bytes = std::span<const std::byte>(static_cast<const std::byte*>(frame.data()), frame.size());
+  auto why = decode_frame(bytes, cfg.limits, f, &detail);
+  if (why != reject_reason::none) {
+    reject(why, detail, routing_id);
+    return;
+  }
+  if (f.header.sender != routing_id) {
+    // The routing id is what the connection announced; a frame claiming another sender is a
+    // confused or lying peer.
+    reject(reject_reason::sender_mismatch,
+           fmt::format("header says '{}'", f.header.sender), routing_id);
+    return;
+  }
+  bump(ctr.frames_received);
+  bump(ctr.bytes_received, frame.size());
+  handle_frame(f);
+}
+
+void control_node::impl::handle_frame(const frame_view& f) {
+  const std::string sender(f.header.sender);
+  auto it = links.find(sender);
+  if (it == links.end()) {
+    // add_peer() may have queued this peer a moment ago: take it in before judging the sender.
+    run_commands();
+    it = links.find(sender);
+  }
+  if (it == links.end() && f.header.type == static_cast<std::uint16_t>(msg_type::heartbeat) &&
+      cfg.accept_unknown_peers) {
+    std::string ep = heartbeat_endpoint(f.body);
+    if (is_valid_endpoint(ep) && sender != cfg.node_id) {
+      bool added = false;
+      {
+        std::lock_guard lock(mu);
+        if (out.size() < cfg.max_peers && !out.contains(sender)) {
+          out.emplace(sender, out_queue{ep, {}, 1, link_state::connecting});
+          added = true;
+        }
+      }
+      if (added) {
+        spdlog::info("control {}: peer {} introduced itself at {}", cfg.node_id, sender, ep);
+        connect_peer(sender, ep);
+        it = links.find(sender);
+      }
+    }
+  }
+  if (it != links.end()) {
+    apply(sender, it->second.link.on_frame(now_ms()));
+    std::uint64_t missing = 0;
+    switch (it->second.link.on_seq(f.header.incarnation, f.header.seq, missing)) {
+      case seq_verdict::duplicate:
+        bump(ctr.duplicates_dropped);
+        return;
+      case seq_verdict::gap:
+        bump(ctr.frames_missing, missing);
+        break;
+      case seq_verdict::restarted:
+        emit(peer_event_kind::restarted, sender, "new incarnation");
+        break;
+      case seq_verdict::in_order:
+      case seq_verdict::unsequenced:
+        break;
+    }
+  } else if (f.header.type != static_cast<std::uint16_t>(msg_type::heartbeat)) {
+    bump(ctr.unknown_sender);
+  }
+  switch (static_cast<msg_type>(f.header.type)) {
+    case msg_type::heartbeat:
+      bump(ctr.heartbeats_received);
+      return;
+    case msg_type::fault_set:
+    case msg_type::fault_clear:
+      handle_fault_command(f);  // consumed by the transport, never delivered
+      return;
+    default:
+      break;
+  }
+  bump(ctr.messages_delivered);
+  if (handlers.on_message) {
+    handlers.on_message(inbound_message{sender, f.header.type, f.header.epoch, f.header.seq,
+                                        std::string(reinterpret_cast<const char*>(f.body.data()),
+                                                    f.body.size())});
+  }
+}
+
+void control_node::impl::read_zap() {
+  for (;;) {
+    std::vector<zmq::message_t> parts;
+    try {
+      zmq::message_t m;
+      if (!zap->recv(m, zmq::recv_flags::dontwait)) return;
+      parts.push_back(std::move(m));
+      while (parts.back().more() && parts.size() < 16) {
+        zmq::message_t next;
+        (void)zap->recv(next, zmq::recv_flags::none);
+        parts.push_back(std::move(next));
+      }
+      // ZAP request (RFC 27): version, request id, domain, address, identity, mechanism, creds.
+      bool allow = parts.size() == 7 && parts[0].to_string_view() == "1.0" &&
+                   parts[5].to_string_view() == "CURVE" && parts[6].size() == 32 &&
+                   std::memcmp(parts[6].data(), cfg.keys->client.public_key.data(), 32) == 0;
+      std::string address = parts.size() > 3 ? parts[3].to_string() : std::string("?");
+      if (allow) {
+        bump(ctr.zap_allowed);
+      } else {
+        bump(ctr.zap_denied);
+        std::uint64_t suppressed = 0;
+        if (limiter.allow(kLogZap, now_ms(), suppressed)) {
+          spdlog::warn("control {}: refused a {} handshake from {}: client key not derived from "
+                       "this cluster's secret{}",
+                       cfg.node_id, parts.size() > 5 ? parts[5].to_string() : "?", address,
+                       suppressed ? fmt::format(" ({} similar suppressed)", suppressed) : "");
+        }
+      }
+      const std::string request_id = parts.size() > 1 ? parts[1].to_string() : std::string();
+      zap->send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+      zap->send(zmq::buffer(request_id), zmq::send_flags::sndmore);
+      zap->send(allow ? zmq::str_buffer("200") : zmq::str_buffer("400"), zmq::send_flags::sndmore);
+      zap->send(allow ? zmq::str_buffer("OK") : zmq::str_buffer("not a member of this cluster"),
+                zmq::send_flags::sndmore);
+      zap->send(zmq::str_buffer("member"), zmq::send_flags::sndmore);  // user id
+      zap->send(zmq::str_buffer(""), zmq::send_flags::none);           // metadata
+    } catch (const zmq::error_t& e) {
+      spdlog::error("control {}: ZAP handler: {}", cfg.node_id, e.what());
+      return;
+    }
+  }
+}
+
+void control_node::impl::read_monitor(zmq::socket_t& mon, bool inbound, const std::string& peer) {
+  for (;;) {
+    zmq::message_t ev;
+    zmq::message_t addr;
+    try {
+      if (!mon.recv(ev, zmq::recv_flags::dontwait)) return;
+      if (ev.more()) (void)mon.recv(addr, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (ev.size() < 6) continue;
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    std::memcpy(&event, ev.data(), 2);
+    std::memcpy(&value, static_cast<const char*>(ev.data()) + 2, 4);
+    if ((event & kMonitorEvents) == 0) continue;
+    bump(inbound ? ctr.handshake_failed_inbound : ctr.handshake_failed_outbound);
+    std::uint64_t suppressed = 0;
+    if (limiter.allow(inbound ? kLogHandshakeIn : kLogHandshakeOut, now_ms(), suppressed)) {
+      // `value` is a ZMQ_PROTOCOL_ERROR_* code (or the ZAP status code), not an errno.
+      spdlog::warn("control {}: {} handshake failed {} {} (zmq event 0x{:x}, detail 0x{:x}){}",
+                   cfg.node_id,
+                   inbound ? "inbound" : "outbound", inbound ? "from" : "to",
+                   inbound ? addr.to_string() : peer + " at " + addr.to_string(), event, value,
+                   suppressed ? fmt::format(" ({} similar suppressed)", suppressed) : "");
+    }
+  }
+}
+
+void control_node::impl::emit(peer_event_kind kind, const std::string& peer, std::string reason) {
+  if (kind == peer_event_kind::up) bump(ctr.peer_up_events);
+  if (kind == peer_event_kind::down) bump(ctr.peer_down_events);
+  spdlog::log(kind == peer_event_kind::down ? spdlog::level::warn : spdlog::level::info,
+              "control {}: peer {} {}{}{}", cfg.node_id, peer, to_string(kind),
+              reason.empty() ? "" : ": ", reason);
+  if (handlers.on_peer_event) handlers.on_peer_event(peer_event{kind, peer, std::move(reason)});
+}
+
+void control_node::impl::apply(const std::string& id, const link_actions& a) {
+  if (a.emit_up || a.emit_down) {
+    std::lock_guard lock(mu);
+    if (auto it = out.find(id); it != out.end()) {
+      it->second.state = a.emit_up ? link_state::up : link_state::down;
+    }
+  }
+  if (a.emit_up) emit(peer_event_kind::up, id, {});
+  if (a.emit_down) emit(peer_event_kind::down, id, a.reason);
+  if (a.reconnect) {
+    auto it = links.find(id);
+    if (it != links.end()) {
+      bump(ctr.reconnects);
+      // A fresh socket drops a half-open TCP connection that libzmq's own retry would keep.
+      std::string ep = it->second.endpoint;
+      connect_peer(id, ep);
+      flush(id, it->second);
+    }
+  }
+}
+
+void control_node::impl::tick(std::uint64_t now) {
+  if (now >= next_heartbeat_ms) {
+    send_heartbeats();
+    next_heartbeat_ms = now + cfg.timing.heartbeat_interval_ms;
+  }
+  for (auto& [id, p] : links) {
+    if (now >= p.link.next_deadline_ms()) apply(id, p.link.on_tick(now));
+  }
+}
+
+void control_node::impl::send_heartbeats() {
+  if (links.empty()) return;
+  frame_header h;
+  h.type = static_cast<std::uint16_t>(msg_type::heartbeat);
+  h.epoch = epoch.load(std::memory_order_relaxed);
+  h.incarnation = incarnation;
+  h.seq = 0;  // unsequenced: a heartbeat that cannot be sent is simply skipped
+  h.sender = cfg.node_id;
+  const std::string body = heartbeat_body(cfg.advertise_endpoint);
+  auto frame = encode_frame(h, as_bytes(body), cfg.limits);
+  TESSERA_ASSERT(frame.has_value(), "heartbeat frame: {}", frame.error().describe());
+  for (auto& [id, p] : links) {
+    if (!p.dealer) continue;
+    if (cfg.faults.decide) {
+      if ((p.dealer->get(zmq::sockopt::events) & ZMQ_POLLOUT) == 0) continue;
+      if (put_on_wire(id, p, *frame)) bump(ctr.heartbeats_sent);
+      continue;
+    }
+    if (zmq_send(p.dealer->handle(), frame->data(), frame->size(), ZMQ_DONTWAIT) >= 0) {
+      bump(ctr.heartbeats_sent);
+      bump(ctr.frames_sent);
+      bump(ctr.bytes_sent, frame->size());
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+control_node::control_node(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+control_node::~control_node() { stop(); }
+
+result<std::unique_ptr<control_node>> control_node::start(node_config cfg,
+                                                          node_handlers handlers) {
+  if (!is_valid_node_id(cfg.node_id)) {
+    return make_error(errc::invalid_argument,
+                      "node id '{}' is not 1..{} characters of [A-Za-z0-9._-]", cfg.node_id,
+                      kMaxNodeIdLen);
+  }
+  if (!is_valid_endpoint(cfg.bind_endpoint)) {
+    return make_error(errc::invalid_argument, "bind endpoint '{}' is not tcp://, ipc:// or inproc://",
+                      cfg.bind_endpoint);
+  }
+  if (!cfg.advertise_endpoint.empty() && !is_valid_endpoint(cfg.advertise_endpoint)) {
+    return make_error(errc::invalid_argument, "advertise endpoint '{}' is not valid",
+                      cfg.advertise_endpoint);
+  }
+  if (cfg.limits.max_frame_size > kHardMaxFrameSize || cfg.limits.max_frame_size < 256 ||
+      cfg.limits.max_body_size + kHeaderSize > cfg.limits.max_frame_size) {
+    return make_error(errc::invalid_argument,
+                      "frame limits: need 256 <= max_frame_size ({}) <= {} and max_body_size ({}) "
+                      "+ {} <= max_frame_size",
+                      cfg.limits.max_frame_size, kHardMaxFrameSize, cfg.limits.max_body_size,
+                      kHeaderSize);
+  }
+  const auto& t = cfg.timing;
+  if (t.heartbeat_interval_ms == 0 || t.dead_after_ms <= t.heartbeat_interval_ms ||
+      t.backoff_min_ms == 0 || t.backoff_min_ms > t.backoff_max_ms) {
+    return make_error(errc::invalid_argument,
+                      "link timing: need dead_after_ms ({}) > heartbeat_interval_ms ({}) > 0 and "
+                      "0 < backoff_min_ms ({}) <= backoff_max_ms ({})",
+                      t.dead_after_ms, t.heartbeat_interval_ms, t.backoff_min_ms, t.backoff_max_ms);
+  }
+  if (cfg.send_queue_capacity == 0 || cfg.max_peers == 0) {
+    return make_error(errc::invalid_argument, "send_queue_capacity and max_peers must be > 0");
+  }
+  // Create spdlog's registry (a lazy static in the shared library) here, before the I/O thread
+  // logs for the first time: thread creation orders it for every node's thread.
+  (void)spdlog::default_logger_raw();
+  auto p = std::make_unique<impl>();
+  if (cfg.seed == 0) {
+    cfg.seed = static_cast<std::uint64_t>(
+                   std::chrono::high_resolution_clock::now().time_since_epoch().count()) ^
+               (static_cast<std::uint64_t>(::getpid()) << 32);
+  }
+  p->incarnation = cfg.seed * 0x9e3779b97f4a7c15ull + 1;
+  p->cfg = std::move(cfg);
+  p->handlers = std::move(handlers);
+  p->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->wake_fd < 0) return make_error(errc::io, "eventfd: {}", std::strerror(errno));
+  std::promise<result<void>> started;
+  auto fut = started.get_future();
+  impl* raw = p.get();
+  p->io = std::thread([raw, &started] { raw->run(started); });
+  auto r = fut.get();
+  if (!r) {
+    p->io.join();
+    return std::move(r).error();
+  }
+  return std::unique_ptr<control_node>(new control_node(std::move(p)));
+}
+
+void control_node::stop() {
+  if (!impl_) return;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+  }
+  impl_->stopping.store(true, std::memory_order_release);
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(impl_->wake_fd, &one, sizeof one);
+  if (impl_->io.joinable()) impl_->io.join();
+}
+
+const std::string& control_node::node_id() const { return impl_->cfg.node_id; }
+const std::string& control_node::endpoint() const { return impl_->endpoint; }
+
+result<void> control_node::add_peer(std::string_view id, std::string_view endpoint) {
+  if (!is_valid_node_id(id)) {
+    return make_error(errc::invalid_argument, "peer id '{}' is not 1..{} characters of [A-Za-z0-9._-]",
+                      id, kMaxNodeIdLen);
+  }
+  if (id == impl_->cfg.node_id) {
+    return make_error(errc::invalid_argument, "peer id '{}' is this node's own id", id);
+  }
+  if (!is_valid_endpoint(endpoint)) {
+    return make_error(errc::invalid_argument,
+                      "endpoint '{}' of peer {} is not tcp://, ipc:// or inproc:// (max {} chars)",
+                      endpoint, id, kMaxEndpointLen);
+  }
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stopped) return make_error(errc::closed, "control node {} is stopped", node_id());
+    auto it = impl_->out.find(id);
+    if (it == impl_->out.end()) {
+      if (impl_->out.size() >= impl_->cfg.max_peers) {
+        return make_error(errc::no_capacity, "cannot add peer {}: {} peers is the limit", id,
+                          impl_->cfg.max_peers);
+      }
+      impl_->out.emplace(std::string(id),
+                         impl::out_queue{std::string(endpoint), {}, 1, link_state::connecting});
+    } else {
+      it->second.endpoint = std::string(endpoint);
+    }
+    impl_->commands.push_back({impl::command::add, std::string(id), std::string(endpoint)});
+  }
+  impl_->wake();
+  return ok();
+}
+
+result<void> control_node::remove_peer(std::string_view id) {
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->out.find(id);
+    if (it == impl_->out.end()) return make_error(errc::not_found, "no peer '{}'", id);
+    impl_->out.erase(it);
+    impl_->commands.push_back({impl::command::remove, std::string(id), {}});
+  }
+  impl_->wake();
+  return ok();
+}
+
+result<void> control_node::send(std::string_view peer, std::uint16_t type,
+                                std::span<const std::byte> body) {
+  auto& s = *impl_;
+  const bool fault_type = type == static_cast<std::uint16_t>(msg_type::fault_set) ||
+                          type == static_cast<std::uint16_t>(msg_type::fault_clear);
+  if (!is_known_type(type) ||
+      (type < static_cast<std::uint16_t>(msg_type::actor_envelope) && !fault_type)) {
+    return make_error(errc::invalid_argument,
+                      "message type {} to {} is reserved or unknown (use actor_envelope, "
+                      "fault_set/fault_clear or >= {})",
+                      type, peer, static_cast<std::uint16_t>(msg_type::app_first));
+  }
+  if (!is_valid_msgpack_body(body, s.cfg.limits)) {
+    return make_error(errc::invalid_argument,
+                      "body of message type {} to {} is not one msgpack object within the limits",
+                      type, peer);
+  }
+  frame_header h;
+  h.type = type;
+  h.epoch = s.epoch.load(std::memory_order_relaxed);
+  h.incarnation = s.incarnation;
+  h.sender = s.cfg.node_id;
+  auto frame = encode_frame(h, body, s.cfg.limits);
+  if (!frame) return std::move(frame).error();
+  const bool on_io_thread = std::this_thread::get_id() == s.io_id;
+  {
+    std::lock_guard lock(s.mu);
+    if (s.stopped) return make_error(errc::closed, "control node {} is stopped", s.cfg.node_id);
+    auto it = s.out.find(peer);
+    if (it == s.out.end()) return make_error(errc::not_found, "no peer '{}'", peer);
+    auto& q = it->second;
+    if (q.frames.size() >= s.cfg.send_queue_capacity) {
+      bump(s.ctr.send_queue_full);
+      return make_error(errc::overloaded, "send queue to {} is full ({} frames)", peer,
+                        s.cfg.send_queue_capacity);
+    }
+    patch_seq(*frame, q.next_seq++);
+    q.frames.push_back(std::move(*frame));
+  }
+  if (on_io_thread) {
+    // Called from a handler: write straight to the socket, no wake-up round trip.
+    auto it = s.links.find(peer);
+    if (it != s.links.end()) s.flush(it->first, it->second);
+  } else {
+    s.wake();
+  }
+  return ok();
+}
+
+void control_node::set_epoch(std::uint64_t e) { impl_->epoch.store(e, std::memory_order_relaxed); }
+
+control_stats control_node::stats() const {
+  const auto& c = impl_->ctr;
+  control_stats s;
+  auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  s.frames_sent = ld(c.frames_sent);
+  s.frames_received = ld(c.frames_received);
+  s.bytes_sent = ld(c.bytes_sent);
+  s.bytes_received = ld(c.bytes_received);
+  s.messages_delivered = ld(c.messages_delivered);
+  s.heartbeats_sent = ld(c.heartbeats_sent);
+  s.heartbeats_received = ld(c.heartbeats_received);
+  for (std::size_t i = 0; i < kRejectReasonCount; ++i) s.rejected[i] = ld(c.rejected[i]);
+  s.duplicates_dropped = ld(c.duplicates_dropped);
+  s.frames_missing = ld(c.frames_missing);
+  s.send_queue_full = ld(c.send_queue_full);
+  s.zap_allowed = ld(c.zap_allowed);
+  s.zap_denied = ld(c.zap_denied);
+  s.handshake_failed_inbound = ld(c.handshake_failed_inbound);
+  s.handshake_failed_outbound = ld(c.handshake_failed_outbound);
+  s.peer_up_events = ld(c.peer_up_events);
+  s.peer_down_events = ld(c.peer_down_events);
+  s.reconnects = ld(c.reconnects);
+  s.unknown_sender = ld(c.unknown_sender);
+  s.fault_dropped = ld(c.fault_dropped);
+  s.fault_delayed = ld(c.fault_delayed);
+  s.fault_duplicated = ld(c.fault_duplicated);
+  s.fault_commands = ld(c.fault_commands);
+  s.fault_commands_refused = ld(c.fault_commands_refused);
+  return s;
+}
+
+std::vector<peer_info> control_node::peers() const {
+  std::vector<peer_info> v;
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [id, q] : impl_->out) v.push_back({id, q.endpoint, q.state, q.frames.size()});
+  return v;
+}
+
+}  // namespace tessera::transport::control

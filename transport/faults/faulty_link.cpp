@@ -1,0 +1,291 @@
+#include "transport/faults/faulty_link.hpp"
+
+#include <algorithm>
+
+namespace tessera::transport::faults {
+
+using bulk::completion;
+using bulk::completion_kind;
+using clock = std::chrono::steady_clock;
+
+namespace {
+bool heap_later(const auto& a, const auto& b) {
+  return a.due != b.due ? a.due > b.due : a.seq > b.seq;
+}
+}  // namespace
+
+faulty_link::faulty_link(std::unique_ptr<bulk::link> inner, std::shared_ptr<fault_injector> faults,
+                         std::string local, std::string remote, partition_mode mode)
+    : inner_(std::move(inner)),
+      faults_(std::move(faults)),
+      local_(std::move(local)),
+      remote_(std::move(remote)),
+      mode_(mode) {
+  TESSERA_ASSERT(inner_ != nullptr && faults_ != nullptr, "faulty_link needs a link and faults");
+  timer_ = std::thread([this] { timer_loop(); });
+}
+
+faulty_link::~faulty_link() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  timer_cv_.notify_all();
+  timer_.join();
+}
+
+result<void> faulty_link::write_with_imm(bulk::buffer_handle local, std::uint64_t local_offset,
+                                         const bulk::remote_buffer& remote,
+                                         std::uint64_t remote_offset, std::uint64_t bytes,
+                                         std::uint32_t imm, std::uint64_t wr_id) {
+  // What can be checked without the inner link's private state is checked now, so a held or
+  // dropped write refuses bad arguments exactly as an undecorated one does.
+  if (bytes > limits().max_write_bytes || remote_offset > remote.size ||
+      bytes > remote.size - remote_offset) {
+    return inner_->write_with_imm(local, local_offset, remote, remote_offset, bytes, imm, wr_id);
+  }
+  op o;
+  o.is_write = true;
+  o.local = local;
+  o.local_offset = local_offset;
+  o.remote = remote;
+  o.remote_offset = remote_offset;
+  o.bytes = bytes;
+  o.imm = imm;
+  return submit(std::move(o), wr_id);
+}
+
+result<void> faulty_link::send(std::span<const std::byte> message, std::uint64_t wr_id) {
+  if (message.size() > limits().max_send_bytes) return inner_->send(message, wr_id);
+  op o;
+  o.message.assign(message.begin(), message.end());
+  o.bytes = message.size();
+  return submit(std::move(o), wr_id);
+}
+
+result<void> faulty_link::post_inner(const op& o, std::uint64_t internal_id) {
+  if (o.is_write) {
+    return inner_->write_with_imm(o.local, o.local_offset, o.remote, o.remote_offset, o.bytes,
+                                  o.imm, internal_id);
+  }
+  return inner_->send(o.message, internal_id);
+}
+
+result<void> faulty_link::submit(op o, std::uint64_t wr_id) {
+  const auto now = clock::now();
+  const decision d = faults_->decide(local_, remote_, now.time_since_epoch());
+  auto shared = std::make_shared<const op>(std::move(o));
+  std::uint64_t id = 0;
+  std::uint32_t immediate = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (!inner_->is_up() || down_) {
+      return make_error(errc::closed, "faulty link {}->{}: link is down", local_, remote_);
+    }
+    if (outstanding_ >= limits().max_outstanding) {
+      return make_error(errc::overloaded,
+                        "faulty link {}->{}: {} operations outstanding (limit {}); poll first",
+                        local_, remote_, outstanding_, limits().max_outstanding);
+    }
+    id = next_id_++;
+    ++outstanding_;
+    const auto kind = shared->is_write ? completion_kind::write_done : completion_kind::send_done;
+    pending_[id] = pending{wr_id, kind, d.copies, false};
+    if (d.lost()) {
+      std::optional<error> failure;
+      if (d.outcome == decision::fate::partitioned && mode_ == partition_mode::fail) {
+        failure = make_error(errc::closed, "faulty link {}->{}: partitioned", local_, remote_);
+      }
+      pending_[id].copies_left = 1;  // the synthesized completion stands for the vanished one
+      synthesize(id, std::move(failure));
+      return ok();
+    }
+    for (std::uint8_t i = 0; i < d.copies; ++i) {
+      const clock::time_point due{std::chrono::duration_cast<clock::duration>(d.deliver_at[i])};
+      if (due <= now) {
+        ++immediate;
+      } else {
+        heap_.push_back(held_op{due, next_seq_++, id, shared});
+        std::push_heap(heap_.begin(), heap_.end(),
+                       [](const held_op& a, const held_op& b) { return heap_later(a, b); });
+      }
+    }
+  }
+  if (immediate < d.copies) timer_cv_.notify_all();
+  for (std::uint32_t i = 0; i < immediate; ++i) {
+    auto r = post_inner(*shared, id);
+    if (r) continue;
+    std::lock_guard lock(mutex_);
+    auto it = pending_.find(id);
+    if (i == 0 && immediate == d.copies) {
+      // The only (or first) copy was refused outright: the caller sees the inner error, as
+      // without the decorator.
+      --outstanding_;
+      pending_.erase(it);
+      return r;
+    }
+    if (it != pending_.end() && --it->second.copies_left == 0 && !it->second.reported) {
+      it->second.copies_left = 1;
+      synthesize(id, r.error());
+    }
+  }
+  return ok();
+}
+
+void faulty_link::timer_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (stopping_) return;
+    if (heap_.empty()) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    const auto now = clock::now();
+    if (heap_.front().due > now) {
+      timer_cv_.wait_until(lock, heap_.front().due);
+      continue;
+    }
+    std::pop_heap(heap_.begin(), heap_.end(),
+                  [](const held_op& a, const held_op& b) { return heap_later(a, b); });
+    held_op h = std::move(heap_.back());
+    heap_.pop_back();
+    lock.unlock();
+    auto r = post_inner(*h.what, h.internal_id);
+    lock.lock();
+    if (!r && r.error().code == errc::overloaded && !stopping_) {
+      // The inner link's own bound: try again shortly rather than lose the message.
+      h.due = clock::now() + std::chrono::milliseconds(1);
+      heap_.push_back(std::move(h));
+      std::push_heap(heap_.begin(), heap_.end(),
+                     [](const held_op& a, const held_op& b) { return heap_later(a, b); });
+      continue;
+    }
+    if (!r) {
+      auto it = pending_.find(h.internal_id);
+      if (it != pending_.end() && --it->second.copies_left == 0 && !it->second.reported) {
+        it->second.copies_left = 1;
+        synthesize(h.internal_id, r.error());
+      }
+    }
+  }
+}
+
+// Queues the user's completion for internal op `id` (mutex_ held). Consumes one copy.
+void faulty_link::synthesize(std::uint64_t id, std::optional<error> failure) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;
+  completion c;
+  c.kind = it->second.kind;
+  c.wr_id = it->second.user_wr_id;
+  c.failure = std::move(failure);
+  synthesized_.push_back(std::move(c));
+  it->second.reported = true;
+  if (--it->second.copies_left == 0) pending_.erase(it);
+}
+
+void faulty_link::fail_held(const error& reason) {
+  for (const held_op& h : heap_) {
+    auto it = pending_.find(h.internal_id);
+    if (it == pending_.end()) continue;
+    if (!it->second.reported) {
+      it->second.copies_left = 1;
+      synthesize(h.internal_id, reason);
+    } else if (--it->second.copies_left == 0) {
+      pending_.erase(it);
+    }
+  }
+  heap_.clear();
+}
+
+std::size_t faulty_link::take_synthesized(std::span<completion> out) {
+  std::size_t n = 0;
+  while (n < out.size() && !synthesized_.empty()) {
+    completion& c = synthesized_.front();
+    if (c.kind == completion_kind::write_done || c.kind == completion_kind::send_done) {
+      --outstanding_;
+    }
+    out[n++] = std::move(c);
+    synthesized_.pop_front();
+  }
+  if (n < out.size() && synthesized_.empty() && down_ && !down_delivered_) {
+    out[n++] = std::move(*down_);
+    down_delivered_ = true;
+  }
+  return n;
+}
+
+std::size_t faulty_link::translate(std::span<completion> got) {
+  std::size_t kept = 0;
+  for (completion& c : got) {
+    if (c.kind == completion_kind::link_down) {
+      down_ = std::move(c);
+      fail_held(down_->failure.value_or(error{errc::closed, "link down"}));
+      continue;
+    }
+    if (c.kind == completion_kind::write_done || c.kind == completion_kind::send_done) {
+      auto it = pending_.find(c.wr_id);
+      if (it == pending_.end()) continue;
+      pending& p = it->second;
+      const bool report = !p.reported;
+      const std::uint64_t user_wr_id = p.user_wr_id;
+      p.reported = true;
+      if (--p.copies_left == 0) pending_.erase(it);
+      if (!report) continue;  // the second copy of a duplicated operation
+      c.wr_id = user_wr_id;
+      --outstanding_;
+    }
+    if (&got[kept] != &c) got[kept] = std::move(c);
+    ++kept;
+  }
+  return kept;
+}
+
+std::size_t faulty_link::poll(std::span<completion> out) {
+  std::lock_guard lock(mutex_);
+  std::size_t n = take_synthesized(out);
+  if (n < out.size() && !down_) {
+    const std::size_t got = inner_->poll(out.subspan(n));
+    n += translate(out.subspan(n, got));
+  }
+  return n;
+}
+
+result<std::size_t> faulty_link::wait(std::span<completion> out,
+                                      std::chrono::microseconds timeout) {
+  if (out.empty()) return make_error(errc::invalid_argument, "wait: empty output span");
+  const auto deadline = clock::now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (down_delivered_ && synthesized_.empty()) {
+        return make_error(errc::closed, "faulty link {}->{}: link is down", local_, remote_);
+      }
+      if (std::size_t n = take_synthesized(out); n > 0) return n;
+    }
+    // Wait on the inner link in slices: a completion we synthesize from another thread (a held
+    // operation that failed) must not wait for the whole timeout.
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
+    const auto slice = std::clamp(left, std::chrono::microseconds(0), std::chrono::microseconds(5000));
+    std::size_t got = 0;
+    {
+      auto r = inner_->wait(out, slice);
+      if (!r) {
+        std::lock_guard lock(mutex_);
+        if (!synthesized_.empty() || (down_ && !down_delivered_)) continue;
+        return std::move(r).error();
+      }
+      got = *r;
+    }
+    std::lock_guard lock(mutex_);
+    if (std::size_t n = translate(out.first(got)); n > 0) return n;
+    if (!synthesized_.empty() || (down_ && !down_delivered_)) continue;
+    if (clock::now() >= deadline) return std::size_t{0};
+  }
+}
+
+std::size_t faulty_link::held() const {
+  std::lock_guard lock(mutex_);
+  return heap_.size();
+}
+
+}  // namespace tessera::transport::faults
