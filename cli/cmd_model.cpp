@@ -1,10 +1,106 @@
+// `tessera model synth` (synthetic llama/qwen3 GGUF with a working tokenizer) and
+// `tessera model info` (summary of any GGUF file). Errors go to stderr with a non-zero exit.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
 #include "cli/command.hpp"
+#include "inference/gguf/synth.hpp"
 
 namespace tessera::cli {
 
+namespace {
+
+struct synth_args {
+  std::string arch = "llama";
+  std::string preset = "tiny";
+  std::optional<std::uint32_t> dim, layers, heads, kv_heads, ffn, vocab, context;
+  std::string type = "f16";
+  std::uint64_t seed = 1;
+  bool tied = false;
+  std::string output;
+};
+
+int run_synth(const synth_args& a) {
+  using namespace tessera::inference::gguf;
+  auto cfg = synth_preset(a.preset, a.arch);
+  if (!cfg) {
+    std::fprintf(stderr, "tessera model synth: %s\n", cfg.error().message.c_str());
+    return 1;
+  }
+  if (a.dim) cfg->dim = *a.dim;
+  if (a.layers) cfg->layers = *a.layers;
+  if (a.heads) cfg->heads = *a.heads;
+  if (a.kv_heads) cfg->kv_heads = *a.kv_heads;
+  if (a.ffn) cfg->ffn = *a.ffn;
+  if (a.vocab) cfg->vocab = *a.vocab;
+  if (a.context) cfg->context = *a.context;
+  cfg->seed = a.seed;
+  cfg->tied_embeddings = a.tied;
+  auto type = parse_tensor_type(a.type);
+  if (!type) {
+    std::fprintf(stderr, "tessera model synth: --type: %s\n", type.error().message.c_str());
+    return 1;
+  }
+  cfg->type = *type;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = write_synthetic_model(*cfg, a.output);
+  if (!r) {
+    std::fprintf(stderr, "tessera model synth: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s: %s %s, %.1fM params, %llu tensors, %s, written in %.2f s\n", a.output.c_str(),
+              cfg->arch.c_str(), std::string(to_string(cfg->type)).c_str(),
+              static_cast<double>(r->params) / 1e6, static_cast<unsigned long long>(r->tensors),
+              human_bytes(r->file_bytes).c_str(), s);
+  return 0;
+}
+
+int run_info(const std::string& path, bool json) {
+  using namespace tessera::inference::gguf;
+  auto s = summarize_model(path);
+  if (!s) {
+    std::fprintf(stderr, "tessera model info: %s\n", s.error().message.c_str());
+    return 1;
+  }
+  std::string out = json ? to_json(*s) + "\n" : to_text(*s);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+}  // namespace
+
 void register_model(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("model", "synthesise a model or inspect a GGUF file");
-  cmd->callback([&exit_code] { exit_code = not_yet("model", 5); });
+  cmd->require_subcommand(1);
+
+  auto args = std::make_shared<synth_args>();
+  auto* synth = cmd->add_subcommand("synth", "write a synthetic llama/qwen3 model with random weights");
+  synth->add_option("--arch", args->arch, "llama or qwen3")->check(CLI::IsMember({"llama", "qwen3"}));
+  synth->add_option("--preset", args->preset, "tiny (56M params) or large (336M)")
+      ->check(CLI::IsMember({"tiny", "large"}));
+  synth->add_option("--dim", args->dim, "embedding width");
+  synth->add_option("--layers", args->layers, "transformer blocks");
+  synth->add_option("--heads", args->heads, "attention heads");
+  synth->add_option("--kv-heads", args->kv_heads, "key/value heads (GQA)");
+  synth->add_option("--ffn", args->ffn, "feed-forward width");
+  synth->add_option("--vocab", args->vocab, "vocabulary size");
+  synth->add_option("--context", args->context, "context length written to the metadata");
+  synth->add_option("--type", args->type, "f32|f16|bf16|q8_0|q4_0|q4_k|q6_k (default f16)");
+  synth->add_option("--seed", args->seed, "weight seed (same seed, same bytes)");
+  synth->add_flag("--tied", args->tied, "no output.weight: the embedding is reused");
+  synth->add_option("-o,--output", args->output, "output GGUF file")->required();
+  synth->callback([&exit_code, args] { exit_code = run_synth(*args); });
+
+  auto info_path = std::make_shared<std::string>();
+  auto info_json = std::make_shared<bool>(false);
+  auto* info = cmd->add_subcommand("info", "summarise a GGUF file");
+  info->add_option("file", *info_path, "GGUF file")->required();
+  info->add_flag("--json", *info_json, "machine-readable output");
+  info->callback([&exit_code, info_path, info_json] { exit_code = run_info(*info_path, *info_json); });
 }
 
 }  // namespace tessera::cli

@@ -1,0 +1,351 @@
+// AVX2 + FMA + F16C kernels. Only called when the CPU has them (see cpu.cpp); every function that
+// uses the instructions carries the target attribute itself, so the rest of the project stays
+// baseline x86-64.
+//
+// Integer dot products use the maddubs form: vpmaddubsw multiplies unsigned by signed bytes, so a
+// signed-by-signed q8_0 product is computed as |w| * (x with w's sign); products of a pair stay
+// below 2 * 128 * 127 and never saturate the int16 lanes.
+#include <immintrin.h>
+
+#include "inference/kernels/gemm_tiles.hpp"
+
+#define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TESSERA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+namespace tessera::inference::detail {
+
+namespace {
+
+TESSERA_AVX2_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+TESSERA_AVX2_INLINE float half(std::uint16_t h) { return _cvtsh_ss(h); }
+
+TESSERA_AVX2_INLINE __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// ---- float weights (f32, f16, bf16) against f32 activations ------------------------------------
+
+template <tensor_type W>
+TESSERA_AVX2_INLINE __m256 load8(const std::uint8_t* p, std::int64_t i) {
+  if constexpr (W == tensor_type::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + i / 8);
+    if constexpr (W == tensor_type::f16) {
+      return _mm256_cvtph_ps(h);
+    } else {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+template <tensor_type W>
+TESSERA_AVX2_INLINE float load1(const std::uint8_t* p, std::int64_t i) {
+  if constexpr (W == tensor_type::f32) return reinterpret_cast<const float*>(p)[i];
+  if constexpr (W == tensor_type::f16) return half(reinterpret_cast<const std::uint16_t*>(p)[i]);
+  return bf16_to_fp32(reinterpret_cast<const std::uint16_t*>(p)[i]);
+}
+
+template <tensor_type W, int R, int T>
+struct float_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const std::uint8_t* w[R];
+    const float* x[T];
+    for (int r = 0; r < R; ++r) w[r] = g.w + (r0 + r) * g.w_stride;
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(g.x + (t0 + t) * g.x_stride);
+    __m256 acc[R][T];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    std::int64_t i = 0;
+    for (; i + 8 <= g.cols; i += 8) {
+      __m256 xv[T];
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m256 wv = load8<W>(w[r], i);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) {
+        float tail = 0.0f;
+        for (std::int64_t j = i; j < g.cols; ++j) tail += load1<W>(w[r], j) * x[t][j];
+        g.y[(t0 + t) * g.y_stride + r0 + r] = hsum(acc[r][t]) + tail;
+      }
+    }
+  }
+};
+
+template <int R, int T>
+using f32_tile = float_tile<tensor_type::f32, R, T>;
+template <int R, int T>
+using f16_tile = float_tile<tensor_type::f16, R, T>;
+template <int R, int T>
+using bf16_tile = float_tile<tensor_type::bf16, R, T>;
+
+// ---- q8_0 and q4_0 weights against q8_0 activations --------------------------------------------
+
+template <int R, int T>
+struct q8_0_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const block_q8_0* w[R];
+    const block_q8_0* x[T];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_0*>(g.x + (t0 + t) * g.x_stride);
+    __m256 acc[R][T];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const std::int64_t nb = g.cols / qk8_0;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      __m256i xq[T];
+      float dx[T];
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        xq[t] = load256(x[t][b].qs);
+        dx[t] = half(x[t][b].d);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m256i wq = load256(w[r][b].qs);
+        const __m256i aw = _mm256_abs_epi8(wq);
+        const float dw = half(w[r][b].d);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const __m256i sx = _mm256_sign_epi8(xq[t], wq);
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+          acc[r][t] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = hsum(acc[r][t]);
+    }
+  }
+};
+
+template <int R, int T>
+struct q4_0_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const block_q4_0* w[R];
+    const block_q8_0* x[T];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q4_0*>(g.w + (r0 + r) * g.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_0*>(g.x + (t0 + t) * g.x_stride);
+    __m256 acc[R][T];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i eights = _mm256_set1_epi8(8);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const std::int64_t nb = g.cols / qk4_0;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      __m256i xq[T];
+      __m256i x8[T];  // 8 * x summed in pairs: the "- 8" of the weights, taken off once per block
+      float dx[T];
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        xq[t] = load256(x[t][b].qs);
+        x8[t] = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, xq[t]), ones);
+        dx[t] = half(x[t][b].d);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][b].qs));
+        const __m256i wq = _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
+        const float dw = half(w[r][b].d);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const __m256i p = _mm256_sub_epi32(
+              _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq[t]), ones), x8[t]);
+          acc[r][t] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = hsum(acc[r][t]);
+    }
+  }
+};
+
+// ---- K-quants against q8_K activations (one weight row, up to 4 tokens) ------------------------
+
+template <int R, int T>
+struct q4_k_tile {
+  static_assert(R == 1);
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const auto* w = reinterpret_cast<const block_q4_k*>(g.w + r0 * g.w_stride);
+    const block_q8_k* x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
+    __m256 acc[T];
+    float mins[T];
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm256_setzero_ps();
+      mins[t] = 0.0f;
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      std::uint8_t sc[8], m[8];
+      q4_k_unpack_scales(w[b].scales, sc, m);
+      __m256i isum[T];
+      for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = load256(w[b].qs + 32 * j);
+        const __m256i lo = _mm256_and_si256(q, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        const __m256i sc_lo = _mm256_set1_epi16(sc[2 * j]);
+        const __m256i sc_hi = _mm256_set1_epi16(sc[2 * j + 1]);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+          const __m256i pl = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(lo, load256(x[t][b].qs + 64 * j)), sc_lo);
+          const __m256i ph = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(hi, load256(x[t][b].qs + 64 * j + 32)), sc_hi);
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+        }
+      }
+      const float d = half(w[b].d);
+      const float dmin = half(w[b].dmin);
+      for (int t = 0; t < T; ++t) {
+        int msum = 0;
+        for (int s = 0; s < 8; ++s) msum += m[s] * (x[t][b].bsums[2 * s] + x[t][b].bsums[2 * s + 1]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * x[t][b].d), acc[t]);
+        mins[t] += dmin * x[t][b].d * static_cast<float>(msum);
+      }
+    }
+    for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0] = hsum(acc[t]) - mins[t];
+  }
+};
+
+template <int R, int T>
+struct q6_k_tile {
+  static_assert(R == 1);
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const auto* w = reinterpret_cast<const block_q6_k*>(g.w + r0 * g.w_stride);
+    const block_q8_k* x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
+    __m256 acc[T];
+    float offs[T];
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm256_setzero_ps();
+      offs[t] = 0.0f;
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i low2 = _mm256_set1_epi8(0x03);
+    for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      const std::int8_t* sc = w[b].scales;
+      __m256i isum[T];
+      for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = load256(w[b].ql + 64 * h);
+        const __m256i ql1 = load256(w[b].ql + 64 * h + 32);
+        const __m256i qh = load256(w[b].qh + 32 * h);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
+                               _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4));
+        q[1] = _mm256_or_si256(
+            _mm256_and_si256(ql1, low4),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4));
+        q[2] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4));
+        q[3] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
+        for (int k = 0; k < 4; ++k) {
+          const int s = 8 * h + 2 * k;
+          const __m256i scv =
+              _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t) {
+            const __m256i xv = load256(x[t][b].qs + 128 * h + 32 * k);
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), scv));
+          }
+        }
+      }
+      const float d = half(w[b].d);
+      for (int t = 0; t < T; ++t) {
+        int corr = 0;  // the "- 32" of the 6-bit levels, via the activation block sums
+        for (int s = 0; s < 16; ++s) corr += sc[s] * x[t][b].bsums[s];
+        const float dd = d * x[t][b].d;
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(dd), acc[t]);
+        offs[t] += dd * static_cast<float>(32 * corr);
+      }
+    }
+    for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0] = hsum(acc[t]) - offs[t];
+  }
+};
+
+}  // namespace
+
+// ---- activation quantizer ------------------------------------------------------------------------
+
+TESSERA_AVX2 void quantize_row_q8_0_avx2(const float* x, void* y, std::int64_t n) noexcept {
+  auto* out = static_cast<block_q8_0*>(y);
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i lim = _mm256_set1_epi32(127);
+  const __m256i neg_lim = _mm256_set1_epi32(-127);
+  for (std::int64_t b = 0; b < n / qk8_0; ++b, x += qk8_0) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(x + 8 * k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    // Same float operations as the scalar quantize_row_q8_0, so the same levels and scale.
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = fp32_to_fp16(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256 s = _mm256_round_ps(_mm256_mul_ps(v[k], idv),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      q[k] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(s), lim), neg_lim);
+    }
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                         _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs),
+                        _mm256_permutevar8x32_epi32(p, order));
+  }
+}
+
+const kernel_table& avx2_kernels() noexcept {
+  static const kernel_table table = [] {
+    kernel_table k{};
+    k.gemm[type_slot(tensor_type::f32)] = drive_tiles<f32_tile, 4, 2>;
+    k.gemm[type_slot(tensor_type::f16)] = drive_tiles<f16_tile, 4, 2>;
+    k.gemm[type_slot(tensor_type::bf16)] = drive_tiles<bf16_tile, 4, 2>;
+    k.gemm[type_slot(tensor_type::q8_0)] = drive_tiles<q8_0_tile, 4, 2>;
+    k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 2>;
+    k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
+    k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
+    return k;
+  }();
+  return table;
+}
+
+}  // namespace tessera::inference::detail

@@ -1,0 +1,373 @@
+// AVX-512 (F/BW/VL) + VNNI kernels. Only called when the CPU has them (see cpu.cpp).
+//
+// q8_0 and q4_0 work on two blocks per 512-bit register. vpdpbusd multiplies unsigned by signed
+// bytes and sums four products into an int32 lane without intermediate saturation:
+//  - q8_0 x q8_0: the activations are made unsigned (x + 128, an xor with 0x80) and the surplus
+//    128 * sum(w) is subtracted; it is computed once per weight block and shared by every token of
+//    the tile, so each (row, token) pair costs one vpdpbusd per 64 bytes;
+//  - q4_0 x q8_0: the 4-bit levels are already unsigned; the "- 8" is taken off as 8 * sum(x),
+//    once per activation block.
+// The integer block sums are therefore exactly those of the scalar reference.
+// The K-quants use vpmaddubsw/vpmaddwd with the sub-block scales spread over int16 lanes.
+// GCC 12's avx512fintrin.h initialises vectors from _mm512_undefined_*(), which -Wuninitialized
+// reports once inlined here (a known false positive of the header, not of this code).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "inference/kernels/gemm_tiles.hpp"
+
+#define TESSERA_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define TESSERA_AVX512_INLINE                                                             \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) \
+  inline
+
+namespace tessera::inference::detail {
+
+namespace {
+
+TESSERA_AVX512_INLINE float half(std::uint16_t h) { return _cvtsh_ss(h); }
+
+TESSERA_AVX512_INLINE __m512i pair512(const void* lo, const void* hi) {
+  const __m256i a = _mm256_loadu_si256(static_cast<const __m256i*>(lo));
+  const __m256i b = hi ? _mm256_loadu_si256(static_cast<const __m256i*>(hi)) : _mm256_setzero_si256();
+  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+TESSERA_AVX512_INLINE __m512 scale_pair(float lo, float hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)),
+                                             _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
+}
+
+// ---- float weights -----------------------------------------------------------------------------
+
+template <tensor_type W>
+TESSERA_AVX512_INLINE __m512 load16(const std::uint8_t* p, std::int64_t i, __mmask16 mask) {
+  if (__builtin_constant_p(mask) && mask == 0xFFFF) {
+    if constexpr (W == tensor_type::f32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
+    } else {
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(p) + i));
+      if constexpr (W == tensor_type::f16) {
+        return _mm512_cvtph_ps(h);
+      } else {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+    }
+  }
+  if constexpr (W == tensor_type::f32) {
+    return _mm512_maskz_loadu_ps(mask, reinterpret_cast<const float*>(p) + i);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const std::uint16_t*>(p) + i);
+    if constexpr (W == tensor_type::f16) {
+      return _mm512_cvtph_ps(h);
+    } else {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+template <tensor_type W, int R, int T>
+struct float_tile {
+  TESSERA_AVX512_INLINE static void step(const std::uint8_t* const* w, const float* const* x,
+                                         std::int64_t i, __mmask16 mask, __m512 (&acc)[R][T]) {
+    __m512 xv[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) xv[t] = _mm512_maskz_loadu_ps(mask, x[t] + i);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = load16<W>(w[r], i, mask);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const std::uint8_t* w[R];
+    const float* x[T];
+    for (int r = 0; r < R; ++r) w[r] = g.w + (r0 + r) * g.w_stride;
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[R][T];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    std::int64_t i = 0;
+    for (; i + 16 <= g.cols; i += 16) step(w, x, i, 0xFFFF, acc);
+    // The last, partial step uses masked loads: no scalar tail.
+    if (i < g.cols) step(w, x, i, static_cast<__mmask16>((1u << (g.cols - i)) - 1u), acc);
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    }
+  }
+};
+
+template <int R, int T>
+using f32_tile = float_tile<tensor_type::f32, R, T>;
+template <int R, int T>
+using f16_tile = float_tile<tensor_type::f16, R, T>;
+template <int R, int T>
+using bf16_tile = float_tile<tensor_type::bf16, R, T>;
+
+// ---- q8_0 --------------------------------------------------------------------------------------
+
+template <int R, int T>
+struct q8_0_tile {
+  // Blocks b and b + 1 (or only b when `single`) of every row and token of the tile.
+  TESSERA_AVX512_INLINE static void step(const block_q8_0* const* w, const block_q8_0* const* x,
+                                         std::int64_t b, bool single, __m512 (&acc)[R][T]) {
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i xu[T];
+    __m512 dx[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      xu[t] = _mm512_xor_si512(pair512(x[t][b].qs, single ? nullptr : x[t][b + 1].qs), bias);
+      dx[t] = scale_pair(half(x[t][b].d), single ? 0.0f : half(x[t][b + 1].d));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      // ~800 bytes ahead in each row stream: a few percent on DRAM-bound decode here.
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + b + 24), _MM_HINT_T0);
+      const __m512i wq = pair512(w[r][b].qs, single ? nullptr : w[r][b + 1].qs);
+      const __m512i neg_sum = _mm512_sub_epi32(
+          _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
+      const __m512 dw = scale_pair(half(w[r][b].d), single ? 0.0f : half(w[r][b + 1].d));
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        const __m512i p = _mm512_dpbusd_epi32(neg_sum, xu[t], wq);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[t]), acc[r][t]);
+      }
+    }
+  }
+
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const block_q8_0* w[R];
+    const block_q8_0* x[T];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_0*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[R][T];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    const std::int64_t nb = g.cols / qk8_0;
+    std::int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) step(w, x, b, false, acc);
+    if (b < nb) step(w, x, b, true, acc);
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    }
+  }
+};
+
+// ---- q4_0 --------------------------------------------------------------------------------------
+
+TESSERA_AVX512_INLINE __m256i q4_0_levels(const block_q4_0& blk) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+template <int R, int T>
+struct q4_0_tile {
+  TESSERA_AVX512_INLINE static void step(const block_q4_0* const* w, const block_q8_0* const* x,
+                                         std::int64_t b, bool single, __m512 (&acc)[R][T]) {
+    const __m512i eights = _mm512_set1_epi8(8);
+    __m512i xs[T];
+    __m512i neg8[T];
+    __m512 dx[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      xs[t] = pair512(x[t][b].qs, single ? nullptr : x[t][b + 1].qs);
+      neg8[t] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), eights, xs[t]));
+      dx[t] = scale_pair(half(x[t][b].d), single ? 0.0f : half(x[t][b + 1].d));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m256i hi = single ? _mm256_setzero_si256() : q4_0_levels(w[r][b + 1]);
+      const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(q4_0_levels(w[r][b])), hi, 1);
+      const __m512 dw = scale_pair(half(w[r][b].d), single ? 0.0f : half(w[r][b + 1].d));
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        const __m512i p = _mm512_dpbusd_epi32(neg8[t], wq, xs[t]);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[t]), acc[r][t]);
+      }
+    }
+  }
+
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const block_q4_0* w[R];
+    const block_q8_0* x[T];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q4_0*>(g.w + (r0 + r) * g.w_stride);
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_0*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[R][T];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    const std::int64_t nb = g.cols / qk4_0;
+    std::int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) step(w, x, b, false, acc);
+    if (b < nb) step(w, x, b, true, acc);
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    }
+  }
+};
+
+// ---- K-quants against q8_K activations (one weight row, up to 4 tokens) ------------------------
+//
+// A zmm holds 64 consecutive elements. vpmaddubsw (unsigned levels x signed activations, pairs
+// never saturate: 2 * 63 * 127 < 32767) then vpmaddwd with the sub-block scales spread over their
+// int16 lanes (vpermw) gives int32 sums that are exact, as in the scalar reference.
+
+// vpermw indices: lane i of a spread takes scale first + i / per_scale.
+struct spread_table {
+  alignas(64) std::int16_t idx[4][32];
+  constexpr spread_table(int per_scale, const int (&first)[4]) : idx{} {
+    for (int k = 0; k < 4; ++k) {
+      for (int i = 0; i < 32; ++i) idx[k][i] = static_cast<std::int16_t>(first[k] + i / per_scale);
+    }
+  }
+};
+constexpr int q4_k_first[4] = {0, 2, 4, 6};  // zmm j: sub-blocks 2j, 2j+1 (32 elements each)
+constexpr int q6_k_first[4] = {0, 4, 8, 12};  // zmm k: sub-blocks 4k..4k+3 (16 elements each)
+constexpr spread_table q4_k_spread(16, q4_k_first);
+constexpr spread_table q6_k_spread(8, q6_k_first);
+
+TESSERA_AVX512_INLINE __m512i spread_scales(__m256i scales16, const std::int16_t* idx) {
+  return _mm512_permutexvar_epi16(_mm512_load_si512(idx), _mm512_castsi256_si512(scales16));
+}
+
+template <int R, int T>
+struct q4_k_tile {
+  static_assert(R == 1);
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const auto* w = reinterpret_cast<const block_q4_k*>(g.w + r0 * g.w_stride);
+    const block_q8_k* x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[T];
+    __m256 mins[T];
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      mins[t] = _mm256_setzero_ps();
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i pair_idx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      alignas(16) std::uint8_t scm[16];  // 8 scales, then 8 mins
+      q4_k_unpack_scales(w[b].scales, scm, scm + 8);
+      const __m256i scm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(scm)));
+      // Sub-blocks 2j (low nibbles of qs[32j..32j+31]) and 2j+1 (high nibbles) = elements
+      // 64j..64j+63, matching one zmm of activations.
+      __m512i q[4], sc[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * j));
+        q[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
+                                  _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
+        sc[j] = spread_scales(scm16, q4_k_spread.idx[j]);
+      }
+      const __m256i m_pairs = _mm256_permutexvar_epi16(pair_idx, scm16);  // m0 m0 m1 m1 ...
+      const float d = half(w[b].d);
+      const float dmin = half(w[b].dmin);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        __m512i isum = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+          const __m512i xv = _mm512_loadu_si512(x[t][b].qs + 64 * j);
+          isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(q[j], xv), sc[j]));
+        }
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].bsums));
+        const __m256i msum = _mm256_madd_epi16(bs, m_pairs);  // m_s * (bsum_2s + bsum_2s+1)
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * x[t][b].d), acc[t]);
+        mins[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * x[t][b].d), mins[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(mins[t]), _mm256_extractf128_ps(mins[t], 1));
+      const __m128 m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
+      const float m1 = _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
+      g.y[(t0 + t) * g.y_stride + r0] = _mm512_reduce_add_ps(acc[t]) - m1;
+    }
+  }
+};
+
+template <int R, int T>
+struct q6_k_tile {
+  static_assert(R == 1);
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const auto* w = reinterpret_cast<const block_q6_k*>(g.w + r0 * g.w_stride);
+    const block_q8_k* x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[T];
+    __m256 offs[T];
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      offs[t] = _mm256_setzero_ps();
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i low2 = _mm512_set1_epi8(0x03);
+    // Per 256-bit half of a zmm: which bit pair of qh holds the top bits (see block_q6_k).
+    const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shift_b = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales)));
+      __m512i q[4], sc[4];
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = _mm512_loadu_si512(w[b].ql + 64 * h);  // [ql0 | ql1]
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * h)));
+        const __m512i hi_a = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_a), low2), 4);
+        const __m512i hi_b = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_b), low2), 4);
+        q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4), hi_a);  // elements 128h + 0..63
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), hi_b);
+        sc[2 * h] = spread_scales(sc16, q6_k_spread.idx[2 * h]);
+        sc[2 * h + 1] = spread_scales(sc16, q6_k_spread.idx[2 * h + 1]);
+      }
+      const float d = half(w[b].d);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        __m512i isum = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) {
+          const __m512i xv = _mm512_loadu_si512(x[t][b].qs + 64 * k);
+          isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(q[k], xv), sc[k]));
+        }
+        // The "- 32" of the levels: 32 * sum_s sc_s * bsum_s, via the activation block sums.
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].bsums));
+        const __m256i corr = _mm256_madd_epi16(bs, sc16);
+        const float dd = d * x[t][b].d;
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[t]);
+        offs[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(32.0f * dd), offs[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m128 o4 = _mm_add_ps(_mm256_castps256_ps128(offs[t]), _mm256_extractf128_ps(offs[t], 1));
+      const __m128 o2 = _mm_add_ps(o4, _mm_movehl_ps(o4, o4));
+      const float o1 = _mm_cvtss_f32(_mm_add_ss(o2, _mm_movehdup_ps(o2)));
+      g.y[(t0 + t) * g.y_stride + r0] = _mm512_reduce_add_ps(acc[t]) - o1;
+    }
+  }
+};
+
+}  // namespace
+
+const kernel_table& avx512_kernels() noexcept {
+  static const kernel_table table = [] {
+    kernel_table k{};
+    k.gemm[type_slot(tensor_type::f32)] = drive_tiles<f32_tile, 4, 4>;
+    k.gemm[type_slot(tensor_type::f16)] = drive_tiles<f16_tile, 4, 4>;
+    k.gemm[type_slot(tensor_type::bf16)] = drive_tiles<bf16_tile, 4, 4>;
+    k.gemm[type_slot(tensor_type::q8_0)] = drive_tiles<q8_0_tile, 4, 4>;
+    k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 4>;
+    k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
+    k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
+    return k;
+  }();
+  return table;
+}
+
+}  // namespace tessera::inference::detail

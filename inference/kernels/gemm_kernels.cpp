@@ -1,0 +1,65 @@
+#include "inference/kernels/gemm_kernels.hpp"
+
+#include <cstring>
+
+namespace tessera::inference::detail {
+
+int type_slot(tensor_type t) noexcept {
+  switch (t) {
+    case tensor_type::f32: return 0;
+    case tensor_type::f16: return 1;
+    case tensor_type::bf16: return 2;
+    case tensor_type::q8_0: return 3;
+    case tensor_type::q4_0: return 4;
+    case tensor_type::q4_k: return 5;
+    case tensor_type::q6_k: return 6;
+  }
+  TESSERA_ASSERT(false, "unknown tensor type {}", static_cast<std::uint32_t>(t));
+  return 0;
+}
+
+act_format activation_format(tensor_type w) noexcept {
+  switch (w) {
+    case tensor_type::q8_0:
+    case tensor_type::q4_0: return act_format::q8_0;
+    case tensor_type::q4_k:
+    case tensor_type::q6_k: return act_format::q8_k;
+    default: return act_format::f32;
+  }
+}
+
+std::size_t activation_row_bytes(act_format f, std::int64_t cols) noexcept {
+  const auto n = static_cast<std::size_t>(cols);
+  switch (f) {
+    case act_format::f32: return n * sizeof(float);
+    case act_format::q8_0: return n / qk8_0 * sizeof(block_q8_0);
+    case act_format::q8_k: return n / qk_k * sizeof(block_q8_k);
+  }
+  return 0;
+}
+
+const kernel_table& kernels_for(isa level) noexcept {
+  switch (level) {
+    case isa::avx512: return avx512_kernels();
+    case isa::avx2: return avx2_kernels();
+    case isa::scalar: break;
+  }
+  return scalar_kernels();
+}
+
+void quantize_activations(act_format f, const float* x, std::uint8_t* out, std::int64_t cols,
+                          isa level) noexcept {
+  switch (f) {
+    case act_format::f32: std::memcpy(out, x, static_cast<std::size_t>(cols) * sizeof(float)); break;
+    case act_format::q8_0:
+      if (level != isa::scalar) {
+        quantize_row_q8_0_avx2(x, out, cols);
+      } else {
+        quantize_row_q8_0(x, out, cols);
+      }
+      break;
+    case act_format::q8_k: quantize_row_q8_k(x, out, cols); break;
+  }
+}
+
+}  // namespace tessera::inference::detail

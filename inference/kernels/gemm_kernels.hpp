@@ -1,0 +1,58 @@
+// Internal: the per-ISA mat-mul kernels behind matmul(). Not part of the public API.
+//
+// A kernel computes y[t * y_stride + r] = dot(weight row r, activation row t) for every r < rows,
+// t < n_tokens, with the activation rows already in the format its weight type pairs with
+// (activation_format()). Contract every kernel keeps: the value computed for one (r, t) does not
+// depend on rows, n_tokens or where the caller split them, so a threaded mat-mul equals the
+// single-threaded one bit for bit and prefill equals decode for the same token.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "inference/kernels/cpu.hpp"
+#include "inference/kernels/quant.hpp"
+
+namespace tessera::inference::detail {
+
+/// How activations are stored for a weight type: f32 rows for float weights, q8_0 blocks for
+/// q8_0/q4_0, q8_K blocks for the K-quants.
+enum class act_format { f32, q8_0, q8_k };
+
+[[nodiscard]] act_format activation_format(tensor_type w) noexcept;
+/// Bytes of one activation row of `cols` elements (cols a multiple of the weight block size).
+[[nodiscard]] std::size_t activation_row_bytes(act_format f, std::int64_t cols) noexcept;
+
+struct gemm_args {
+  const std::uint8_t* w = nullptr;  ///< row r starts at w + r * w_stride
+  std::size_t w_stride = 0;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  const std::uint8_t* x = nullptr;  ///< activation row t starts at x + t * x_stride
+  std::size_t x_stride = 0;
+  std::int64_t n_tokens = 0;
+  float* y = nullptr;
+  std::int64_t y_stride = 0;
+};
+
+using gemm_fn = void (*)(const gemm_args&) noexcept;
+
+/// One kernel per weight type, in the order of type_slot().
+struct kernel_table {
+  gemm_fn gemm[7];
+};
+
+[[nodiscard]] int type_slot(tensor_type t) noexcept;
+
+[[nodiscard]] const kernel_table& scalar_kernels() noexcept;
+[[nodiscard]] const kernel_table& avx2_kernels() noexcept;
+[[nodiscard]] const kernel_table& avx512_kernels() noexcept;
+[[nodiscard]] const kernel_table& kernels_for(isa level) noexcept;
+
+/// Activation quantizers per ISA (identical results: the integer levels and scales are the
+/// same on every path, so only the float summation order of the dot products differs).
+void quantize_activations(act_format f, const float* x, std::uint8_t* out, std::int64_t cols,
+                          isa level) noexcept;
+void quantize_row_q8_0_avx2(const float* x, void* y, std::int64_t n) noexcept;
+
+}  // namespace tessera::inference::detail

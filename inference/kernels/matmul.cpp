@@ -1,0 +1,106 @@
+#include "inference/kernels/matmul.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "inference/kernels/gemm_kernels.hpp"
+
+namespace tessera::inference {
+
+namespace {
+
+result<std::size_t> validate(const weight_view& w, const float* x, std::int64_t n_tokens,
+                             const float* y) {
+  if (!tensor_type_from_ggml(static_cast<std::uint32_t>(w.type))) {
+    return make_error(errc::unsupported, "matmul: weight type id {} is not supported",
+                      static_cast<std::uint32_t>(w.type));
+  }
+  if (w.rows < 0 || w.rows > max_matmul_dim || w.cols <= 0 || w.cols > max_matmul_dim) {
+    return make_error(errc::invalid_argument,
+                      "matmul: weight shape {}x{} is outside [0, {}] x [1, {}]", w.rows, w.cols,
+                      max_matmul_dim, max_matmul_dim);
+  }
+  if (n_tokens < 0 || n_tokens > max_matmul_tokens) {
+    return make_error(errc::invalid_argument, "matmul: {} tokens is outside [0, {}]", n_tokens,
+                      max_matmul_tokens);
+  }
+  auto row = row_bytes(w.type, w.cols);
+  if (!row) {
+    return make_error(errc::invalid_argument, "matmul: weight {}x{}: {}", w.rows, w.cols,
+                      row.error().message);
+  }
+  const std::size_t stride = w.row_stride_bytes == 0 ? *row : w.row_stride_bytes;
+  if (stride < *row) {
+    return make_error(errc::invalid_argument,
+                      "matmul: row stride {} B is shorter than a row of {} {} elements ({} B)",
+                      stride, w.cols, to_string(w.type), *row);
+  }
+  if (w.rows > 0 && n_tokens > 0 && (w.data == nullptr || x == nullptr || y == nullptr)) {
+    return make_error(errc::invalid_argument, "matmul: null weight, input or output buffer");
+  }
+  return stride;
+}
+
+}  // namespace
+
+std::size_t weight_bytes(const weight_view& w) noexcept {
+  auto row = row_bytes(w.type, w.cols);
+  return row ? *row * static_cast<std::size_t>(std::max<std::int64_t>(w.rows, 0)) : 0;
+}
+
+result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens, float* y,
+                    thread_pool* pool) {
+  auto stride = validate(w, x, n_tokens, y);
+  if (!stride) return std::move(stride).error();
+  if (w.rows == 0 || n_tokens == 0) return ok();
+
+  const isa level = active_isa();
+  const detail::gemm_fn gemm = detail::kernels_for(level).gemm[detail::type_slot(w.type)];
+  const detail::act_format format = detail::activation_format(w.type);
+  const std::size_t x_stride = detail::activation_row_bytes(format, w.cols);
+  const int n_threads = pool ? pool->size() : 1;
+
+  // Activations in the form the weights pair with; f32 weights read x in place.
+  const std::uint8_t* xq = reinterpret_cast<const std::uint8_t*>(x);
+  thread_local std::vector<std::uint8_t> scratch;
+  if (format != detail::act_format::f32) {
+    scratch.resize(x_stride * static_cast<std::size_t>(n_tokens));
+    // A plain pointer: inside the pool's threads `scratch` would name their own thread_local.
+    std::uint8_t* buffer = scratch.data();
+    auto quantize = [&](int index, int size) {
+      for (std::int64_t t = index; t < n_tokens; t += size) {
+        detail::quantize_activations(format, x + t * w.cols, buffer + t * x_stride, w.cols,
+                                     level);
+      }
+    };
+    if (n_threads > 1 && n_tokens > 1) {
+      pool->run(quantize);
+    } else {
+      quantize(0, 1);
+    }
+    xq = buffer;
+  }
+
+  const detail::gemm_args all{static_cast<const std::uint8_t*>(w.data), *stride, w.rows, w.cols,
+                              xq, x_stride, n_tokens, y, w.rows};
+  if (n_threads == 1) {
+    gemm(all);
+    return ok();
+  }
+  // Contiguous row ranges, multiples of 4 rows (the widest row tile) except the last.
+  const std::int64_t chunk = (w.rows + n_threads - 1) / n_threads;
+  const std::int64_t aligned = (chunk + 3) / 4 * 4;
+  pool->run([&](int index, int) {
+    const std::int64_t begin = std::min(w.rows, index * aligned);
+    const std::int64_t end = std::min(w.rows, begin + aligned);
+    if (begin >= end) return;
+    detail::gemm_args part = all;
+    part.w += static_cast<std::size_t>(begin) * *stride;
+    part.rows = end - begin;
+    part.y += begin;
+    gemm(part);
+  });
+  return ok();
+}
+
+}  // namespace tessera::inference

@@ -1,0 +1,111 @@
+#include "inference/tokenizer/chat.hpp"
+
+#include "inference/gguf/gguf.hpp"
+
+namespace tessera::inference::tokenizer {
+
+std::string_view to_string(chat_family f) noexcept {
+  switch (f) {
+    case chat_family::llama3: return "llama3";
+    case chat_family::chatml: return "chatml";
+    case chat_family::mistral: return "mistral";
+  }
+  return "unknown";
+}
+
+result<chat_family> parse_chat_family(std::string_view name) {
+  for (auto f : {chat_family::llama3, chat_family::chatml, chat_family::mistral}) {
+    if (to_string(f) == name) return f;
+  }
+  return make_error(errc::invalid_argument, "unknown chat template '{}' (llama3, chatml, mistral)",
+                    name);
+}
+
+result<chat_family> detect_chat_family(std::string_view t) {
+  if (t.find("<|start_header_id|>") != std::string_view::npos) return chat_family::llama3;
+  if (t.find("<|im_start|>") != std::string_view::npos) return chat_family::chatml;
+  if (t.find("[INST]") != std::string_view::npos) return chat_family::mistral;
+  return make_error(errc::unsupported, "chat template has no known family markers");
+}
+
+chat_family chat_family_for(const gguf::file& f) {
+  if (auto t = f.get_string("tokenizer.chat_template")) {
+    if (auto fam = detect_chat_family(*t)) return *fam;
+  }
+  auto arch = f.get_string("general.architecture");
+  if (arch && (*arch == "qwen2" || *arch == "qwen3" || *arch == "qwen2moe" || *arch == "qwen3moe"))
+    return chat_family::chatml;
+  auto model = f.get_string("tokenizer.ggml.model");
+  if (model && *model == "gpt2") {
+    auto tokens = f.get_array("tokenizer.ggml.tokens", gguf::value_type::string);
+    if (tokens) {
+      for (const auto& s : (*tokens)->strings) {
+        if (s == "<|start_header_id|>") return chat_family::llama3;
+      }
+    }
+    return chat_family::chatml;
+  }
+  return chat_family::mistral;
+}
+
+result<chat_prompt> apply_chat_template(chat_family family, const std::vector<chat_message>& messages,
+                                        bool add_generation_prompt) {
+  for (const auto& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+      return make_error(errc::invalid_argument,
+                        "chat message role '{}' is not system, user or assistant", m.role);
+  }
+  chat_prompt p;
+  switch (family) {
+    case chat_family::llama3:
+      p.text = "<|begin_of_text|>";
+      for (const auto& m : messages) {
+        p.text += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+      }
+      if (add_generation_prompt) p.text += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return p;
+    case chat_family::chatml:
+      for (const auto& m : messages) {
+        p.text += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      }
+      if (add_generation_prompt) p.text += "<|im_start|>assistant\n";
+      return p;
+    case chat_family::mistral: {
+      // <s>[INST] {system}\n\n{user} [/INST] {assistant}</s>[INST] {user} [/INST]
+      p.add_bos = true;
+      std::string system;
+      bool expect_user = true;
+      for (std::size_t i = 0; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        if (m.role == "system") {
+          if (i != 0)
+            return make_error(errc::invalid_argument,
+                              "mistral chat template: a system message must come first");
+          system = m.content;
+          continue;
+        }
+        if ((m.role == "user") != expect_user)
+          return make_error(errc::invalid_argument,
+                            "mistral chat template: roles must alternate user/assistant (message {} "
+                            "is {})",
+                            i, m.role);
+        if (m.role == "user") {
+          p.text += "[INST] ";
+          if (!system.empty()) {
+            p.text += system + "\n\n";
+            system.clear();
+          }
+          p.text += m.content + " [/INST]";
+        } else {
+          p.text += " " + m.content + "</s>";
+        }
+        expect_user = !expect_user;
+      }
+      (void)add_generation_prompt;  // the reply follows [/INST] directly
+      return p;
+    }
+  }
+  return make_error(errc::invalid_argument, "unknown chat family");
+}
+
+}  // namespace tessera::inference::tokenizer
