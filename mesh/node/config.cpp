@@ -1,0 +1,537 @@
+#include "mesh/node/config.hpp"
+
+#include <arpa/inet.h>
+#include <net/if.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <set>
+
+#include <toml++/toml.h>
+
+#include "mesh/discovery/peer_hint.hpp"
+#include "mesh/node/config_keys.hpp"
+
+namespace tessera::mesh {
+namespace {
+
+using detail::key_spec;
+using detail::value_kind;
+
+result<void> check_seed(std::string_view text) {
+  auto e = parse_endpoint(text);
+  if (!e) return std::move(e).error();
+  return ok();
+}
+
+result<void> check_ipv4(std::string_view text) {
+  in_addr addr{};
+  if (::inet_pton(AF_INET, std::string(text).c_str(), &addr) != 1) {
+    return make_error(errc::invalid_argument, "'{}' is not an IPv4 address", text);
+  }
+  return ok();
+}
+
+result<void> check_ifname(std::string_view text) {
+  if (text.size() >= IFNAMSIZ) {
+    return make_error(errc::invalid_argument, "'{}' is longer than an interface name ({} chars)",
+                      text, IFNAMSIZ - 1);
+  }
+  return ok();
+}
+
+result<void> check_cluster_name(std::string_view text) {
+  if (!is_cluster_id_text(text)) {
+    return make_error(errc::invalid_argument,
+                      "'{}': 1..{} printable characters without spaces, '=' or ','", text,
+                      max_cluster_id_bytes);
+  }
+  return ok();
+}
+
+result<void> check_non_empty(std::string_view text) {
+  if (text.empty()) return make_error(errc::invalid_argument, "must not be empty");
+  return ok();
+}
+
+// clang-format 14 mangles lambdas inside designated initializers; the table is laid out by hand.
+// clang-format off
+const std::vector<key_spec> key_table = {
+    {.key = "data_dir", .flag = "--data-dir", .help = "directory for node.id and state",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.data_dir; },
+     .check = check_non_empty},
+    {.key = "cluster_key_file", .flag = "--cluster-key", .help = "file holding the cluster secret",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.cluster_key_file; }},
+    {.key = "cluster_name", .flag = "--cluster-name",
+     .help = "cluster id announced by discovery; peers of other clusters are ignored",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.cluster_name; },
+     .check = check_cluster_name},
+    {.key = "reset_identity", .flag = "--reset-identity",
+     .help = "discard node.id (e.g. of a copied data dir) and create a new identity",
+     .kind = value_kind::boolean,
+     .boolean = [](node_config& c) -> auto& { return c.reset_identity; }, .in_file = false},
+    {.key = "listen.address", .flag = "--listen", .help = "address to bind (IPv4)",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.listen.address; },
+     .check = check_ipv4},
+    {.key = "listen.control_port", .flag = "--control-port", .help = "control plane port",
+     .kind = value_kind::port,
+     .port = [](node_config& c) -> auto& { return c.listen.control_port; }},
+    {.key = "listen.bulk_port", .flag = "--bulk-port", .help = "bulk plane port",
+     .kind = value_kind::port, .port = [](node_config& c) -> auto& { return c.listen.bulk_port; }},
+    {.key = "listen.client_request_port", .flag = "--client-request-port",
+     .help = "client request (pub/sub) port", .kind = value_kind::port,
+     .port = [](node_config& c) -> auto& { return c.listen.client_request_port; }},
+    {.key = "listen.client_response_port", .flag = "--client-response-port",
+     .help = "client response (pub/sub) port", .kind = value_kind::port,
+     .port = [](node_config& c) -> auto& { return c.listen.client_response_port; }},
+    {.key = "listen.http_port", .flag = "--http-port", .help = "HTTP status port",
+     .kind = value_kind::port, .port = [](node_config& c) -> auto& { return c.listen.http_port; }},
+    {.key = "discovery.mdns", .flag = "--mdns", .help = "mDNS/DNS-SD discovery through avahi",
+     .kind = value_kind::boolean,
+     .boolean = [](node_config& c) -> auto& { return c.discovery.mdns; }},
+    {.key = "discovery.beacon", .flag = "--beacon", .help = "UDP beacon discovery",
+     .kind = value_kind::boolean,
+     .boolean = [](node_config& c) -> auto& { return c.discovery.beacon; }},
+    {.key = "discovery.beacon_interface", .flag = "--beacon-interface",
+     .help = "network interface for beacons", .kind = value_kind::text,
+     .text = [](node_config& c) -> auto& { return c.discovery.beacon_interface; },
+     .check = check_ifname},
+    {.key = "discovery.beacon_address", .flag = "--beacon-address",
+     .help = "multicast group or broadcast address for beacons", .kind = value_kind::text,
+     .text = [](node_config& c) -> auto& { return c.discovery.beacon_address; },
+     .check = check_ipv4},
+    {.key = "discovery.beacon_port", .flag = "--beacon-port", .help = "UDP port for beacons",
+     .kind = value_kind::port,
+     .port = [](node_config& c) -> auto& { return c.discovery.beacon_port; }, .min = 1},
+    {.key = "discovery.beacon_interval_ms", .flag = "--beacon-interval-ms",
+     .help = "time between beacons", .kind = value_kind::count,
+     .count = [](node_config& c) -> auto& { return c.discovery.beacon_interval_ms; }, .min = 50,
+     .max = 60000},
+    {.key = "discovery.seeds", .flag = "--seed",
+     .help = "host:port of a peer's control endpoint (repeatable)", .kind = value_kind::list,
+     .list = [](node_config& c) -> auto& { return c.discovery.seeds; }, .check = check_seed,
+     .max_items = 256},
+    {.key = "timeouts.heartbeat_interval_ms", .flag = "--heartbeat-interval-ms",
+     .help = "membership heartbeat period", .kind = value_kind::count,
+     .count = [](node_config& c) -> auto& { return c.timeouts.heartbeat_interval_ms; }, .min = 1,
+     .max = 600000},
+    {.key = "timeouts.suspect_timeout_ms", .flag = "--suspect-timeout-ms",
+     .help = "silence before a peer is suspected", .kind = value_kind::count,
+     .count = [](node_config& c) -> auto& { return c.timeouts.suspect_timeout_ms; }, .min = 1,
+     .max = 600000},
+    {.key = "timeouts.dead_timeout_ms", .flag = "--dead-timeout-ms",
+     .help = "suspicion before a peer is declared dead", .kind = value_kind::count,
+     .count = [](node_config& c) -> auto& { return c.timeouts.dead_timeout_ms; }, .min = 1,
+     .max = 3600000},
+    {.key = "timeouts.election_timeout_min_ms", .flag = "--election-timeout-min-ms",
+     .help = "lower bound of the randomized election timeout", .kind = value_kind::count,
+     .count = [](node_config& c) -> auto& { return c.timeouts.election_timeout_min_ms; },
+     .min = 1, .max = 600000},
+    {.key = "timeouts.election_timeout_max_ms", .flag = "--election-timeout-max-ms",
+     .help = "upper bound of the randomized election timeout", .kind = value_kind::count,
+     .count = [](node_config& c) -> auto& { return c.timeouts.election_timeout_max_ms; },
+     .min = 1, .max = 600000},
+    {.key = "model_paths", .flag = "--model", .help = "GGUF model file (repeatable)",
+     .kind = value_kind::list, .list = [](node_config& c) -> auto& { return c.model_paths; },
+     .check = check_non_empty, .max_items = 64},
+    {.key = "threads", .flag = "--threads", .help = "compute threads (0 = one per core)",
+     .kind = value_kind::count, .count = [](node_config& c) -> auto& { return c.threads; },
+     .max = 1024},
+    {.key = "log.level", .flag = "--log-level", .help = "trace, debug, info, warn, error or off",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.log_level; },
+     .choices = {"trace", "debug", "info", "warn", "error", "off"}},
+    {.key = "log.format", .flag = "--log-format", .help = "text or json", .kind = value_kind::text,
+     .text = [](node_config& c) -> auto& { return c.log_format; },
+     .choices = {"text", "json"}},
+};
+// clang-format on
+
+const key_spec* find_key(std::string_view key) {
+  for (const auto& k : key_table) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+bool is_section(std::string_view prefix) {
+  return std::any_of(key_table.begin(), key_table.end(), [&](const key_spec& k) {
+    return k.key.size() > prefix.size() && k.key.substr(0, prefix.size()) == prefix &&
+           k.key[prefix.size()] == '.';
+  });
+}
+
+error located(std::string_view where, const key_spec& k, const error& e) {
+  return make_error(errc::invalid_argument, "{}: key '{}': {}", where, k.key, e.message);
+}
+
+result<void> check_scalar_text(const key_spec& k, std::string_view text) {
+  if (!k.choices.empty() &&
+      std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {
+    std::string list;
+    for (auto c : k.choices)
+      list += fmt::format("{}{}", list.empty() ? "" : ", ", c);
+    return make_error(errc::invalid_argument, "'{}' is not one of: {}", text, list);
+  }
+  if (k.check) return k.check(text);
+  return ok();
+}
+
+result<void> set_number(const key_spec& k, node_config& c, std::uint64_t v) {
+  std::uint64_t max = k.kind == value_kind::port ? std::min<std::uint64_t>(k.max, 65535) : k.max;
+  if (v < k.min || v > max) {
+    return make_error(errc::invalid_argument, "{} is out of range {}..{}", v, k.min, max);
+  }
+  if (k.kind == value_kind::port)
+    k.port(c) = static_cast<std::uint16_t>(v);
+  else
+    k.count(c) = static_cast<std::uint32_t>(v);
+  return ok();
+}
+
+result<void> set_list(const key_spec& k, node_config& c, std::vector<std::string> items) {
+  if (items.size() > k.max_items) {
+    return make_error(errc::invalid_argument, "{} items, at most {} allowed", items.size(),
+                      k.max_items);
+  }
+  for (const auto& item : items) {
+    if (k.check) {
+      auto r = k.check(item);
+      if (!r) return r;
+    }
+  }
+  k.list(c) = std::move(items);
+  return ok();
+}
+
+}  // namespace
+
+namespace detail {
+
+const std::vector<key_spec>& keys() {
+  return key_table;
+}
+
+result<void> apply_text(const key_spec& k, node_config& c, std::string_view text) {
+  switch (k.kind) {
+    case value_kind::text: {
+      auto r = check_scalar_text(k, text);
+      if (!r) return r;
+      k.text(c) = std::string(text);
+      return ok();
+    }
+    case value_kind::port:
+    case value_kind::count: {
+      std::uint64_t v = 0;
+      auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (text.empty() || ec != std::errc{} || ptr != text.data() + text.size()) {
+        return make_error(errc::invalid_argument, "'{}' is not a non-negative integer", text);
+      }
+      return set_number(k, c, v);
+    }
+    case value_kind::boolean: {
+      static const std::set<std::string_view> yes = {"true", "1", "yes", "on"};
+      static const std::set<std::string_view> no = {"false", "0", "no", "off"};
+      if (yes.count(text))
+        k.boolean(c) = true;
+      else if (no.count(text))
+        k.boolean(c) = false;
+      else
+        return make_error(errc::invalid_argument, "'{}' is not a boolean (true/false)", text);
+      return ok();
+    }
+    case value_kind::list: {
+      // Comma-separated in env; empty text clears the list.
+      std::vector<std::string> items;
+      std::string_view rest = text;
+      while (!rest.empty()) {
+        auto comma = rest.find(',');
+        std::string_view item = rest.substr(0, comma);
+        if (item.empty()) return make_error(errc::invalid_argument, "empty item in '{}'", text);
+        items.emplace_back(item);
+        if (comma == std::string_view::npos) break;
+        rest = rest.substr(comma + 1);
+        if (rest.empty()) return make_error(errc::invalid_argument, "empty item in '{}'", text);
+      }
+      return set_list(k, c, std::move(items));
+    }
+  }
+  return make_error(errc::internal, "unhandled value kind");
+}
+
+result<void> apply_list_items(const key_spec& k, node_config& c, std::vector<std::string> items) {
+  return set_list(k, c, std::move(items));
+}
+
+}  // namespace detail
+
+namespace {
+
+const char* toml_type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::table:
+      return "table";
+    default:
+      return "date/time";
+  }
+}
+
+std::string toml_where(const std::string& file, const toml::source_region& src) {
+  return fmt::format("{}:{}:{}", file, src.begin.line, src.begin.column);
+}
+
+result<void> apply_toml_value(const key_spec& k, node_config& c, const toml::node& node,
+                              const std::string& where) {
+  auto wrong_type = [&](std::string_view expected) {
+    return located(where, k,
+                   make_error(errc::invalid_argument, "expected {}, got a TOML {}", expected,
+                              toml_type_name(node.type())));
+  };
+  result<void> r = ok();
+  switch (k.kind) {
+    case value_kind::text: {
+      auto v = node.value_exact<std::string>();
+      if (!v) return wrong_type("a string");
+      r = check_scalar_text(k, *v);
+      if (r) k.text(c) = *v;
+      break;
+    }
+    case value_kind::port:
+    case value_kind::count: {
+      auto v = node.value_exact<std::int64_t>();
+      if (!v) return wrong_type("an integer");
+      if (*v < 0)
+        return located(where, k, make_error(errc::invalid_argument, "{} is negative", *v));
+      r = set_number(k, c, static_cast<std::uint64_t>(*v));
+      break;
+    }
+    case value_kind::boolean: {
+      auto v = node.value_exact<bool>();
+      if (!v) return wrong_type("true or false");
+      k.boolean(c) = *v;
+      break;
+    }
+    case value_kind::list: {
+      const auto* arr = node.as_array();
+      if (!arr) return wrong_type("an array of strings");
+      std::vector<std::string> items;
+      for (const auto& item : *arr) {
+        auto s = item.value_exact<std::string>();
+        if (!s) {
+          return located(toml_where(where.substr(0, where.find(':')), item.source()), k,
+                         make_error(errc::invalid_argument, "array items must be strings"));
+        }
+        items.push_back(*s);
+      }
+      r = set_list(k, c, std::move(items));
+      break;
+    }
+  }
+  if (!r) return located(where, k, r.error());
+  return ok();
+}
+
+result<void> apply_toml_table(const toml::table& table, const std::string& prefix,
+                              const std::string& file, resolved_config& out) {
+  for (const auto& [name, node] : table) {
+    std::string key =
+        prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+    std::string where = toml_where(file, node.source());
+    std::string key_where = toml_where(file, name.source());
+    if (const auto* sub = node.as_table()) {
+      if (!is_section(key)) {
+        return make_error(errc::invalid_argument, "{}: unknown section [{}]", key_where, key);
+      }
+      TESSERA_TRY(apply_toml_table(*sub, key, file, out));
+      continue;
+    }
+    const key_spec* k = find_key(key);
+    if (!k || !k->in_file) {
+      return make_error(errc::invalid_argument, "{}: unknown key '{}'{}", key_where, key,
+                        k ? " (allowed only as a flag or environment variable)" : "");
+    }
+    TESSERA_TRY(apply_toml_value(*k, out.config, node, where));
+    out.origin[std::string(k->key)] = "file " + where;
+  }
+  return ok();
+}
+
+result<void> apply_file(const std::string& file, resolved_config& out) {
+  try {
+    toml::table table = toml::parse_file(file);
+    out.config_file = file;
+    return apply_toml_table(table, "", file, out);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    if (src.begin.line == 0) {
+      return make_error(errc::io, "config file {}: {}", file, e.description());
+    }
+    return make_error(errc::invalid_argument, "{}:{}:{}: TOML syntax error: {}", file,
+                      src.begin.line, src.begin.column, e.description());
+  }
+}
+
+std::optional<std::string> env_value(const std::vector<std::string>& env, std::string_view name) {
+  std::optional<std::string> found;
+  for (const auto& entry : env) {
+    if (entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 &&
+        entry[name.size()] == '=') {
+      found = entry.substr(name.size() + 1);  // the last one wins, as with getenv
+    }
+  }
+  return found;
+}
+
+result<void> apply_env(const std::vector<std::string>& env, resolved_config& out) {
+  // Unknown TESSERA_* names are errors: a misspelt variable must not be silently ignored.
+  for (const auto& entry : env) {
+    if (entry.rfind("TESSERA_", 0) != 0) continue;
+    std::string name = entry.substr(0, entry.find('='));
+    if (name == config_file_env) continue;
+    bool known = std::any_of(key_table.begin(), key_table.end(),
+                             [&](const key_spec& k) { return env_name_of(k.key) == name; });
+    if (!known) {
+      return make_error(errc::invalid_argument,
+                        "env {}: unknown variable (TESSERA_* names a node setting; see "
+                        "`tessera node --help`)",
+                        name);
+    }
+  }
+  for (const auto& k : key_table) {
+    std::string name = env_name_of(k.key);
+    auto v = env_value(env, name);
+    if (!v) continue;
+    auto r = detail::apply_text(k, out.config, *v);
+    if (!r) return located("env " + name, k, r.error());
+    out.origin[std::string(k.key)] = "env " + name;
+  }
+  return ok();
+}
+
+result<void> apply_flags(const std::vector<std::pair<std::string, std::string>>& flags,
+                         resolved_config& out) {
+  std::map<std::string, std::vector<std::string>> lists;
+  for (const auto& [key, value] : flags) {
+    const key_spec* k = find_key(key);
+    if (!k) return make_error(errc::invalid_argument, "unknown configuration key '{}'", key);
+    std::string where = fmt::format("flag {}", k->flag);
+    if (k->kind == value_kind::list) {
+      lists[key].push_back(value);  // a repeated flag accumulates; it replaces lower layers
+      continue;
+    }
+    auto r = detail::apply_text(*k, out.config, value);
+    if (!r) return located(where, *k, r.error());
+    out.origin[key] = where;
+  }
+  for (auto& [key, items] : lists) {
+    const key_spec* k = find_key(key);
+    auto r = detail::apply_list_items(*k, out.config, std::move(items));
+    if (!r) return located(fmt::format("flag {}", k->flag), *k, r.error());
+    out.origin[key] = fmt::format("flag {}", k->flag);
+  }
+  return ok();
+}
+
+result<void> validate(const resolved_config& rc) {
+  const node_config& c = rc.config;
+  auto from = [&](const char* key) {
+    auto it = rc.origin.find(key);
+    return fmt::format("{} ({})", key, it == rc.origin.end() ? "default" : it->second);
+  };
+  const std::pair<const char*, std::uint16_t> ports[] = {
+      {"listen.control_port", c.listen.control_port},
+      {"listen.bulk_port", c.listen.bulk_port},
+      {"listen.client_request_port", c.listen.client_request_port},
+      {"listen.client_response_port", c.listen.client_response_port},
+      {"listen.http_port", c.listen.http_port}};
+  for (std::size_t i = 0; i < std::size(ports); ++i) {
+    for (std::size_t j = i + 1; j < std::size(ports); ++j) {
+      if (ports[i].second != 0 && ports[i].second == ports[j].second) {
+        return make_error(errc::invalid_argument, "{} and {} are both {}; listen ports must differ",
+                          from(ports[i].first), from(ports[j].first), ports[i].second);
+      }
+    }
+  }
+  const auto& t = c.timeouts;
+  if (t.election_timeout_min_ms >= t.election_timeout_max_ms) {
+    return make_error(errc::invalid_argument, "{} = {} must be less than {} = {}",
+                      from("timeouts.election_timeout_min_ms"), t.election_timeout_min_ms,
+                      from("timeouts.election_timeout_max_ms"), t.election_timeout_max_ms);
+  }
+  if (t.heartbeat_interval_ms >= t.suspect_timeout_ms) {
+    return make_error(errc::invalid_argument, "{} = {} must be less than {} = {}",
+                      from("timeouts.heartbeat_interval_ms"), t.heartbeat_interval_ms,
+                      from("timeouts.suspect_timeout_ms"), t.suspect_timeout_ms);
+  }
+  return ok();
+}
+
+void set_json(nlohmann::ordered_json& root, std::string_view key, nlohmann::ordered_json value) {
+  nlohmann::ordered_json* at = &root;
+  std::string_view rest = key;
+  for (auto dot = rest.find('.'); dot != std::string_view::npos; dot = rest.find('.')) {
+    at = &(*at)[std::string(rest.substr(0, dot))];
+    rest = rest.substr(dot + 1);
+  }
+  (*at)[std::string(rest)] = std::move(value);
+}
+
+}  // namespace
+
+std::string env_name_of(std::string_view key) {
+  std::string name = "TESSERA_";
+  for (char ch : key) {
+    name += ch == '.' ? '_' : static_cast<char>(ch >= 'a' && ch <= 'z' ? ch - 'a' + 'A' : ch);
+  }
+  return name;
+}
+
+result<resolved_config> resolve_config(const config_layers& layers) {
+  resolved_config out;
+  for (const auto& k : key_table)
+    out.origin[std::string(k.key)] = "default";
+  std::optional<std::string> file = layers.file;
+  if (!file) file = env_value(layers.environment, config_file_env);
+  if (file && !file->empty()) TESSERA_TRY(apply_file(*file, out));
+  TESSERA_TRY(apply_env(layers.environment, out));
+  TESSERA_TRY(apply_flags(layers.flags, out));
+  TESSERA_TRY(validate(out));
+  return out;
+}
+
+nlohmann::ordered_json to_json(const node_config& config) {
+  node_config c = config;  // the accessors take a mutable config; read from a copy
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& k : key_table) {
+    switch (k.kind) {
+      case value_kind::text:
+        set_json(j, k.key, k.text(c));
+        break;
+      case value_kind::port:
+        set_json(j, k.key, k.port(c));
+        break;
+      case value_kind::count:
+        set_json(j, k.key, k.count(c));
+        break;
+      case value_kind::boolean:
+        set_json(j, k.key, k.boolean(c));
+        break;
+      case value_kind::list:
+        set_json(j, k.key, k.list(c));
+        break;
+    }
+  }
+  return j;
+}
+
+}  // namespace tessera::mesh

@@ -1,0 +1,96 @@
+// node_config: everything `tessera node` can be told, and how the layers merge.
+//
+// Precedence, highest first:  flags  >  environment (TESSERA_*)  >  TOML file  >  defaults.
+// Every setting has one key; the key names it in all three layers:
+//     key  listen.control_port   file  [listen] control_port = 7400
+//                                env   TESSERA_LISTEN_CONTROL_PORT=7400
+//                                flag  --control-port 7400
+// The file is named by --config or TESSERA_CONFIG. Unknown keys in the file, unknown TESSERA_*
+// variables and bad values are errors naming the key and where the value came from
+// ("tessera.toml:7:16", "env TESSERA_...", "flag --..."). The table of keys lives in config.cpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/base/result.hpp"
+
+namespace tessera::mesh {
+
+struct listen_config {
+  std::string address = "0.0.0.0";
+  std::uint16_t control_port = 7400;          ///< ZeroMQ ROUTER (0 = any free port)
+  std::uint16_t bulk_port = 7401;             ///< bulk plane (tcp fallback / RDMA CM)
+  std::uint16_t client_request_port = 7402;   ///< clients publish requests here
+  std::uint16_t client_response_port = 7403;  ///< clients subscribe to tokens here
+  std::uint16_t http_port = 7480;             ///< status / metrics over HTTP
+};
+
+struct discovery_config {
+  bool mdns = true;                              ///< publish and browse _tessera._tcp through avahi
+  bool beacon = true;                            ///< UDP beacons
+  std::string beacon_interface;                  ///< empty: the kernel's default route picks it
+  std::string beacon_address = "239.255.74.74";  ///< multicast group or broadcast address
+  std::uint16_t beacon_port = 7479;
+  std::uint32_t beacon_interval_ms = 1000;
+  std::vector<std::string> seeds;  ///< host:port of control endpoints (routed networks)
+};
+
+struct timeout_config {
+  std::uint32_t heartbeat_interval_ms = 100;
+  std::uint32_t suspect_timeout_ms = 500;  ///< silent this long -> suspect
+  std::uint32_t dead_timeout_ms = 2000;    ///< suspect this long without refuting -> dead
+  std::uint32_t election_timeout_min_ms = 300;
+  std::uint32_t election_timeout_max_ms = 600;
+};
+
+struct node_config {
+  std::string data_dir = "/var/lib/tessera";
+  std::string cluster_key_file;          ///< empty: no authentication (development only)
+  std::string cluster_name = "default";  ///< discovery ignores peers of other clusters
+  bool reset_identity = false;           ///< discard node.id and create a new identity
+  listen_config listen;
+  discovery_config discovery;
+  timeout_config timeouts;
+  std::vector<std::string> model_paths;
+  std::uint32_t threads = 0;  ///< compute threads; 0 = one per core
+  std::string log_level = "info";
+  std::string log_format = "text";
+};
+
+/// The layers below the defaults. `environment` is a list of NAME=VALUE strings (like environ);
+/// only TESSERA_* entries are read. `flags` are (key, value-as-text) pairs, applied in order.
+struct config_layers {
+  std::optional<std::string> file;  ///< TOML file; overrides TESSERA_CONFIG when set
+  std::vector<std::string> environment;
+  std::vector<std::pair<std::string, std::string>> flags;
+};
+
+/// The merged configuration and, per key, the layer that set it ("default", "file x.toml:3:1",
+/// "env TESSERA_...", "flag --...").
+struct resolved_config {
+  node_config config;
+  std::map<std::string, std::string> origin;
+  std::string config_file;  ///< the file that was read, empty if none
+};
+
+/// Merges defaults < file < env < flags and validates the result (ranges, cross-key rules such
+/// as election_timeout_min_ms < election_timeout_max_ms, seed syntax, distinct ports).
+[[nodiscard]] result<resolved_config> resolve_config(const config_layers& layers);
+
+/// The configuration as JSON, nested by key ({"listen": {"control_port": 7400}, ...}).
+[[nodiscard]] nlohmann::ordered_json to_json(const node_config& config);
+
+/// The environment variable that sets `key`: "listen.control_port" -> TESSERA_LISTEN_CONTROL_PORT.
+[[nodiscard]] std::string env_name_of(std::string_view key);
+
+/// Reserved variable naming the config file.
+inline constexpr const char* config_file_env = "TESSERA_CONFIG";
+
+}  // namespace tessera::mesh

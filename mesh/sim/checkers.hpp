@@ -1,0 +1,61 @@
+// Safety and liveness checkers over a simulated mesh (the same properties the chaos runner checks
+// on real processes).
+//
+//  - at most one leader per term, over the whole history;
+//  - no node becomes leader while a clean partition leaves it without a majority of its config,
+//    and a leader cut off in a minority steps down within the CheckQuorum bound;
+//  - after healing: one leader, followed by every node, all holding the same committed config
+//    that contains every node (converged(), polled by the test within a bound).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mesh/sim/mesh_node.hpp"
+#include "mesh/sim/world.hpp"
+
+namespace tessera::mesh::sim {
+
+class election_checker {
+ public:
+  /// `step_down_bound_ms`: how long a leader may stay leader on a minority side (CheckQuorum's
+  /// election timeout, plus the heartbeat that observes it, plus slack for clock skew).
+  election_checker(world& w, std::uint64_t step_down_bound_ms);
+
+  /// Inspects every node; call after each event (world::set_observer).
+  void observe();
+
+  [[nodiscard]] const std::vector<std::string>& violations() const { return violations_; }
+  /// term -> leader, over the whole run.
+  [[nodiscard]] const std::map<std::uint64_t, member_id>& leaders() const { return leaders_; }
+
+ private:
+  [[nodiscard]] bool side_has_majority(member_id id, const member_config& cfg) const;
+
+  world& world_;
+  std::uint64_t step_down_bound_ms_;
+  std::map<std::uint64_t, member_id> leaders_;
+  std::map<member_id, std::uint64_t> leader_term_;        // node -> term it leads (0 = not leader)
+  std::map<member_id, std::uint64_t> minority_since_ms_;  // leader -> since when on a minority side
+  std::vector<std::vector<member_id>> partition_;
+  std::vector<std::string> violations_;
+};
+
+/// The mesh_node of `id`, or nullptr while down.
+[[nodiscard]] const mesh_node* mesh_node_of(const world& w, member_id id);
+
+/// Nullopt when every up, unpaused node follows the same leader in the same term, and all hold
+/// the same committed config whose members are exactly the up nodes; otherwise what differs.
+[[nodiscard]] std::optional<std::string> converged(const world& w);
+
+/// Runs until converged() or `bound_ms` passes; returns the time taken (nullopt: not converged).
+[[nodiscard]] std::optional<std::uint64_t> run_until_converged(world& w, std::uint64_t bound_ms,
+                                                               std::uint64_t poll_ms = 10);
+
+/// A one-line description of every node (role, term, leader, config) for failure messages.
+[[nodiscard]] std::string describe(const world& w);
+
+}  // namespace tessera::mesh::sim

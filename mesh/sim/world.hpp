@@ -1,0 +1,191 @@
+// A deterministic simulated network and clock for running N nodes of protocol state machines in
+// one process, one event at a time.
+//
+// Owns: virtual time, the in-flight messages, the fault model (delay/jitter, drop, duplicate,
+// reorder by jitter, partitions clean / one-way / bridge, crash/restart, pause, clock skew) and the
+// per-node durable bytes that survive a crash. Generic: a node is any sim_node (a bundle of state
+// machines with step()); payloads are opaque bytes (msgpack in practice, so the wire encoding is
+// exercised too). Same seed + same calls = the same run, event for event.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mesh/membership/ids.hpp"
+
+namespace tessera::mesh::sim {
+
+using bytes = std::vector<std::uint8_t>;
+
+/// A message between nodes; `channel` says which state machine of the bundle it is for.
+struct envelope {
+  member_id from = no_member;
+  member_id to = no_member;
+  std::uint8_t channel = 0;
+  bytes payload;
+};
+
+class world;
+
+/// What a node sees of the world while handling one event.
+class node_context {
+ public:
+  node_context(world& w, member_id self) : world_(w), self_(self) {}
+  /// The node's local clock (global time through this node's offset and rate).
+  [[nodiscard]] std::uint64_t now_ms() const;
+  [[nodiscard]] member_id self() const { return self_; }
+  void send(member_id to, std::uint8_t channel, bytes payload);
+  /// The node's single timer, in local time; replaces the previous one; nullopt cancels.
+  void set_timer(std::optional<std::uint64_t> local_at_ms);
+  /// Bytes that survive crash/restart (the node's data dir).
+  bytes& durable();
+
+ private:
+  world& world_;
+  member_id self_;
+};
+
+/// A simulated node: a bundle of state machines driven by these callbacks.
+class sim_node {
+ public:
+  virtual ~sim_node() = default;
+  virtual void on_start(node_context& ctx) = 0;
+  virtual void on_message(node_context& ctx, const envelope& msg) = 0;
+  virtual void on_timer(node_context& ctx) = 0;
+};
+
+/// Builds a node (again after a crash); it reads its durable bytes in on_start.
+using node_factory = std::function<std::unique_ptr<sim_node>(member_id)>;
+
+/// Link behaviour applied to every message.
+struct link_faults {
+  std::uint32_t delay_min_ms = 1;
+  std::uint32_t delay_max_ms = 3;  ///< uniform jitter in [min, max]; jitter reorders
+  std::uint32_t drop_ppm = 0;
+  std::uint32_t duplicate_ppm = 0;
+};
+
+struct world_counters {
+  std::uint64_t sent = 0;
+  std::uint64_t delivered = 0;
+  std::uint64_t dropped_random = 0;
+  std::uint64_t dropped_partition = 0;
+  std::uint64_t dropped_down = 0;      ///< destination crashed or not started
+  std::uint64_t dropped_overflow = 0;  ///< in-flight or pause backlog bound reached
+  std::uint64_t duplicated = 0;
+  std::uint64_t events = 0;
+};
+
+class world {
+ public:
+  static constexpr std::size_t max_in_flight = 200'000;  ///< beyond: new messages dropped
+  static constexpr std::size_t max_paused_backlog = 10'000;
+
+  world(std::uint64_t seed, node_factory factory);
+
+  [[nodiscard]] std::uint64_t seed() const { return seed_; }
+  [[nodiscard]] std::uint64_t now_ms() const { return now_ms_; }
+
+  /// Adds a node (down until start()).
+  void add_node(member_id id);
+  void start(member_id id);
+  /// Drops the node's volatile state (its object) and everything in flight to it; durable()
+  /// bytes stay.
+  void crash(member_id id);
+  void restart(member_id id) { start(id); }
+  /// A paused node processes nothing; its messages and timer wait (bounded) until resume.
+  void pause(member_id id);
+  void resume(member_id id);
+  /// Local clock = offset_ms + global * (1e6 + rate_ppm) / 1e6 (rate_ppm > -1e6).
+  void set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_ppm);
+
+  /// Clean partition: nodes in different groups cannot talk; nodes in no group talk to all.
+  void partition(const std::vector<std::vector<member_id>>& groups);
+  /// One-way: messages from `from` to `to` are lost; the reverse direction works.
+  void block(member_id from, member_id to);
+  /// Bridge: two sides that cannot talk, and `bridge` that talks to both.
+  void bridge(const std::vector<member_id>& a, member_id bridge, const std::vector<member_id>& b);
+  /// Removes every partition and block.
+  void heal();
+  void set_link_faults(const link_faults& f) { faults_ = f; }
+
+  [[nodiscard]] bool can_deliver(member_id from, member_id to) const;
+  /// The groups of the current clean partition (empty if none or not clean).
+  [[nodiscard]] const std::vector<std::vector<member_id>>& clean_partition() const {
+    return clean_groups_;
+  }
+
+  /// Runs events until global time `t_ms` (inclusive); then now_ms() == t_ms.
+  void run_until(std::uint64_t t_ms);
+  void run_for(std::uint64_t ms) { run_until(now_ms_ + ms); }
+  /// Runs `fn` as an event of node `id` now (a test injecting an input, e.g. a graceful leave);
+  /// does nothing while the node is down.
+  void invoke(member_id id, const std::function<void(sim_node&, node_context&)>& fn);
+  /// Called after every event (checkers hook in here).
+  void set_observer(std::function<void()> observer) { observer_ = std::move(observer); }
+
+  [[nodiscard]] const std::vector<member_id>& ids() const { return ids_; }
+  [[nodiscard]] bool is_up(member_id id) const;
+  [[nodiscard]] bool is_paused(member_id id) const;
+  /// The node object, or nullptr while down.
+  [[nodiscard]] sim_node* node(member_id id) const;
+  [[nodiscard]] const world_counters& counters() const { return counters_; }
+  [[nodiscard]] std::uint64_t local_time(member_id id, std::uint64_t global_ms) const;
+  /// A node's durable bytes (its data dir), also while it is down (tests edit them).
+  [[nodiscard]] bytes& durable_of(member_id id) { return at(id).durable; }
+
+ private:
+  friend class node_context;
+  struct slot {
+    std::unique_ptr<sim_node> node;
+    bytes durable;
+    std::uint64_t epoch = 0;  // bumps on crash: events of an older life are ignored
+    bool paused = false;
+    std::vector<envelope> backlog;
+    bool timer_pending = false;  // fired while paused
+    std::uint64_t timer_gen = 0;
+    std::int64_t offset_ms = 0;
+    std::int32_t rate_ppm = 0;
+  };
+  struct event {
+    std::uint64_t at_ms;
+    std::uint64_t seq;
+    member_id node;
+    std::uint64_t epoch;
+    std::uint64_t timer_gen;  // 0 = message
+    std::shared_ptr<envelope> msg;
+    bool operator>(const event& o) const { return std::tie(at_ms, seq) > std::tie(o.at_ms, o.seq); }
+  };
+
+  void send(member_id from, envelope e);
+  void set_timer(member_id id, std::optional<std::uint64_t> local_at_ms);
+  void dispatch(const event& e);
+  void deliver(slot& s, member_id id, const envelope& e);
+  slot& at(member_id id);
+  const slot& at(member_id id) const;
+
+  std::uint64_t seed_;
+  det_rng rng_;
+  node_factory factory_;
+  std::uint64_t now_ms_ = 0;
+  std::uint64_t next_seq_ = 0;
+  std::map<member_id, slot> slots_;
+  std::vector<member_id> ids_;
+  std::priority_queue<event, std::vector<event>, std::greater<>> queue_;
+  std::size_t in_flight_ = 0;
+  std::set<std::pair<member_id, member_id>> blocked_;
+  std::vector<std::vector<member_id>> clean_groups_;
+  link_faults faults_;
+  world_counters counters_;
+  std::function<void()> observer_;
+};
+
+}  // namespace tessera::mesh::sim

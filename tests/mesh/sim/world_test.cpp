@@ -1,0 +1,124 @@
+// The simulated world itself: fault model, bounds, crash/restart, pause, clock skew.
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "mesh/sim/world.hpp"
+
+namespace tessera::mesh::sim {
+namespace {
+
+// Records what it receives and when its timer fires; sends on demand.
+class probe_node : public sim_node {
+ public:
+  void on_start(node_context& ctx) override {
+    ++starts;
+    if (!ctx.durable().empty()) restored = ctx.durable().front();
+    ctx.durable() = {42};
+  }
+  void on_message(node_context& ctx, const envelope& msg) override {
+    received.push_back(msg.payload.empty() ? 0 : msg.payload.front());
+    received_at.push_back(ctx.now_ms());
+  }
+  void on_timer(node_context& ctx) override { fired_at.push_back(ctx.now_ms()); }
+
+  int starts = 0;
+  int restored = -1;
+  std::vector<int> received;
+  std::vector<std::uint64_t> received_at;
+  std::vector<std::uint64_t> fired_at;
+};
+
+std::unique_ptr<world> make_world(std::size_t n) {
+  auto w = std::make_unique<world>(7, [](member_id) { return std::make_unique<probe_node>(); });
+  for (member_id i = 1; i <= n; ++i) {
+    w->add_node(i);
+    w->start(i);
+  }
+  return w;
+}
+
+probe_node& at(world& w, member_id id) { return *dynamic_cast<probe_node*>(w.node(id)); }
+
+void send(world& w, member_id from, member_id to, std::uint8_t tag) {
+  w.invoke(from, [&](sim_node&, node_context& ctx) { ctx.send(to, 1, bytes{tag}); });
+}
+
+TEST(SimWorld, PausedBacklogIsBoundedAndDropsAreCounted) {
+  auto w = make_world(2);
+  w->pause(2);
+  const std::size_t extra = 25;
+  for (std::size_t i = 0; i < world::max_paused_backlog + extra; ++i) send(*w, 1, 2, 1);
+  w->run_for(100);
+  EXPECT_TRUE(at(*w, 2).received.empty());
+  EXPECT_EQ(w->counters().dropped_overflow, extra);
+  w->resume(2);
+  w->run_for(1);
+  EXPECT_EQ(at(*w, 2).received.size(), world::max_paused_backlog);
+}
+
+TEST(SimWorld, PartitionsOneWayAndBridgeBlockTheRightLinks) {
+  auto w = make_world(5);
+  w->partition({{1, 2}, {3, 4, 5}});
+  send(*w, 1, 3, 1);
+  send(*w, 1, 2, 2);
+  w->run_for(10);
+  EXPECT_TRUE(at(*w, 3).received.empty());
+  EXPECT_EQ(at(*w, 2).received, std::vector<int>{2});
+  EXPECT_EQ(w->clean_partition().size(), 2u);
+
+  w->heal();
+  w->block(1, 3);
+  send(*w, 1, 3, 3);
+  send(*w, 3, 1, 4);
+  w->run_for(10);
+  EXPECT_TRUE(at(*w, 3).received.empty());
+  EXPECT_EQ(at(*w, 1).received, std::vector<int>{4});
+  EXPECT_TRUE(w->clean_partition().empty());
+
+  w->bridge({1, 2}, 3, {4, 5});
+  EXPECT_FALSE(w->can_deliver(1, 4));
+  EXPECT_FALSE(w->can_deliver(5, 2));
+  EXPECT_TRUE(w->can_deliver(1, 3));
+  EXPECT_TRUE(w->can_deliver(3, 5));
+  EXPECT_TRUE(w->can_deliver(1, 2));
+}
+
+TEST(SimWorld, CrashLosesVolatileStateAndInFlightMessagesButKeepsDurableBytes) {
+  auto w = make_world(2);
+  send(*w, 1, 2, 9);
+  w->crash(2);
+  EXPECT_FALSE(w->is_up(2));
+  w->run_for(10);
+  EXPECT_EQ(w->counters().dropped_down, 1u);
+  w->restart(2);
+  w->run_for(10);
+  EXPECT_EQ(at(*w, 2).starts, 1);
+  EXPECT_TRUE(at(*w, 2).received.empty());  // the message to the old life is gone
+  EXPECT_EQ(at(*w, 2).restored, 42);        // durable bytes survived
+}
+
+TEST(SimWorld, ClockSkewConvertsTimersToTheNodesLocalTime) {
+  auto w = make_world(1);
+  w->set_clock(1, 1000, 100'000);  // offset 1 s, runs 10% fast
+  w->invoke(1, [](sim_node&, node_context& ctx) { ctx.set_timer(ctx.now_ms() + 110); });
+  w->run_for(200);
+  ASSERT_EQ(at(*w, 1).fired_at.size(), 1u);
+  EXPECT_GE(at(*w, 1).fired_at[0], 1000u + 110u);  // never early in local time
+  EXPECT_LE(at(*w, 1).fired_at[0], 1000u + 112u);  // ~100 global ms later
+}
+
+TEST(SimWorld, DropAndDuplicateFollowTheConfiguredRates) {
+  auto w = make_world(2);
+  w->set_link_faults(link_faults{1, 5, 500'000, 500'000});
+  for (int i = 0; i < 1000; ++i) send(*w, 1, 2, 1);
+  w->run_for(100);
+  const auto& c = w->counters();
+  EXPECT_GT(c.dropped_random, 400u);
+  EXPECT_LT(c.dropped_random, 600u);
+  EXPECT_GT(c.duplicated, 200u);
+  EXPECT_EQ(at(*w, 2).received.size(), 1000 - c.dropped_random + c.duplicated);
+}
+
+}  // namespace
+}  // namespace tessera::mesh::sim
