@@ -85,8 +85,19 @@ view topology_state::build() const {
 }
 
 bool topology_state::same_structure(const view& a, const view& b) {
-  if (a.leader != b.leader || a.members != b.members || a.links.size() != b.links.size())
+  if (a.leader != b.leader || a.members.size() != b.members.size() ||
+      a.links.size() != b.links.size())
     return false;
+  for (std::size_t i = 0; i < a.members.size(); ++i) {
+    const auto& x = a.members[i];
+    const auto& y = b.members[i];
+    // alive <-> suspect is not structural: suspicion is transient (refuted within a probe round
+    // on a loaded host) and must not flood the cluster with views; it is published with the next
+    // refresh. Live <-> dead/left, addresses and capabilities are structural.
+    const bool same_status = x.status == y.status ||
+                             (is_live_status(x.status) && is_live_status(y.status));
+    if (x.id != y.id || !same_status || x.address != y.address || x.caps != y.caps) return false;
+  }
   for (std::size_t i = 0; i < a.links.size(); ++i) {
     const auto& x = a.links[i];
     const auto& y = b.links[i];
@@ -99,6 +110,8 @@ bool topology_state::same_structure(const view& a, const view& b) {
 }
 
 bool topology_state::measurements_moved(const view& a, const view& b) const {
+  for (std::size_t i = 0; i < a.members.size() && i < b.members.size(); ++i)
+    if (a.members[i].status != b.members[i].status) return true;
   auto moved = [&](double x, double y) {
     const double base = std::max(std::abs(x), 1e-9);
     return std::abs(x - y) / base > cfg_.significant_change;

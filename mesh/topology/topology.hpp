@@ -14,10 +14,10 @@
 // supersedes everything its predecessor published.
 //
 // When to publish (the view must change when members or links change, but measurement noise must
-// not flood the cluster): a *structural* change — members, their statuses, the leader, the set of
-// directed links, a link's backend, a member's capabilities — publishes at the next maybe_publish;
-// a change in measurements only (rtt, bandwidth) publishes at most once per refresh_ms and only when
-// some link moved by more than `significant_change` (relative) since the last published view.
+// not flood the cluster): a *structural* change — members joining or going dead/left, the leader,
+// the set of directed links, a link's backend, a member's address or capabilities — publishes at
+// the next maybe_publish; a change in measurements only (rtt, bandwidth moved by more than
+// `significant_change`, relative) or alive <-> suspect flips publish at most once per refresh_ms.
 #pragma once
 
 #include <cstdint>

@@ -109,6 +109,12 @@ result<void> cluster_fixture::start(std::size_t i, const std::vector<std::string
                                 "--http-port",
                                 std::to_string(n.port + 4),
                                 "--no-mdns", "--no-beacon"};
+  // Timeouts for a 2-core machine shared with parallel builds (and ASan): the defaults (election
+  // 300 ms, probe timeout 40 ms) flap there. The benchmark measures the defaults.
+  for (const char* t : {"--heartbeat-interval-ms", "200", "--suspect-timeout-ms", "1500",
+                        "--dead-timeout-ms", "3000", "--election-timeout-min-ms", "1000",
+                        "--election-timeout-max-ms", "2000"})
+    argv.emplace_back(t);
   for (std::size_t j = 0; j < nodes_.size(); ++j) {
     if (j == i) continue;
     argv.push_back("--seed");
@@ -171,7 +177,7 @@ std::vector<std::optional<nlohmann::json>> cluster_fixture::status_all(
 std::string cluster_fixture::node_id(std::size_t i) const {
   auto text = read_file(nodes_.at(i).data_dir + "/node.id");
   try {
-    return nlohmann::json::parse(text).at("id").get<std::string>();
+    return nlohmann::json::parse(text).at("node_id").get<std::string>();
   } catch (const std::exception&) {
     return {};
   }
@@ -196,6 +202,11 @@ bool cluster_fixture::converged(const std::vector<std::size_t>& nodes, std::stri
     const auto l = n.at("leader").get<std::string>();
     if (leader && *leader != l) return say(fmt::format("node {} names leader {}", i, l));
     leader = l;
+    // The election's committed member set must hold everyone too (the leader adds members one at
+    // a time; before that a member is not a voter and a failover could lack a majority).
+    if (n.at("config_members").get<std::size_t>() != nodes.size())
+      return say(fmt::format("node {}: {} voters in the committed config", i,
+                             n.at("config_members").get<std::size_t>()));
     const auto& v = s->at("view");
     if (v.is_null()) return say(fmt::format("node {} has no view", i));
     if (v.at("leader").is_null() || v.at("leader").get<std::string>() != l)

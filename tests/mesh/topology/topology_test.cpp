@@ -167,5 +167,22 @@ TEST(Topology, MemberTableIsBoundedAndRowsOfGoneMembersForgotten) {
   EXPECT_EQ(v->members.size(), 2u);
 }
 
+TEST(Topology, SuspicionFlipsAreRateLimitedDeathIsNot) {
+  topology_state t({.self = 1, .refresh_ms = 1000});
+  t.on_members(facts({1, 2, 3}));
+  t.on_leader(1, 1);
+  ASSERT_TRUE(t.maybe_publish(0).has_value());
+  auto f = facts({1, 2, 3});
+  f[1].status = 1;  // 2 suspect
+  t.on_members(f);
+  EXPECT_FALSE(t.maybe_publish(10).has_value());  // transient: waits for the refresh
+  auto v = t.maybe_publish(1000);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->members[1].status, 1u);
+  f[1].status = dead;
+  t.on_members(f);
+  EXPECT_TRUE(t.maybe_publish(1001).has_value());  // death is structural: at once
+}
+
 }  // namespace
 }  // namespace tessera::mesh::topology
