@@ -37,6 +37,7 @@
 #include "mesh/membership/membership.hpp"
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/node/data_dir.hpp"
+#include "mesh/runtime/bandwidth_probe.hpp"
 #include "mesh/node/node_id.hpp"
 #include "mesh/topology/topology.hpp"
 #include "transport/bulk/link.hpp"
@@ -182,6 +183,7 @@ struct node_runtime::impl {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
   std::unique_ptr<ctl::control_node> control;
+  std::unique_ptr<bandwidth_prober> prober;
   std::vector<std::unique_ptr<discovery_source>> sources;
 
   // --- event queue (any thread -> loop thread) ---
@@ -225,6 +227,9 @@ struct node_runtime::impl {
   struct link_probe {
     std::deque<std::uint64_t> rtt_us;  // last samples (bounded)
     std::optional<topology::capabilities> caps;
+    double bandwidth_mbps = 0;
+    std::uint8_t measured_backend = 0;
+    std::uint64_t next_bandwidth_ms = 0;  // when to (re)measure
   };
   std::map<member_id, link_probe> probes;
   std::uint64_t ping_seq = 0;
@@ -399,10 +404,10 @@ struct node_runtime::impl {
                            s.end());
           l.rtt_us = std::max<std::uint64_t>(1, s[s.size() / 2]);
         }
-        if (it->second.caps) {
-          transport::bulk::local_capabilities peer{it->second.caps->host_id,
-                                                   it->second.caps->has_rdma};
-          l.backend = static_cast<std::uint8_t>(transport::bulk::choose_backend(bulk_caps, peer));
+        if (it->second.caps) l.backend = static_cast<std::uint8_t>(backend_for(*it->second.caps));
+        if (it->second.bandwidth_mbps > 0) {
+          l.bandwidth_mbps = it->second.bandwidth_mbps;
+          l.backend = it->second.measured_backend;
         }
       }
       r.links.push_back(l);
@@ -410,8 +415,37 @@ struct node_runtime::impl {
     return r;
   }
 
+  transport::bulk::backend_kind backend_for(const topology::capabilities& c) const {
+    return transport::bulk::choose_backend(bulk_caps, {c.host_id, c.has_rdma});
+  }
+
+  /// One bandwidth probe at a time, to each live peer in turn: first as soon as its capabilities
+  /// are known, then every 30 s (10 s after a failure).
+  void bandwidth_round(std::uint64_t now) {
+    for (auto& r : prober->take_results()) {
+      auto& p = probes[r.peer];
+      if (r.mbps > 0) {
+        p.bandwidth_mbps = r.mbps;
+        p.measured_backend = r.backend;
+        p.next_bandwidth_ms = now + 30'000;
+      } else {
+        spdlog::debug("node {}: bandwidth probe to {:016x} failed: {}", hex, r.peer, r.error);
+        p.next_bandwidth_ms = now + 10'000;
+      }
+    }
+    if (prober->busy()) return;
+    for (member_id id : live_members()) {
+      auto& p = probes[id];
+      auto k = known.find(id);
+      if (!p.caps || k == known.end() || now < p.next_bandwidth_ms) continue;
+      p.next_bandwidth_ms = now + 10'000;  // until the result says otherwise
+      if (prober->start(id, k->second.hex, backend_for(*p.caps))) return;
+    }
+  }
+
   void probe_round() {
     const auto now = now_ms();
+    bandwidth_round(now);
     if (now >= next_probe_ms) {
       next_probe_ms = now + 500;
       ping_body b;
@@ -491,6 +525,18 @@ struct node_runtime::impl {
         if (!v) break;
         if (topo->on_view(*v))
           spdlog::debug("node {}: adopted view {}.{}", hex, v->at.term, v->at.version);
+        return;
+      }
+      case runtime_msg::bulk_offer:
+      case runtime_msg::bulk_answer: {
+        auto b = unpack<bulk_setup_message>(m.body);
+        const member_id from = member_of(m.sender);
+        if (!b || from == no_member) break;
+        if (m.type == static_cast<std::uint16_t>(runtime_msg::bulk_offer)) {
+          if (members->status_of(from)) prober->on_offer(from, m.sender, *b);
+        } else {
+          prober->on_answer(from, *b);
+        }
         return;
       }
       case runtime_msg::status_request: {
@@ -708,6 +754,7 @@ node_runtime::~node_runtime() {
   }
   impl_->cv.notify_all();
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  if (impl_->prober) impl_->prober->stop();
   for (auto& s : impl_->sources)
     s->stop();
   if (impl_->control) impl_->control->stop();
@@ -784,6 +831,16 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   p->self_address = p->hex + "@" + p->endpoint;
 
   p->bulk_caps = transport::bulk::probe_capabilities();
+  {
+    ctl::control_node* cn = p->control.get();
+    p->prober = std::make_unique<bandwidth_prober>(
+        cfg.listen.address,
+        [cn](const std::string& peer, std::uint16_t type, const std::string& body) {
+          (void)cn->send(peer, type, bytes_of(body));
+        },
+        static_cast<std::uint16_t>(runtime_msg::bulk_offer),
+        static_cast<std::uint16_t>(runtime_msg::bulk_answer));
+  }
   p->caps = local_caps(cfg, p->hex, p->opt.version, p->bulk_caps);
 
   // State machines.
@@ -863,6 +920,7 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
                        [&] { return impl_->left || impl_->stop_loop; });
   }
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  impl_->prober->stop();
   for (auto& s : impl_->sources)
     s->stop();
   // Flush: wait (bounded) until the leave messages left the send queues.

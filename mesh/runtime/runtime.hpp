@@ -8,7 +8,7 @@
 //
 // Message types on the control plane (application range, docs/design/009-node-runtime.md):
 //   64 membership  65 election  66 topo.ping  67 topo.pong  68 topo.report  69 topo.view
-//   70 status.request  71 status.reply
+//   70 status.request  71 status.reply  72 bulk.offer  73 bulk.answer
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,8 @@ enum class runtime_msg : std::uint16_t {
   topo_view = 69,
   status_request = 70,
   status_reply = 71,
+  bulk_offer = 72,   ///< bandwidth probe: initiator's bulk connect params
+  bulk_answer = 73,  ///< bandwidth probe: responder's bulk connect params
 };
 
 /// Bound on events waiting for the loop thread; beyond it inbound messages are dropped (counted),

@@ -50,6 +50,22 @@ TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
       << why << "\n" << c->logs();
   std::printf("[cluster] 3 peers: converged view after %.2f s\n", seconds_since(t0));
 
+  // Every directed link gets a bandwidth figure from a real bulk-link burst; all three processes
+  // share one host, so choose_backend picks shm.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto s = c->status(0);
+        if (!s || s->at("view").is_null()) return false;
+        std::size_t measured = 0;
+        for (const auto& l : s->at("view").at("links")) {
+          if (l.at("backend") != "shm") return false;
+          if (l.at("bandwidth_mbps").get<double>() > 0) ++measured;
+        }
+        return measured == 6;
+      },
+      60s))
+      << c->status(0)->dump(2) << "\n" << c->logs();
+
   // kill -9 the leader: the survivors agree on a new one.
   const std::size_t old = index_of(*c, leader);
   ASSERT_LT(old, 3u);
