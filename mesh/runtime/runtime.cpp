@@ -37,6 +37,7 @@
 #include "mesh/membership/membership.hpp"
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/node/data_dir.hpp"
+#include "mesh/node/identity_conflict.hpp"
 #include "mesh/runtime/bandwidth_probe.hpp"
 #include "mesh/node/node_id.hpp"
 #include "mesh/topology/topology.hpp"
@@ -181,6 +182,8 @@ struct node_runtime::impl {
   topology::capabilities caps;
   transport::bulk::local_capabilities bulk_caps;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  node_instance instance;  // for the run-time duplicate-identity rule
+  std::thread identity_thread;
 
   std::unique_ptr<ctl::control_node> control;
   std::unique_ptr<bandwidth_prober> prober;
@@ -251,7 +254,7 @@ struct node_runtime::impl {
       }
       queue.push_back(std::move(e));
     }
-    cv.notify_one();
+    cv.notify_all();
   }
 
   void fail(std::string why) {
@@ -262,7 +265,7 @@ struct node_runtime::impl {
       stop_loop = true;
     }
     failed = true;
-    cv.notify_one();
+    cv.notify_all();
   }
 
   // ------------------------------------------------------------------ control-plane plumbing
@@ -670,6 +673,72 @@ struct node_runtime::impl {
     }
   }
 
+  // ------------------------------------------------------------------ duplicate identity
+  /// Asks the seeds (and, through their member tables, whoever they know under our id) for
+  /// their status; another live process announcing our node id from another endpoint is judged
+  /// with judge_identity(): the later one refuses to run. Runs on its own thread, 1 s and 5 s
+  /// after start (a duplicate cannot talk to the mesh itself: the peers' ROUTERs accept one
+  /// connection per routing id, so it must ask as a status client).
+  void identity_check_loop() {
+    for (std::uint32_t at_ms : {1000u, 5000u}) {
+      {
+        std::unique_lock lock(mu);
+        cv.wait_until(lock, t0 + std::chrono::milliseconds(at_ms), [&] { return stop_loop; });
+        if (stop_loop) return;
+      }
+      if (auto why = check_identity_once()) {
+        fail(*why);
+        return;
+      }
+    }
+  }
+
+  std::optional<std::string> check_identity_once() {
+    std::vector<std::string> targets;
+    for (const auto& seed : opt.config.discovery.seeds) {
+      if (targets.size() >= 8) break;
+      targets.push_back(seed);
+    }
+    std::set<std::string> asked;
+    for (std::size_t i = 0; i < targets.size() && asked.size() < 16; ++i) {
+      std::string t = targets[i];
+      if (t.rfind("tcp://", 0) == 0) t = t.substr(6);
+      if ("tcp://" + t == endpoint || !asked.insert(t).second) continue;
+      auto doc = query_status(t, opt.config.cluster_key_file, 1000);
+      if (!doc) continue;
+      json j;
+      try {
+        j = json::parse(*doc);
+        const auto& n = j.at("node");
+        if (n.at("id").get<std::string>() == hex && n.contains("instance_nonce")) {
+          node_instance heard;
+          heard.id = dir->id();
+          heard.control_endpoint = n.at("endpoint").get<std::string>();
+          heard.started_unix_ms = n.at("started_unix_ms").get<std::int64_t>();
+          heard.nonce = std::stoull(n.at("instance_nonce").get<std::string>(), nullptr, 16);
+          if (judge_identity(instance, heard) == identity_verdict::we_must_refuse)
+            return fmt::format(
+                "node id {} is already running at {} and started before us: this data "
+                "directory is a copy of that node's (cloned machine or restored backup); "
+                "remove {}/node.id or pass --reset-identity to give this node a new identity",
+                hex, heard.control_endpoint, dir->path().string());
+          continue;
+        }
+        // Someone else: does it know a member with our id at another endpoint?
+        for (const auto& m : j.at("membership")) {
+          if (m.at("id").get<std::string>() != hex) continue;
+          const auto st = m.at("status").get<std::string>();
+          auto ep = m.at("address").get<std::string>();
+          if ((st == "alive" || st == "suspect") && ep != endpoint && ep.rfind("tcp://", 0) == 0)
+            targets.push_back(ep.substr(6));
+        }
+      } catch (const std::exception&) {
+        continue;
+      }
+    }
+    return std::nullopt;
+  }
+
   // ------------------------------------------------------------------ status document
   std::string name_of(member_id id) const {
     if (id == self) return hex;
@@ -686,6 +755,8 @@ struct node_runtime::impl {
                  {"role", to_string(elect->role())},
                  {"term", elect->term()},
                  {"leader", leader == no_member ? json(nullptr) : json(name_of(leader))},
+                 {"started_unix_ms", instance.started_unix_ms},
+                 {"instance_nonce", fmt::format("{:016x}", instance.nonce)},
                  {"config_version", elect->config().version},
                  {"config_members", elect->config().members.size()}};
     json ms = json::array();
@@ -754,6 +825,7 @@ node_runtime::~node_runtime() {
   }
   impl_->cv.notify_all();
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
   if (impl_->prober) impl_->prober->stop();
   for (auto& s : impl_->sources)
     s->stop();
@@ -901,7 +973,15 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
 
   spdlog::info("node {}: control {} (cluster {}), data dir {}", p->hex, p->endpoint,
                keys->cluster_id, p->dir->path().string());
+  p->instance.id = p->dir->id();
+  p->instance.control_endpoint = p->endpoint;
+  p->instance.started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+  p->instance.nonce = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^
+                      std::random_device{}();
   p->loop_thread = std::thread([raw] { raw->run(); });
+  p->identity_thread = std::thread([raw] { raw->identity_check_loop(); });
   for (auto& s : p->sources) {
     auto r = s->start([raw](const peer_hint& h) { raw->push(impl::ev_hint{h}, false); });
     if (!r) {
@@ -920,6 +1000,12 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
                        [&] { return impl_->left || impl_->stop_loop; });
   }
   if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop_loop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
   impl_->prober->stop();
   for (auto& s : impl_->sources)
     s->stop();

@@ -2,7 +2,11 @@
 // input at the node. Timings are printed (bench/mesh/cluster measures them properly); the only
 // time bounds asserted are generous deadlines for a loaded 2-core machine.
 #include <chrono>
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -144,6 +148,38 @@ TEST(Cluster, FivePeersColdStartAndGracefulLeave) {
               seconds_since(t1));
   ASSERT_TRUE(wait_until([&] { return c->converged(rest, nullptr, &why); }, 30s))
       << why << "\n" << c->logs();
+}
+
+TEST(ClusterBadInput, DuplicateIdentityOnAnotherMachineRefusesTheLaterNode) {
+  // A cloned machine: node 2's data dir holds node 0's node.id, with the fingerprint of its own
+  // directory (what a VM clone or a restored backup on another host looks like; on one host the
+  // copy would already be refused at start by the data dir check).
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value());
+  for (std::size_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string why;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1}, nullptr, &why); }, 60s))
+      << why << "\n" << c->logs();
+  const std::string dir2 = c->node(2).data_dir;
+  std::filesystem::create_directories(dir2);
+  std::filesystem::permissions(dir2, std::filesystem::perms::owner_all);
+  auto record = nlohmann::json::parse(read_file(c->node(0).data_dir + "/node.id"));
+  struct stat st {};
+  ASSERT_EQ(::stat(dir2.c_str(), &st), 0);
+  record["created_in"]["path"] = std::filesystem::canonical(dir2).string();
+  record["created_in"]["inode"] = st.st_ino;
+  record["created_in"]["device"] = st.st_dev;
+  {
+    std::ofstream out(dir2 + "/node.id");
+    out << record.dump(2);
+  }
+  ASSERT_TRUE(c->start(2).has_value());
+  ASSERT_TRUE(wait_until([&] { return !c->running(2); }, 30s)) << c->logs();
+  const auto log = read_file(c->node(2).log);
+  EXPECT_NE(log.find("is already running at"), std::string::npos) << log;
+  // The earlier node keeps serving.
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1}, nullptr, &why); }, 30s)) << why;
 }
 
 TEST(ClusterBadInput, NodeWithoutSecretRefusesToStart) {
