@@ -61,7 +61,7 @@ result<cluster_fixture> cluster_fixture::create(std::string tessera, std::size_t
 cluster_fixture::~cluster_fixture() {
   for (auto& n : nodes_)
     if (n.proc) n.proc->terminate(std::chrono::seconds(3));
-  if (!dir_.empty() && std::getenv("TESSERA_KEEP_CLUSTER") == nullptr) {
+  if (!dir_.empty() && std::getenv("KEEP_TESSERA_CLUSTER") == nullptr) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
