@@ -15,8 +15,7 @@ void register_status(CLI::App& root, int& exit_code) {
   cmd->add_flag("--json", as_json, "print the node's status document as JSON (stable fields)");
   cmd->add_option("--connect", connect, "control endpoint of a node, host:port")
       ->capture_default_str();
-  cmd->add_option("--cluster-key", key_file,
-                  "cluster secret file (default: $TESSERA_CLUSTER_KEY)");
+  cmd->add_option("--cluster-key", key_file, "cluster secret file (default: $TESSERA_CLUSTER_KEY)");
   cmd->add_option("--timeout-ms", timeout_ms, "give up when nothing answers within this time")
       ->capture_default_str()
       ->check(CLI::Range(1u, 600'000u));

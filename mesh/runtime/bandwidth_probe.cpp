@@ -61,14 +61,16 @@ result<void> wait_for(bulk::link& l, bulk::completion_kind kind, std::uint32_t w
 
 }  // namespace
 
-bandwidth_prober::bandwidth_prober(std::string bind_address, sender send,
-                                   std::uint16_t offer_type, std::uint16_t answer_type)
+bandwidth_prober::bandwidth_prober(std::string bind_address, sender send, std::uint16_t offer_type,
+                                   std::uint16_t answer_type)
     : bind_address_(std::move(bind_address)),
       send_(std::move(send)),
       offer_type_(offer_type),
       answer_type_(answer_type) {}
 
-bandwidth_prober::~bandwidth_prober() { stop(); }
+bandwidth_prober::~bandwidth_prober() {
+  stop();
+}
 
 void bandwidth_prober::stop() {
   stopping_ = true;
@@ -165,7 +167,8 @@ void bandwidth_prober::initiate(member_id peer, std::string hex, bulk::backend_k
   auto setup = bulk::prepare_link(backend, probe_options(bind_address_));
   if (!setup) return fail(setup.error());
   send_(hex, offer_type_,
-        pack_setup({id, static_cast<std::uint8_t>(backend), to_u8(bulk::encode((*setup)->local_params()))}));
+        pack_setup({id, static_cast<std::uint8_t>(backend),
+                    to_u8(bulk::encode((*setup)->local_params()))}));
   std::optional<bulk_setup_message> answer;
   {
     std::unique_lock lock(mu_);
@@ -246,7 +249,8 @@ void bandwidth_prober::respond(member_id peer, std::string hex, bulk_setup_messa
   if (!desc) return log_fail(desc.error());
   msgpack::sbuffer sb;
   msgpack::pack(sb, *desc);
-  if (auto s = (*link)->send(std::span(reinterpret_cast<const std::byte*>(sb.data()), sb.size()), 1);
+  if (auto s =
+          (*link)->send(std::span(reinterpret_cast<const std::byte*>(sb.data()), sb.size()), 1);
       !s)
     return log_fail(s.error());
   const auto deadline = clock_type::now() + 2 * kProbeTimeout;

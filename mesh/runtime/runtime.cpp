@@ -5,13 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -25,21 +25,21 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <msgpack.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "mesh/discovery/beacon_codec.hpp"
 #include "mesh/discovery/beacon_source.hpp"
 #include "mesh/discovery/mdns_source.hpp"
+#include "mesh/discovery/peer_hint.hpp"
 #include "mesh/discovery/seed_source.hpp"
 #include "mesh/election/election.hpp"
 #include "mesh/membership/membership.hpp"
-#include "mesh/discovery/peer_hint.hpp"
 #include "mesh/node/data_dir.hpp"
 #include "mesh/node/identity_conflict.hpp"
-#include "mesh/runtime/bandwidth_probe.hpp"
 #include "mesh/node/node_id.hpp"
+#include "mesh/runtime/bandwidth_probe.hpp"
 #include "mesh/topology/topology.hpp"
 #include "transport/bulk/link.hpp"
 #include "transport/control/cluster_key.hpp"
@@ -75,7 +75,9 @@ std::span<const std::byte> bytes_of(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
-bool is_hex_id(std::string_view s) { return is_node_id_text(s); }
+bool is_hex_id(std::string_view s) {
+  return is_node_id_text(s);
+}
 
 /// "hexid@tcp://host:port" -> (hexid, endpoint).
 std::optional<std::pair<std::string, std::string>> split_address(std::string_view a) {
@@ -92,14 +94,17 @@ member_id member_of(const std::string& hex) {
   return id ? id->lo : no_member;
 }
 
-std::string tcp_endpoint(const endpoint& e) { return "tcp://" + e.to_string(); }
+std::string tcp_endpoint(const endpoint& e) {
+  return "tcp://" + e.to_string();
+}
 
 /// Writes `data` to dir/name atomically and durably: temp file, fsync, rename, fsync dir.
 result<void> write_durable(const fs::path& dir, const std::string& name, const std::string& data) {
   const fs::path tmp = dir / (name + ".tmp");
   const fs::path dst = dir / name;
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return make_error(errc::io, "cannot write {}: {}", tmp.string(), std::strerror(errno));
+  if (fd < 0)
+    return make_error(errc::io, "cannot write {}: {}", tmp.string(), std::strerror(errno));
   std::size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
@@ -149,10 +154,14 @@ topology::capabilities local_caps(const node_config& cfg, const std::string& hex
 
 const char* backend_name(std::uint8_t b) {
   switch (b) {
-    case 1: return "tcp";
-    case 2: return "shm";
-    case 3: return "rdma";
-    default: return "-";
+    case 1:
+      return "tcp";
+    case 2:
+      return "shm";
+    case 3:
+      return "rdma";
+    default:
+      return "-";
   }
 }
 
@@ -175,9 +184,9 @@ struct node_runtime::impl {
   // --- set at start, read-only afterwards ---
   runtime_options opt;
   std::optional<data_dir> dir;
-  std::string hex;        // our node id, 32 hex digits (control-plane id)
+  std::string hex;  // our node id, 32 hex digits (control-plane id)
   member_id self = no_member;
-  std::string endpoint;   // bound control endpoint, tcp://host:port
+  std::string endpoint;  // bound control endpoint, tcp://host:port
   std::string self_address;
   topology::capabilities caps;
   transport::bulk::local_capabilities bulk_caps;
@@ -224,9 +233,9 @@ struct node_runtime::impl {
     std::string hex;
     std::string endpoint;
   };
-  std::map<member_id, known_peer> known;      // from membership addresses
-  std::set<std::string> added;                // control peers we added (hex ids)
-  std::map<std::string, std::string> seeds;   // placeholder id -> endpoint (node id not known yet)
+  std::map<member_id, known_peer> known;     // from membership addresses
+  std::set<std::string> added;               // control peers we added (hex ids)
+  std::map<std::string, std::string> seeds;  // placeholder id -> endpoint (node id not known yet)
   struct link_probe {
     std::deque<std::uint64_t> rtt_us;  // last samples (bounded)
     std::optional<topology::capabilities> caps;
@@ -239,9 +248,9 @@ struct node_runtime::impl {
   std::uint64_t undecodable = 0;
 
   std::uint64_t now_ms() const {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
   }
 
   void push(event e, bool droppable) {
@@ -325,8 +334,8 @@ struct node_runtime::impl {
     membership_timer = out.timer_at_ms;
     for (auto& ev : out.events) {
       learn(ev.id, ev.address);
-      spdlog::info("node {}: member {:016x} {} (incarnation {})", hex, ev.id,
-                   to_string(ev.status), ev.incarnation);
+      spdlog::info("node {}: member {:016x} {} (incarnation {})", hex, ev.id, to_string(ev.status),
+                   ev.incarnation);
       if (elect) apply(elect->step(peer_status_changed{ev.id, ev.status}, now_ms()));
     }
     if (!out.events.empty()) refresh_topology_members();
@@ -386,8 +395,7 @@ struct node_runtime::impl {
   std::vector<member_id> live_members() const {
     std::vector<member_id> out;
     for (const auto& [id, m] : members->members())
-      if (m.status == member_status::alive || m.status == member_status::suspect)
-        out.push_back(id);
+      if (m.status == member_status::alive || m.status == member_status::suspect) out.push_back(id);
     return out;
   }
 
@@ -510,7 +518,8 @@ struct node_runtime::impl {
         const std::int64_t rtt_ns = steady_ns() - b->sent_ns;
         if (rtt_ns > 0) {
           p.rtt_us.push_back(static_cast<std::uint64_t>(rtt_ns / 1000));
-          while (p.rtt_us.size() > 5) p.rtt_us.pop_front();
+          while (p.rtt_us.size() > 5)
+            p.rtt_us.pop_front();
         }
         return;
       }
@@ -589,8 +598,8 @@ struct node_runtime::impl {
     }
     if (!members->status_of(id)) {
       known[id] = known_peer{ev.peer, ep};
-      apply(members->step(
-          membership_join{{member_update{id, 0, 0, ev.peer + "@" + ep}}}, now_ms()));
+      apply(
+          members->step(membership_join{{member_update{id, 0, 0, ev.peer + "@" + ep}}}, now_ms()));
     }
   }
 
@@ -612,12 +621,14 @@ struct node_runtime::impl {
     // A seed: the node id is learnt when the peer introduces itself over the control plane.
     for (const auto& [id, k] : known)
       if (k.endpoint == ep) return;
-    std::string placeholder = "seed-" + h.control.front().host + "-" +
-                              std::to_string(h.control.front().port);
-    std::replace_if(placeholder.begin(), placeholder.end(),
-                    [](char c) { return !(std::isalnum(static_cast<unsigned char>(c)) ||
-                                          c == '.' || c == '-' || c == '_'); },
-                    '_');
+    std::string placeholder =
+        "seed-" + h.control.front().host + "-" + std::to_string(h.control.front().port);
+    std::replace_if(
+        placeholder.begin(), placeholder.end(),
+        [](char c) {
+          return !(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_');
+        },
+        '_');
     if (seeds.contains(placeholder)) return;
     if (auto r = control->add_peer(placeholder, ep); r) {
       seeds[placeholder] = ep;
@@ -760,7 +771,9 @@ struct node_runtime::impl {
                  {"config_version", elect->config().version},
                  {"config_members", elect->config().members.size()}};
     json ms = json::array();
-    ms.push_back({{"id", hex}, {"status", "alive"}, {"incarnation", members->incarnation()},
+    ms.push_back({{"id", hex},
+                  {"status", "alive"},
+                  {"incarnation", members->incarnation()},
                   {"address", endpoint}});
     for (const auto& [id, m] : members->members()) {
       auto parsed = split_address(m.address);
@@ -866,8 +879,9 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto d = unpack<durable_election_state>(data);
     if (!d)
-      return make_error(errc::corrupt, "{} does not decode as the election state; remove it to "
-                                       "start over (this node then forgets its term and vote)",
+      return make_error(errc::corrupt,
+                        "{} does not decode as the election state; remove it to "
+                        "start over (this node then forgets its term and vote)",
                         state_file.string());
     restored = *d;
   }
@@ -923,10 +937,10 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   mc.probe_interval_ms = cfg.timeouts.heartbeat_interval_ms;
   mc.probe_timeout_ms = std::max<std::uint32_t>(1, cfg.timeouts.heartbeat_interval_ms * 2 / 5);
   mc.suspicion_timeout_ms = cfg.timeouts.suspect_timeout_ms;
-  auto m = membership::create(mc, static_cast<std::uint64_t>(
-                                      std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          std::chrono::system_clock::now().time_since_epoch())
-                                          .count()));
+  auto m = membership::create(
+      mc, static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::system_clock::now().time_since_epoch())
+                                         .count()));
   if (!m) return m.error();
   p->members.emplace(std::move(m).value());
   election_config ec;
@@ -948,8 +962,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     beacon_options bo;
     bo.cluster_id = keys->cluster_id;
     bo.node_id = p->hex;
-    bo.control_port = static_cast<std::uint16_t>(
-        std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
+    bo.control_port =
+        static_cast<std::uint16_t>(std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
     if (cfg.listen.address != "0.0.0.0") bo.advertise_host = cfg.listen.address;
     bo.interface_name = cfg.discovery.beacon_interface;
     bo.address = cfg.discovery.beacon_address;
@@ -964,8 +978,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     mdns_options mo;
     mo.cluster_id = keys->cluster_id;
     mo.node_id = p->hex;
-    mo.control_port = static_cast<std::uint16_t>(
-        std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
+    mo.control_port =
+        static_cast<std::uint16_t>(std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
     auto s = mdns_source::create(mo);
     if (!s) return s.error();
     p->sources.push_back(std::move(s).value());
@@ -978,8 +992,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   p->instance.started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count();
-  p->instance.nonce = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^
-                      std::random_device{}();
+  p->instance.nonce =
+      (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   p->loop_thread = std::thread([raw] { raw->run(); });
   p->identity_thread = std::thread([raw] { raw->identity_check_loop(); });
   for (auto& s : p->sources) {
@@ -1023,14 +1037,20 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
   impl_->control->stop();
 }
 
-bool node_runtime::failed() const { return impl_->failed; }
+bool node_runtime::failed() const {
+  return impl_->failed;
+}
 
 std::string node_runtime::fatal_error() const {
   std::lock_guard lock(impl_->mu);
   return impl_->fatal;
 }
 
-std::string node_runtime::node_id() const { return impl_->hex; }
-std::string node_runtime::endpoint() const { return impl_->endpoint; }
+std::string node_runtime::node_id() const {
+  return impl_->hex;
+}
+std::string node_runtime::endpoint() const {
+  return impl_->endpoint;
+}
 
 }  // namespace tessera::mesh::runtime

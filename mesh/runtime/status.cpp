@@ -66,8 +66,8 @@ result<std::string> query_status(const std::string& endpoint_text, const std::st
   auto secret = ctl::load_cluster_secret(file);
   if (!secret) {
     if (secret.error().code == errc::not_found)
-      return make_error(errc::unauthorized,
-                        "no cluster secret: pass --cluster-key FILE or set {}", ctl::kClusterKeyEnv);
+      return make_error(errc::unauthorized, "no cluster secret: pass --cluster-key FILE or set {}",
+                        ctl::kClusterKeyEnv);
     return secret.error();
   }
   auto keys = ctl::derive_cluster_keys(*secret);
@@ -105,9 +105,9 @@ result<std::string> query_status(const std::string& endpoint_text, const std::st
   TESSERA_TRY((*node)->add_peer("target", target));
   msgpack::sbuffer body;
   msgpack::pack(body, (*node)->endpoint());
-  TESSERA_TRY((*node)->send("target", static_cast<std::uint16_t>(runtime_msg::status_request),
-                            std::span(reinterpret_cast<const std::byte*>(body.data()),
-                                      body.size())));
+  TESSERA_TRY(
+      (*node)->send("target", static_cast<std::uint16_t>(runtime_msg::status_request),
+                    std::span(reinterpret_cast<const std::byte*>(body.data()), body.size())));
   std::unique_lock lock(mu);
   cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return reply.has_value(); });
   std::optional<std::string> got = reply;
@@ -142,29 +142,28 @@ result<std::string> format_status(const std::string& json_text) {
     out += fmt::format("node    {}  {}  role {}  term {}\n", n.at("id").get<std::string>(),
                        n.at("endpoint").get<std::string>(), n.at("role").get<std::string>(),
                        n.at("term").get<std::uint64_t>());
-    out += fmt::format("leader  {}\n", n.at("leader").is_null()
-                                           ? std::string("none")
-                                           : n.at("leader").get<std::string>());
+    out +=
+        fmt::format("leader  {}\n", n.at("leader").is_null() ? std::string("none")
+                                                             : n.at("leader").get<std::string>());
     const auto& v = j.at("view");
     if (v.is_null()) {
       out += "view    none yet (no leader has published one to this node)\n";
     } else {
-      out += fmt::format("view    epoch {}.{}  leader {}\n\n",
-                         v.at("epoch").at("term").get<std::uint64_t>(),
-                         v.at("epoch").at("version").get<std::uint64_t>(), short_id(v.at("leader")));
+      out += fmt::format(
+          "view    epoch {}.{}  leader {}\n\n", v.at("epoch").at("term").get<std::uint64_t>(),
+          v.at("epoch").at("version").get<std::uint64_t>(), short_id(v.at("leader")));
       out += fmt::format("{:<14} {:<8} {:<24} {:>5} {:>10} {:>10} {:<5} {}\n", "MEMBER", "STATE",
                          "ADDRESS", "CORES", "MEM MB", "FREE MB", "RDMA", "MODELS");
       for (const auto& m : v.at("members")) {
         std::string models;
         for (const auto& x : m.at("models"))
           models += (models.empty() ? "" : ",") + x.get<std::string>();
-        out += fmt::format("{:<14} {:<8} {:<24} {:>5} {:>10} {:>10} {:<5} {}\n",
-                           short_id(m.at("id")), m.at("status").get<std::string>(),
-                           m.at("address").get<std::string>(), m.at("cores").get<std::uint32_t>(),
-                           m.at("memory_total_mb").get<std::uint64_t>(),
-                           m.at("memory_free_mb").get<std::uint64_t>(),
-                           m.at("has_rdma").get<bool>() ? "yes" : "no",
-                           models.empty() ? "-" : models);
+        out += fmt::format(
+            "{:<14} {:<8} {:<24} {:>5} {:>10} {:>10} {:<5} {}\n", short_id(m.at("id")),
+            m.at("status").get<std::string>(), m.at("address").get<std::string>(),
+            m.at("cores").get<std::uint32_t>(), m.at("memory_total_mb").get<std::uint64_t>(),
+            m.at("memory_free_mb").get<std::uint64_t>(),
+            m.at("has_rdma").get<bool>() ? "yes" : "no", models.empty() ? "-" : models);
       }
       out += fmt::format("\n{:<14} {:<14} {:>10} {:>12} {}\n", "FROM", "TO", "RTT us", "BW MB/s",
                          "BACKEND");

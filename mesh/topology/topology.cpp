@@ -7,7 +7,9 @@
 
 namespace tessera::mesh::topology {
 
-bool is_live_status(std::uint8_t status) noexcept { return status <= 1; }
+bool is_live_status(std::uint8_t status) noexcept {
+  return status <= 1;
+}
 
 topology_state::topology_state(topology_config cfg) : cfg_(std::move(cfg)) {}
 
@@ -27,9 +29,10 @@ void topology_state::on_leader(std::uint64_t term, member_id leader) {
 void topology_state::on_members(std::vector<member_fact> members) {
   std::sort(members.begin(), members.end(),
             [](const member_fact& a, const member_fact& b) { return a.id < b.id; });
-  members.erase(std::unique(members.begin(), members.end(),
-                            [](const member_fact& a, const member_fact& b) { return a.id == b.id; }),
-                members.end());
+  members.erase(
+      std::unique(members.begin(), members.end(),
+                  [](const member_fact& a, const member_fact& b) { return a.id == b.id; }),
+      members.end());
   if (members.size() > cfg_.max_members) {
     counters_.members_refused += members.size() - cfg_.max_members;
     members.resize(cfg_.max_members);
@@ -94,8 +97,8 @@ bool topology_state::same_structure(const view& a, const view& b) {
     // alive <-> suspect is not structural: suspicion is transient (refuted within a probe round
     // on a loaded host) and must not flood the cluster with views; it is published with the next
     // refresh. Live <-> dead/left, addresses and capabilities are structural.
-    const bool same_status = x.status == y.status ||
-                             (is_live_status(x.status) && is_live_status(y.status));
+    const bool same_status =
+        x.status == y.status || (is_live_status(x.status) && is_live_status(y.status));
     if (x.id != y.id || !same_status || x.address != y.address || x.caps != y.caps) return false;
   }
   for (std::size_t i = 0; i < a.links.size(); ++i) {
@@ -131,7 +134,8 @@ std::optional<view> topology_state::maybe_publish(std::uint64_t now_ms) {
   if (!publish) {
     if (!same_structure(*current_, next)) {
       publish = true;
-    } else if (now_ms >= last_publish_ms_ + cfg_.refresh_ms && measurements_moved(*current_, next)) {
+    } else if (now_ms >= last_publish_ms_ + cfg_.refresh_ms &&
+               measurements_moved(*current_, next)) {
       publish = true;
     }
   }

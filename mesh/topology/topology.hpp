@@ -34,12 +34,12 @@ namespace tessera::mesh::topology {
 
 /// What a peer can do, exchanged with every other peer and carried in the view.
 struct capabilities {
-  std::string node_id;                 ///< 32 hex digits
-  std::string version;                 ///< tessera version string
+  std::string node_id;  ///< 32 hex digits
+  std::string version;  ///< tessera version string
   std::uint32_t cores = 0;
   std::uint64_t memory_total_mb = 0;
   std::uint64_t memory_free_mb = 0;
-  std::string host_id;                 ///< boot id: equal hosts may use shm
+  std::string host_id;  ///< boot id: equal hosts may use shm
   bool has_rdma = false;
   std::vector<std::string> rdma_devices;  ///< "device/port gid" entries
   std::vector<std::string> models;        ///< model paths/names from the configuration
@@ -52,9 +52,9 @@ struct capabilities {
 struct link_measure {
   member_id from = no_member;
   member_id to = no_member;
-  std::uint64_t rtt_us = 0;        ///< median of the last probes; 0 = not measured yet
-  double bandwidth_mbps = 0;       ///< MB/s of the last burst; 0 = not measured
-  std::uint8_t backend = 0;        ///< transport::bulk::backend_kind (1 tcp, 2 shm, 3 rdma)
+  std::uint64_t rtt_us = 0;   ///< median of the last probes; 0 = not measured yet
+  double bandwidth_mbps = 0;  ///< MB/s of the last burst; 0 = not measured
+  std::uint8_t backend = 0;   ///< transport::bulk::backend_kind (1 tcp, 2 shm, 3 rdma)
   MSGPACK_DEFINE_MAP(from, to, rtt_us, bandwidth_mbps, backend);
   bool operator==(const link_measure&) const = default;
 };
@@ -96,9 +96,9 @@ struct view {
 
 struct topology_config {
   member_id self = no_member;
-  std::uint32_t refresh_ms = 2'000;   ///< measurement-only changes publish at most this often
-  double significant_change = 0.5;    ///< relative rtt/bandwidth change that counts
-  std::size_t max_members = 128;      ///< members beyond are ignored (counted)
+  std::uint32_t refresh_ms = 2'000;        ///< measurement-only changes publish at most this often
+  double significant_change = 0.5;         ///< relative rtt/bandwidth change that counts
+  std::size_t max_members = 128;           ///< members beyond are ignored (counted)
   std::size_t max_links_per_report = 128;  ///< a report with more links is refused (counted)
 };
 
@@ -106,7 +106,7 @@ struct topology_counters {
   std::uint64_t reports_refused = 0;  ///< malformed or from a non-member
   std::uint64_t views_published = 0;
   std::uint64_t views_adopted = 0;
-  std::uint64_t views_stale = 0;      ///< received with an epoch not newer than ours
+  std::uint64_t views_stale = 0;  ///< received with an epoch not newer than ours
   std::uint64_t members_refused = 0;
 };
 

@@ -54,7 +54,8 @@ result<cluster_fixture> cluster_fixture::create(std::string tessera, std::size_t
   }
   if (c.base_port_ == 0) return make_error(errc::io, "no free port block found");
   for (std::size_t i = 0; i < n; ++i)
-    c.add_node(i < hosts.size() ? hosts[i] : "127.0.0.1", i < namespaces.size() ? namespaces[i] : "");
+    c.add_node(i < hosts.size() ? hosts[i] : "127.0.0.1",
+               i < namespaces.size() ? namespaces[i] : "");
   return c;
 }
 
@@ -108,12 +109,13 @@ result<void> cluster_fixture::start(std::size_t i, const std::vector<std::string
                                 std::to_string(n.port + 3),
                                 "--http-port",
                                 std::to_string(n.port + 4),
-                                "--no-mdns", "--no-beacon"};
+                                "--no-mdns",
+                                "--no-beacon"};
   // Timeouts for a 2-core machine shared with parallel builds (and ASan): the defaults (election
   // 300 ms, probe timeout 40 ms) flap there. The benchmark measures the defaults.
-  for (const char* t : {"--heartbeat-interval-ms", "200", "--suspect-timeout-ms", "1500",
-                        "--dead-timeout-ms", "3000", "--election-timeout-min-ms", "1000",
-                        "--election-timeout-max-ms", "2000"})
+  for (const char* t :
+       {"--heartbeat-interval-ms", "200", "--suspect-timeout-ms", "1500", "--dead-timeout-ms",
+        "3000", "--election-timeout-min-ms", "1000", "--election-timeout-max-ms", "2000"})
     argv.emplace_back(t);
   for (std::size_t j = 0; j < nodes_.size(); ++j) {
     if (j == i) continue;
@@ -149,14 +151,15 @@ bool cluster_fixture::running(std::size_t i) {
 
 std::optional<nlohmann::json> cluster_fixture::status(std::size_t i) const {
   const auto& n = nodes_.at(i);
-  auto out = run_command(wrap(n.ns, {tessera_, "--log-level", "warn", "status", "--json",
-                                     "--connect", n.endpoint(), "--cluster-key", key_,
-                                     "--timeout-ms", "3000"}),
-                         std::chrono::seconds(20));
+  auto out =
+      run_command(wrap(n.ns, {tessera_, "--log-level", "warn", "status", "--json", "--connect",
+                              n.endpoint(), "--cluster-key", key_, "--timeout-ms", "3000"}),
+                  std::chrono::seconds(20));
   if (!out) return std::nullopt;
   // The document is the last line (a log line may precede it).
   auto text = *out;
-  while (!text.empty() && text.back() == '\n') text.pop_back();
+  while (!text.empty() && text.back() == '\n')
+    text.pop_back();
   const auto nl = text.rfind('\n');
   if (nl != std::string::npos) text = text.substr(nl + 1);
   try {
@@ -218,7 +221,8 @@ bool cluster_fixture::converged(const std::vector<std::size_t>& nodes, std::stri
       const auto st = m.at("status").get<std::string>();
       if (st == "alive" || st == "suspect") live.insert(m.at("id").get<std::string>());
     }
-    if (live != expected) return say(fmt::format("node {}: view has {} live members", i, live.size()));
+    if (live != expected)
+      return say(fmt::format("node {}: view has {} live members", i, live.size()));
     std::size_t measured = 0;
     for (const auto& l2 : v.at("links"))
       if (l2.at("rtt_us").get<std::uint64_t>() > 0) ++measured;

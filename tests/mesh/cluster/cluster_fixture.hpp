@@ -18,11 +18,11 @@
 namespace tessera::test {
 
 struct cluster_node {
-  std::string host;            ///< address it binds and advertises
-  std::uint16_t port = 0;      ///< control port
+  std::string host;        ///< address it binds and advertises
+  std::uint16_t port = 0;  ///< control port
   std::string data_dir;
   std::string log;
-  std::string ns;              ///< network namespace ("" = host)
+  std::string ns;  ///< network namespace ("" = host)
   std::optional<child_process> proc;
   [[nodiscard]] std::string endpoint() const { return host + ":" + std::to_string(port); }
 };

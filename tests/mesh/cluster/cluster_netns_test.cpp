@@ -41,8 +41,13 @@ TEST(ClusterNetns, PartitionTwoThreeThenHeal) {
   for (std::size_t i = 0; i < 5; ++i)
     ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2, 3, 4}, &leader, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2, 3, 4}, &leader, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
 
   const std::vector<std::size_t> minority{0, 1}, majority{2, 3, 4};
   ASSERT_TRUE(set_routes(*lab, minority, majority, "add").has_value());
@@ -72,8 +77,13 @@ TEST(ClusterNetns, PartitionTwoThreeThenHeal) {
 
   ASSERT_TRUE(set_routes(*lab, minority, majority, "del").has_value());
   const auto t1 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2, 3, 4}, &leader, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2, 3, 4}, &leader, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
   std::printf("[cluster-netns] heal: one leader, one view after %.2f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
 }

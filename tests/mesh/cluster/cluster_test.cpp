@@ -1,8 +1,8 @@
 // Real processes on loopback: cold start, leader kill -9, a joining peer, graceful leave, and bad
 // input at the node. Timings are printed (bench/mesh/cluster measures them properly); the only
 // time bounds asserted are generous deadlines for a loaded 2-core machine.
-#include <chrono>
 #include <sys/stat.h>
+#include <chrono>
 
 #include <cstdio>
 #include <filesystem>
@@ -50,8 +50,13 @@ TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
   for (std::size_t i = 0; i < 3; ++i)
     ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2}, &leader, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
   std::printf("[cluster] 3 peers: converged view after %.2f s\n", seconds_since(t0));
 
   // Every directed link gets a bandwidth figure from a real bulk-link burst; all three processes
@@ -68,7 +73,8 @@ TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
         return measured == 6;
       },
       60s))
-      << c->status(0)->dump(2) << "\n" << c->logs();
+      << c->status(0)->dump(2) << "\n"
+      << c->logs();
 
   // kill -9 the leader: the survivors agree on a new one.
   const std::size_t old = index_of(*c, leader);
@@ -86,11 +92,13 @@ TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
       },
       10s))
       << c->logs();
-  std::printf("[cluster] leader kill -9 -> new leader acknowledged by all survivors: %.2f s "
-              "(polled through tessera status; bench/mesh/cluster measures it from the logs)\n",
-              seconds_since(t1));
+  std::printf(
+      "[cluster] leader kill -9 -> new leader acknowledged by all survivors: %.2f s "
+      "(polled through tessera status; bench/mesh/cluster measures it from the logs)\n",
+      seconds_since(t1));
   ASSERT_TRUE(wait_until([&] { return c->converged(survivors, &leader, &why); }, 30s))
-      << why << "\n" << c->logs();
+      << why << "\n"
+      << c->logs();
   EXPECT_EQ(leader, *next);
   const auto term_before = c->status(survivors[0])->at("node").at("term").get<std::uint64_t>();
 
@@ -100,8 +108,8 @@ TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
   auto all = survivors;
   all.push_back(joiner);
   std::string after;
-  ASSERT_TRUE(wait_until([&] { return c->converged(all, &after, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until([&] { return c->converged(all, &after, &why); }, 60s)) << why << "\n"
+                                                                                << c->logs();
   EXPECT_EQ(after, leader) << "the joining peer deposed the leader";
   const auto term_after = c->status(survivors[0])->at("node").at("term").get<std::uint64_t>();
   EXPECT_EQ(term_after, term_before) << "a join changed the term";
@@ -114,13 +122,19 @@ TEST(Cluster, FivePeersColdStartAndGracefulLeave) {
   for (std::size_t i = 0; i < 5; ++i)
     ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2, 3, 4}, &leader, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2, 3, 4}, &leader, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
   std::printf("[cluster] 5 peers: converged view after %.2f s\n", seconds_since(t0));
 
   // SIGTERM a follower: every other peer sees it `left` (not dead after a timeout).
   std::size_t victim = 0;
-  while (c->node_id(victim) == leader) ++victim;
+  while (c->node_id(victim) == leader)
+    ++victim;
   const std::string victim_id = c->node_id(victim);
   c->term(victim);
   EXPECT_NE(read_file(c->node(victim).log).find("left the mesh"), std::string::npos)
@@ -146,8 +160,8 @@ TEST(Cluster, FivePeersColdStartAndGracefulLeave) {
       << c->logs();
   std::printf("[cluster] SIGTERM -> all peers see 'left' within %.2f s (polled)\n",
               seconds_since(t1));
-  ASSERT_TRUE(wait_until([&] { return c->converged(rest, nullptr, &why); }, 30s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until([&] { return c->converged(rest, nullptr, &why); }, 30s)) << why << "\n"
+                                                                                  << c->logs();
 }
 
 TEST(ClusterBadInput, DuplicateIdentityOnAnotherMachineRefusesTheLaterNode) {
@@ -159,8 +173,13 @@ TEST(ClusterBadInput, DuplicateIdentityOnAnotherMachineRefusesTheLaterNode) {
   for (std::size_t i = 0; i < 2; ++i)
     ASSERT_TRUE(c->start(i).has_value());
   std::string why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1}, nullptr, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1}, nullptr, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
   const std::string dir2 = c->node(2).data_dir;
   std::filesystem::create_directories(dir2);
   std::filesystem::permissions(dir2, std::filesystem::perms::owner_all);
@@ -223,8 +242,13 @@ TEST(ClusterBadInput, PeerWithAnotherSecretCannotJoin) {
   const std::size_t intruder = c->add_node();
   ASSERT_TRUE(c->start(intruder, {}, other_key).has_value());
   std::string why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1}, nullptr, &why); }, 60s))
-      << why << "\n" << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1}, nullptr, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
   // Give the intruder time to try (several heartbeat and join rounds), then check it is absent.
   const auto intruder_id = c->node_id(intruder);
   ASSERT_FALSE(intruder_id.empty());
