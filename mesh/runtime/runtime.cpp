@@ -246,6 +246,7 @@ struct node_runtime::impl {
   std::map<member_id, link_probe> probes;
   std::uint64_t ping_seq = 0;
   std::uint64_t undecodable = 0;
+  std::uint64_t hints_dropped = 0;  // hints refused at kMaxKnownPeers
 
   std::uint64_t now_ms() const {
     return static_cast<std::uint64_t>(
@@ -611,6 +612,12 @@ struct node_runtime::impl {
       if (h.node_id == hex) return;
       const member_id id = member_of(h.node_id);
       if (id == no_member) return;
+      // Hints are rumours (mDNS is unauthenticated): a flood of invented ids must not grow the
+      // table without bound. Members we already know are always updated.
+      if (!known.contains(id) && known.size() >= kMaxKnownPeers) {
+        ++hints_dropped;
+        return;
+      }
       known[id] = known_peer{h.node_id, ep};
       ensure_peer(h.node_id, ep);
       if (!members->status_of(id))
@@ -823,7 +830,9 @@ struct node_runtime::impl {
       v["links"] = links;
       j["view"] = v;
     }
-    j["stats"] = {{"undecodable", undecodable}, {"dropped_events", dropped_events}};
+    j["stats"] = {{"undecodable", undecodable},
+                  {"dropped_events", dropped_events},
+                  {"hints_dropped", hints_dropped}};
     return j;
   }
 };

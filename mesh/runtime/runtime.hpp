@@ -37,6 +37,10 @@ enum class runtime_msg : std::uint16_t {
 /// which the protocols treat as loss. Peer events and hints are never dropped below the bound.
 inline constexpr std::size_t kMaxQueuedEvents = 8192;
 
+/// Bound on peers learnt from discovery hints that membership has not confirmed yet plus members
+/// (2 x membership's max_members); hints for new ids beyond it are dropped (counted).
+inline constexpr std::size_t kMaxKnownPeers = 256;
+
 struct runtime_options {
   node_config config;
   std::string version = "0.1.0";
