@@ -1,8 +1,12 @@
+#include <signal.h>
+
 #include <cstdio>
+#include <ctime>
 #include <memory>
 
 #include "cli/command.hpp"
 #include "mesh/node/options.hpp"
+#include "mesh/runtime/runtime.hpp"
 
 namespace tessera::cli {
 
@@ -26,7 +30,36 @@ void register_node(CLI::App& root, int& exit_code) {
       exit_code = 0;
       return;
     }
-    exit_code = not_yet("node", 4);
+    // SIGTERM/SIGINT are taken synchronously by this thread (sigtimedwait); blocked before any
+    // thread starts so that every thread inherits the mask and none is interrupted.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    auto rt = mesh::runtime::node_runtime::start(mesh::runtime::runtime_options{config});
+    if (!rt) {
+      std::fprintf(stderr, "tessera node: %s\n", rt.error().message.c_str());
+      exit_code = 1;
+      return;
+    }
+    std::fprintf(stderr, "tessera node: %s listening on %s\n", (*rt)->node_id().c_str(),
+                 (*rt)->endpoint().c_str());
+    for (;;) {
+      timespec ts{0, 100'000'000};
+      int sig = sigtimedwait(&set, nullptr, &ts);
+      if (sig == SIGTERM || sig == SIGINT) {
+        (*rt)->leave_and_stop();
+        std::fprintf(stderr, "tessera node: left the mesh (signal %d)\n", sig);
+        exit_code = 0;
+        return;
+      }
+      if ((*rt)->failed()) {
+        std::fprintf(stderr, "tessera node: %s\n", (*rt)->fatal_error().c_str());
+        exit_code = 1;
+        return;
+      }
+    }
   });
 }
 

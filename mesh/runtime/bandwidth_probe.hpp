@@ -1,0 +1,101 @@
+// Bandwidth probes over real bulk links (transport/bulk): for a pair of members, the one with the
+// smaller member id opens a link with the backend choose_backend() picked (connect parameters
+// exchanged over the control plane: bulk.offer / bulk.answer), writes a bounded burst
+// (kBurstBytes in kBurstWrites one-sided writes) into a buffer the peer registered, and times it
+// until the peer confirms the last byte landed. Each side runs on a worker thread of its own (link
+// set-up and waiting block); the loop thread only routes offers/answers and reads results.
+//
+// Bounds: one probe this node initiates at a time, kMaxResponders answered at a time (offers
+// beyond are ignored: the initiator times out); every wait is bounded (kProbeTimeout); stop()
+// makes every worker give up within ~100 ms plus a link set-up already in progress.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "mesh/membership/ids.hpp"
+#include "transport/bulk/link.hpp"
+
+namespace tessera::mesh::runtime {
+
+inline constexpr std::uint64_t kBurstBytes = 16u << 20;
+inline constexpr std::uint32_t kBurstWrites = 4;
+inline constexpr std::size_t kMaxResponders = 2;
+inline constexpr std::chrono::milliseconds kProbeTimeout{5000};
+
+/// bulk.offer (initiator -> peer) and bulk.answer (peer -> initiator).
+struct bulk_setup_message {
+  std::uint64_t probe_id = 0;
+  std::uint8_t backend = 0;
+  std::vector<std::uint8_t> params;  ///< transport::bulk::encode(connect_params)
+  MSGPACK_DEFINE_MAP(probe_id, backend, params);
+};
+
+struct bandwidth_result {
+  member_id peer = no_member;
+  std::uint8_t backend = 0;
+  double mbps = 0;  ///< MB/s (10^6 bytes per second); 0 when the probe failed
+  std::string error;
+};
+
+class bandwidth_prober {
+ public:
+  /// `send(peer, type, body)` ships a control message to the control-plane peer id `peer`
+  /// (thread-safe: called from workers).
+  using sender =
+      std::function<void(const std::string& peer, std::uint16_t type, const std::string& body)>;
+  bandwidth_prober(std::string bind_address, sender send, std::uint16_t offer_type,
+                   std::uint16_t answer_type);
+  ~bandwidth_prober();
+
+  /// Starts a probe to `peer` over `backend` unless one is in flight. True if started.
+  bool start(member_id peer, const std::string& peer_hex, transport::bulk::backend_kind backend);
+  /// Routes a bulk.offer from `peer` (answers it on a worker) / a bulk.answer to our probe.
+  void on_offer(member_id peer, const std::string& peer_hex, const bulk_setup_message& m);
+  void on_answer(member_id peer, const bulk_setup_message& m);
+  /// Finished probes since the last call.
+  [[nodiscard]] std::vector<bandwidth_result> take_results();
+  [[nodiscard]] bool busy() const;
+  /// Makes every worker give up and joins them.
+  void stop();
+
+ private:
+  void initiate(member_id peer, std::string hex, transport::bulk::backend_kind backend,
+                std::uint64_t id);
+  void respond(member_id peer, std::string hex, bulk_setup_message offer);
+  void finish(bandwidth_result r);
+  void reap();
+
+  std::string bind_address_;
+  sender send_;
+  std::uint16_t offer_type_;
+  std::uint16_t answer_type_;
+  std::atomic<bool> stopping_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t next_id_ = 1;
+  bool initiating_ = false;
+  std::uint64_t current_id_ = 0;
+  std::optional<bulk_setup_message> answer_;
+  std::size_t responders_ = 0;
+  std::vector<bandwidth_result> results_;
+  struct worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<worker> workers_;
+};
+
+}  // namespace tessera::mesh::runtime

@@ -1,0 +1,1065 @@
+#include "mesh/runtime/runtime.hpp"
+
+#include <fcntl.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <msgpack.hpp>
+#include <nlohmann/json.hpp>
+
+#include "mesh/discovery/beacon_codec.hpp"
+#include "mesh/discovery/beacon_source.hpp"
+#include "mesh/discovery/mdns_source.hpp"
+#include "mesh/discovery/peer_hint.hpp"
+#include "mesh/discovery/seed_source.hpp"
+#include "mesh/election/election.hpp"
+#include "mesh/membership/membership.hpp"
+#include "mesh/node/data_dir.hpp"
+#include "mesh/node/identity_conflict.hpp"
+#include "mesh/node/node_id.hpp"
+#include "mesh/runtime/bandwidth_probe.hpp"
+#include "mesh/topology/topology.hpp"
+#include "transport/bulk/link.hpp"
+#include "transport/control/cluster_key.hpp"
+#include "transport/control/control_node.hpp"
+
+namespace tessera::mesh::runtime {
+
+namespace ctl = transport::control;
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+template <class T>
+std::string pack(const T& value) {
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, value);
+  return std::string(buf.data(), buf.size());
+}
+
+template <class T>
+std::optional<T> unpack(std::string_view data) {
+  // msgpack-cxx reports malformed input by exception; this is the adapter that catches it.
+  try {
+    msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
+    return oh.get().as<T>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+bool is_hex_id(std::string_view s) {
+  return is_node_id_text(s);
+}
+
+/// "hexid@tcp://host:port" -> (hexid, endpoint).
+std::optional<std::pair<std::string, std::string>> split_address(std::string_view a) {
+  const auto at = a.find('@');
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string id(a.substr(0, at));
+  std::string ep(a.substr(at + 1));
+  if (!is_hex_id(id) || ep.rfind("tcp://", 0) != 0) return std::nullopt;
+  return std::pair(std::move(id), std::move(ep));
+}
+
+member_id member_of(const std::string& hex) {
+  auto id = node_id::parse(hex);
+  return id ? id->lo : no_member;
+}
+
+std::string tcp_endpoint(const endpoint& e) {
+  return "tcp://" + e.to_string();
+}
+
+/// Writes `data` to dir/name atomically and durably: temp file, fsync, rename, fsync dir.
+result<void> write_durable(const fs::path& dir, const std::string& name, const std::string& data) {
+  const fs::path tmp = dir / (name + ".tmp");
+  const fs::path dst = dir / name;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return make_error(errc::io, "cannot write {}: {}", tmp.string(), std::strerror(errno));
+  std::size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      return make_error(errc::io, "cannot write {}: {}", tmp.string(), std::strerror(errno));
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    return make_error(errc::io, "fsync {}: {}", tmp.string(), std::strerror(errno));
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), dst.c_str()) != 0)
+    return make_error(errc::io, "rename {} -> {}: {}", tmp.string(), dst.string(),
+                      std::strerror(errno));
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+  return ok();
+}
+
+topology::capabilities local_caps(const node_config& cfg, const std::string& hex,
+                                  const std::string& version,
+                                  const transport::bulk::local_capabilities& bulk) {
+  topology::capabilities c;
+  c.node_id = hex;
+  c.version = version;
+  c.cores = std::max(1u, std::thread::hardware_concurrency());
+  struct sysinfo si {};
+  if (::sysinfo(&si) == 0) {
+    c.memory_total_mb = static_cast<std::uint64_t>(si.totalram) * si.mem_unit / (1024 * 1024);
+    c.memory_free_mb = static_cast<std::uint64_t>(si.freeram) * si.mem_unit / (1024 * 1024);
+  }
+  c.host_id = bulk.host_id;
+  c.has_rdma = bulk.has_rdma;
+  // Device and GID listing needs the rdma backend's list_devices(), which is only linked where
+  // libibverbs is; has_rdma says whether an active device exists.
+  for (const auto& m : cfg.model_paths)
+    c.models.push_back(fs::path(m).filename().string());
+  return c;
+}
+
+const char* backend_name(std::uint8_t b) {
+  switch (b) {
+    case 1:
+      return "tcp";
+    case 2:
+      return "shm";
+    case 3:
+      return "rdma";
+    default:
+      return "-";
+  }
+}
+
+struct ping_body {
+  std::uint64_t seq = 0;
+  std::int64_t sent_ns = 0;
+  topology::capabilities caps;
+  MSGPACK_DEFINE_MAP(seq, sent_ns, caps);
+};
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct node_runtime::impl {
+  // --- set at start, read-only afterwards ---
+  runtime_options opt;
+  std::optional<data_dir> dir;
+  std::string hex;  // our node id, 32 hex digits (control-plane id)
+  member_id self = no_member;
+  std::string endpoint;  // bound control endpoint, tcp://host:port
+  std::string self_address;
+  topology::capabilities caps;
+  transport::bulk::local_capabilities bulk_caps;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  node_instance instance;  // for the run-time duplicate-identity rule
+  std::thread identity_thread;
+
+  std::unique_ptr<ctl::control_node> control;
+  std::unique_ptr<bandwidth_prober> prober;
+  std::vector<std::unique_ptr<discovery_source>> sources;
+
+  // --- event queue (any thread -> loop thread) ---
+  struct ev_message {
+    ctl::inbound_message msg;
+  };
+  struct ev_peer {
+    ctl::peer_event ev;
+  };
+  struct ev_hint {
+    peer_hint hint;
+  };
+  struct ev_leave {};
+  using event = std::variant<ev_message, ev_peer, ev_hint, ev_leave>;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<event> queue;
+  std::uint64_t dropped_events = 0;
+  bool stop_loop = false;
+  bool left = false;  // leave processed by the loop
+  std::string fatal;
+  std::atomic<bool> failed{false};
+  std::thread loop_thread;
+
+  // --- loop thread only ---
+  std::optional<membership> members;
+  std::optional<election> elect;
+  std::optional<topology::topology_state> topo;
+  std::optional<std::uint64_t> membership_timer;
+  std::optional<std::uint64_t> election_timer;
+  std::uint64_t next_probe_ms = 0;
+  std::uint64_t next_report_ms = 0;
+  std::uint64_t next_view_resend_ms = 0;
+  struct known_peer {
+    std::string hex;
+    std::string endpoint;
+  };
+  std::map<member_id, known_peer> known;     // from membership addresses
+  std::set<std::string> added;               // control peers we added (hex ids)
+  std::map<std::string, std::string> seeds;  // placeholder id -> endpoint (node id not known yet)
+  struct link_probe {
+    std::deque<std::uint64_t> rtt_us;  // last samples (bounded)
+    std::optional<topology::capabilities> caps;
+    double bandwidth_mbps = 0;
+    std::uint8_t measured_backend = 0;
+    std::uint64_t next_bandwidth_ms = 0;  // when to (re)measure
+  };
+  std::map<member_id, link_probe> probes;
+  std::uint64_t ping_seq = 0;
+  std::uint64_t undecodable = 0;
+  std::uint64_t hints_dropped = 0;  // hints refused at kMaxKnownPeers
+
+  std::uint64_t now_ms() const {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+
+  void push(event e, bool droppable) {
+    {
+      std::lock_guard lock(mu);
+      if (stop_loop) return;
+      if (droppable && queue.size() >= kMaxQueuedEvents) {
+        ++dropped_events;
+        return;
+      }
+      queue.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+
+  void fail(std::string why) {
+    spdlog::error("node {}: {}", hex, why);
+    {
+      std::lock_guard lock(mu);
+      if (fatal.empty()) fatal = std::move(why);
+      stop_loop = true;
+    }
+    failed = true;
+    cv.notify_all();
+  }
+
+  // ------------------------------------------------------------------ control-plane plumbing
+  std::string control_peer_endpoint(const std::string& id) const {
+    for (const auto& p : control->peers())
+      if (p.id == id) return p.endpoint;
+    return {};
+  }
+
+  void ensure_peer(const std::string& peer_hex, const std::string& ep) {
+    if (peer_hex == hex || ep.empty()) return;
+    auto it = known.find(member_of(peer_hex));
+    const bool moved = it != known.end() && it->second.endpoint != ep && added.contains(peer_hex);
+    if (added.contains(peer_hex) && !moved) return;
+    // A seed placeholder pointing at the same endpoint must go first: the peer's ROUTER accepts
+    // only one connection per routing id (ours).
+    for (auto s = seeds.begin(); s != seeds.end();) {
+      if (s->second == ep) {
+        (void)control->remove_peer(s->first);
+        s = seeds.erase(s);
+      } else {
+        ++s;
+      }
+    }
+    // The control plane may already hold it (the peer introduced itself): re-adding would
+    // replace a working connection.
+    if (!moved && control_peer_endpoint(peer_hex) == ep) {
+      added.insert(peer_hex);
+      return;
+    }
+    if (auto r = control->add_peer(peer_hex, ep); r) {
+      added.insert(peer_hex);
+    } else {
+      spdlog::warn("node {}: cannot add peer {} at {}: {}", hex, peer_hex, ep,
+                   r.error().describe());
+    }
+  }
+
+  void learn(member_id id, const std::string& address) {
+    if (id == self || id == no_member) return;
+    auto parsed = split_address(address);
+    if (!parsed || member_of(parsed->first) != id) return;
+    known[id] = known_peer{parsed->first, parsed->second};
+    ensure_peer(parsed->first, parsed->second);
+  }
+
+  void send_to(member_id to, runtime_msg type, const std::string& body) {
+    auto it = known.find(to);
+    if (it == known.end()) return;  // not met yet: the protocols treat it as loss
+    (void)control->send(it->second.hex, static_cast<std::uint16_t>(type), bytes_of(body));
+  }
+
+  // ------------------------------------------------------------------ state machine outputs
+  void apply(membership_output out) {
+    for (auto& m : out.messages)
+      send_to(m.to, runtime_msg::membership, pack(m));
+    membership_timer = out.timer_at_ms;
+    for (auto& ev : out.events) {
+      learn(ev.id, ev.address);
+      spdlog::info("node {}: member {:016x} {} (incarnation {})", hex, ev.id, to_string(ev.status),
+                   ev.incarnation);
+      if (elect) apply(elect->step(peer_status_changed{ev.id, ev.status}, now_ms()));
+    }
+    if (!out.events.empty()) refresh_topology_members();
+  }
+
+  void apply(election_output out) {
+    // Durable first, then messages: a vote must be on disk before anyone can learn of it.
+    if (out.persist) {
+      auto w = write_durable(dir->path(), opt.election_state_file, pack(elect->durable()));
+      if (!w) {
+        fail(fmt::format("cannot persist the election state: {}", w.error().describe()));
+        return;
+      }
+    }
+    for (auto& m : out.messages)
+      send_to(m.to, runtime_msg::election, pack(m));
+    election_timer = out.timer_at_ms;
+    for (auto& ev : out.events) {
+      if (ev.kind == election_event_kind::leader_changed) {
+        spdlog::info("node {}: leader {:016x} term {}", hex, ev.leader, ev.term);
+        topo->on_leader(ev.term, ev.leader);
+        next_report_ms = 0;  // the new leader needs our row at once
+      } else if (ev.kind == election_event_kind::role_changed) {
+        spdlog::info("node {}: role {} term {}", hex, to_string(ev.role), ev.term);
+      }
+    }
+    publish_if_leader();
+  }
+
+  void refresh_topology_members() {
+    std::vector<topology::member_fact> facts;
+    facts.push_back({self, static_cast<std::uint8_t>(member_status::alive), self_address});
+    for (const auto& [id, m] : members->members())
+      facts.push_back({id, static_cast<std::uint8_t>(m.status), m.address});
+    topo->on_members(std::move(facts));
+    publish_if_leader();
+  }
+
+  void publish_if_leader() {
+    if (!topo || !topo->is_leader()) return;
+    auto v = topo->maybe_publish(now_ms());
+    if (!v) return;
+    spdlog::info("node {}: view {}.{} ({} members, {} links)", hex, v->at.term, v->at.version,
+                 v->members.size(), v->links.size());
+    broadcast_view(*v);
+  }
+
+  void broadcast_view(const topology::view& v) {
+    const std::string body = pack(v);
+    for (const auto& m : v.members)
+      if (m.id != self && topology::is_live_status(m.status))
+        send_to(m.id, runtime_msg::topo_view, body);
+    next_view_resend_ms = now_ms() + 2000;
+  }
+
+  // ------------------------------------------------------------------ topology probing
+  std::vector<member_id> live_members() const {
+    std::vector<member_id> out;
+    for (const auto& [id, m] : members->members())
+      if (m.status == member_status::alive || m.status == member_status::suspect) out.push_back(id);
+    return out;
+  }
+
+  topology::row_report own_row() const {
+    topology::row_report r;
+    r.from = self;
+    r.caps = caps;
+    for (member_id id : live_members()) {
+      topology::link_measure l;
+      l.from = self;
+      l.to = id;
+      auto it = probes.find(id);
+      if (it != probes.end()) {
+        std::vector<std::uint64_t> s(it->second.rtt_us.begin(), it->second.rtt_us.end());
+        if (!s.empty()) {
+          std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2),
+                           s.end());
+          l.rtt_us = std::max<std::uint64_t>(1, s[s.size() / 2]);
+        }
+        if (it->second.caps) l.backend = static_cast<std::uint8_t>(backend_for(*it->second.caps));
+        if (it->second.bandwidth_mbps > 0) {
+          l.bandwidth_mbps = it->second.bandwidth_mbps;
+          l.backend = it->second.measured_backend;
+        }
+      }
+      r.links.push_back(l);
+    }
+    return r;
+  }
+
+  transport::bulk::backend_kind backend_for(const topology::capabilities& c) const {
+    return transport::bulk::choose_backend(bulk_caps, {c.host_id, c.has_rdma});
+  }
+
+  /// One bandwidth probe at a time, to each live peer in turn: first as soon as its capabilities
+  /// are known, then every 30 s (10 s after a failure).
+  void bandwidth_round(std::uint64_t now) {
+    for (auto& r : prober->take_results()) {
+      auto& p = probes[r.peer];
+      if (r.mbps > 0) {
+        p.bandwidth_mbps = r.mbps;
+        p.measured_backend = r.backend;
+        p.next_bandwidth_ms = now + 30'000;
+      } else {
+        spdlog::debug("node {}: bandwidth probe to {:016x} failed: {}", hex, r.peer, r.error);
+        p.next_bandwidth_ms = now + 10'000;
+      }
+    }
+    if (prober->busy()) return;
+    for (member_id id : live_members()) {
+      auto& p = probes[id];
+      auto k = known.find(id);
+      if (!p.caps || k == known.end() || now < p.next_bandwidth_ms) continue;
+      p.next_bandwidth_ms = now + 10'000;  // until the result says otherwise
+      if (prober->start(id, k->second.hex, backend_for(*p.caps))) return;
+    }
+  }
+
+  void probe_round() {
+    const auto now = now_ms();
+    bandwidth_round(now);
+    if (now >= next_probe_ms) {
+      next_probe_ms = now + 500;
+      ping_body b;
+      b.caps = caps;
+      for (member_id id : live_members()) {
+        b.seq = ++ping_seq;
+        b.sent_ns = steady_ns();
+        send_to(id, runtime_msg::topo_ping, pack(b));
+      }
+    }
+    if (now >= next_report_ms) {
+      next_report_ms = now + 1000;
+      const auto leader = elect->leader();
+      auto row = own_row();
+      if (leader == self) {
+        topo->on_report(row);
+        publish_if_leader();
+      } else if (leader != no_member) {
+        send_to(leader, runtime_msg::topo_report, pack(row));
+      }
+    }
+    if (topo->is_leader() && topo->current() && now >= next_view_resend_ms)
+      broadcast_view(*topo->current());
+  }
+
+  // ------------------------------------------------------------------ inbound
+  void on_message(ctl::inbound_message& m) {
+    const auto now = now_ms();
+    switch (static_cast<runtime_msg>(m.type)) {
+      case runtime_msg::membership: {
+        auto msg = unpack<membership_message>(m.body);
+        if (!msg) break;
+        learn(msg->sender.id, msg->sender.address);
+        apply(members->step(membership_receive{std::move(*msg)}, now));
+        return;
+      }
+      case runtime_msg::election: {
+        auto msg = unpack<election_message>(m.body);
+        if (!msg) break;
+        apply(elect->step(election_receive{std::move(*msg)}, now));
+        return;
+      }
+      case runtime_msg::topo_ping: {
+        auto b = unpack<ping_body>(m.body);
+        if (!b) break;
+        if (auto from = member_of(m.sender); from != no_member) probes[from].caps = b->caps;
+        ping_body pong{b->seq, b->sent_ns, caps};
+        (void)control->send(m.sender, static_cast<std::uint16_t>(runtime_msg::topo_pong),
+                            bytes_of(pack(pong)));
+        return;
+      }
+      case runtime_msg::topo_pong: {
+        auto b = unpack<ping_body>(m.body);
+        if (!b) break;
+        const member_id from = member_of(m.sender);
+        if (from == no_member) break;
+        auto& p = probes[from];
+        p.caps = b->caps;
+        const std::int64_t rtt_ns = steady_ns() - b->sent_ns;
+        if (rtt_ns > 0) {
+          p.rtt_us.push_back(static_cast<std::uint64_t>(rtt_ns / 1000));
+          while (p.rtt_us.size() > 5)
+            p.rtt_us.pop_front();
+        }
+        return;
+      }
+      case runtime_msg::topo_report: {
+        auto r = unpack<topology::row_report>(m.body);
+        if (!r || r->from != member_of(m.sender)) break;
+        if (topo->is_leader()) {
+          topo->on_report(*r);
+          publish_if_leader();
+        }
+        return;
+      }
+      case runtime_msg::topo_view: {
+        auto v = unpack<topology::view>(m.body);
+        if (!v) break;
+        if (topo->on_view(*v))
+          spdlog::debug("node {}: adopted view {}.{}", hex, v->at.term, v->at.version);
+        return;
+      }
+      case runtime_msg::bulk_offer:
+      case runtime_msg::bulk_answer: {
+        auto b = unpack<bulk_setup_message>(m.body);
+        const member_id from = member_of(m.sender);
+        if (!b || from == no_member) break;
+        if (m.type == static_cast<std::uint16_t>(runtime_msg::bulk_offer)) {
+          if (members->status_of(from)) prober->on_offer(from, m.sender, *b);
+        } else {
+          prober->on_answer(from, *b);
+        }
+        return;
+      }
+      case runtime_msg::status_request: {
+        auto reply_to = unpack<std::string>(m.body);
+        if (!reply_to) break;
+        // The client is not a member: add it as a control peer for the reply (it is dropped
+        // again when its link goes down).
+        if (control_peer_endpoint(m.sender) == *reply_to) {
+          // introduced itself already
+        } else if (auto r = control->add_peer(m.sender, *reply_to); !r) {
+          spdlog::warn("node {}: status client {}: {}", hex, m.sender, r.error().describe());
+          return;
+        }
+        const std::string doc = status_json().dump();
+        (void)control->send(m.sender, static_cast<std::uint16_t>(runtime_msg::status_reply),
+                            bytes_of(pack(doc)));
+        return;
+      }
+      default:
+        break;
+    }
+    ++undecodable;
+  }
+
+  void on_peer(const ctl::peer_event& ev) {
+    if (!is_hex_id(ev.peer)) {
+      // A status client (or a seed placeholder) whose link went down: forget it.
+      if (ev.kind == ctl::peer_event_kind::down && !seeds.contains(ev.peer))
+        (void)control->remove_peer(ev.peer);
+      return;
+    }
+    if (ev.kind != ctl::peer_event_kind::up) return;
+    if (ev.peer == hex) return;
+    // A peer introduced itself (we may have dialled it as a seed): learn its endpoint from the
+    // control plane and join it through membership.
+    const std::string ep = control_peer_endpoint(ev.peer);
+    if (ep.empty()) return;
+    const member_id id = member_of(ev.peer);
+    added.insert(ev.peer);  // the control plane added it itself
+    for (auto s = seeds.begin(); s != seeds.end();) {
+      if (s->second == ep) {
+        (void)control->remove_peer(s->first);
+        s = seeds.erase(s);
+      } else {
+        ++s;
+      }
+    }
+    if (!members->status_of(id)) {
+      known[id] = known_peer{ev.peer, ep};
+      apply(
+          members->step(membership_join{{member_update{id, 0, 0, ev.peer + "@" + ep}}}, now_ms()));
+    }
+  }
+
+  void on_hint(const peer_hint& h) {
+    if (h.control.empty()) return;
+    const std::string ep = tcp_endpoint(h.control.front());
+    if (ep == endpoint) return;
+    if (!h.node_id.empty()) {
+      if (h.node_id == hex) return;
+      const member_id id = member_of(h.node_id);
+      if (id == no_member) return;
+      // Hints are rumours (mDNS is unauthenticated): a flood of invented ids must not grow the
+      // table without bound. Members we already know are always updated.
+      if (!known.contains(id) && known.size() >= kMaxKnownPeers) {
+        ++hints_dropped;
+        return;
+      }
+      known[id] = known_peer{h.node_id, ep};
+      ensure_peer(h.node_id, ep);
+      if (!members->status_of(id))
+        apply(members->step(membership_join{{member_update{id, 0, 0, h.node_id + "@" + ep}}},
+                            now_ms()));
+      return;
+    }
+    // A seed: the node id is learnt when the peer introduces itself over the control plane.
+    for (const auto& [id, k] : known)
+      if (k.endpoint == ep) return;
+    std::string placeholder =
+        "seed-" + h.control.front().host + "-" + std::to_string(h.control.front().port);
+    std::replace_if(
+        placeholder.begin(), placeholder.end(),
+        [](char c) {
+          return !(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_');
+        },
+        '_');
+    if (seeds.contains(placeholder)) return;
+    if (auto r = control->add_peer(placeholder, ep); r) {
+      seeds[placeholder] = ep;
+    } else {
+      spdlog::warn("node {}: seed {}: {}", hex, ep, r.error().describe());
+    }
+  }
+
+  // ------------------------------------------------------------------ loop
+  void run() {
+    const auto now0 = now_ms();
+    apply(elect->step(election_tick{}, now0));
+    apply(members->step(membership_join{{}}, now0));
+    refresh_topology_members();
+    for (;;) {
+      std::deque<event> batch;
+      {
+        std::unique_lock lock(mu);
+        std::uint64_t wake = next_probe_ms;
+        if (membership_timer) wake = std::min(wake, *membership_timer);
+        if (election_timer) wake = std::min(wake, *election_timer);
+        wake = std::min(wake, next_report_ms);
+        const auto now = now_ms();
+        if (queue.empty() && !stop_loop && wake > now)
+          cv.wait_for(lock, std::chrono::milliseconds(std::min<std::uint64_t>(wake - now, 100)));
+        if (stop_loop) return;
+        batch.swap(queue);
+      }
+      for (auto& e : batch) {
+        if (auto* m = std::get_if<ev_message>(&e)) {
+          on_message(m->msg);
+        } else if (auto* p = std::get_if<ev_peer>(&e)) {
+          on_peer(p->ev);
+        } else if (auto* h = std::get_if<ev_hint>(&e)) {
+          on_hint(h->hint);
+        } else {
+          const auto now = now_ms();
+          apply(elect->step(election_leave{}, now));
+          apply(members->step(membership_leave{}, now));
+          std::lock_guard lock(mu);
+          left = true;
+          stop_loop = true;
+          cv.notify_all();
+          return;
+        }
+        if (failed) return;
+      }
+      const auto now = now_ms();
+      if (membership_timer && now >= *membership_timer)
+        apply(members->step(membership_tick{}, now));
+      if (election_timer && now >= *election_timer) apply(elect->step(election_tick{}, now));
+      probe_round();
+    }
+  }
+
+  // ------------------------------------------------------------------ duplicate identity
+  /// Asks the seeds (and, through their member tables, whoever they know under our id) for
+  /// their status; another live process announcing our node id from another endpoint is judged
+  /// with judge_identity(): the later one refuses to run. Runs on its own thread, 1 s and 5 s
+  /// after start (a duplicate cannot talk to the mesh itself: the peers' ROUTERs accept one
+  /// connection per routing id, so it must ask as a status client).
+  void identity_check_loop() {
+    for (std::uint32_t at_ms : {1000u, 5000u}) {
+      {
+        std::unique_lock lock(mu);
+        cv.wait_until(lock, t0 + std::chrono::milliseconds(at_ms), [&] { return stop_loop; });
+        if (stop_loop) return;
+      }
+      if (auto why = check_identity_once()) {
+        fail(*why);
+        return;
+      }
+    }
+  }
+
+  std::optional<std::string> check_identity_once() {
+    std::vector<std::string> targets;
+    for (const auto& seed : opt.config.discovery.seeds) {
+      if (targets.size() >= 8) break;
+      targets.push_back(seed);
+    }
+    std::set<std::string> asked;
+    for (std::size_t i = 0; i < targets.size() && asked.size() < 16; ++i) {
+      std::string t = targets[i];
+      if (t.rfind("tcp://", 0) == 0) t = t.substr(6);
+      if ("tcp://" + t == endpoint || !asked.insert(t).second) continue;
+      auto doc = query_status(t, opt.config.cluster_key_file, 1000);
+      if (!doc) continue;
+      json j;
+      try {
+        j = json::parse(*doc);
+        const auto& n = j.at("node");
+        if (n.at("id").get<std::string>() == hex && n.contains("instance_nonce")) {
+          node_instance heard;
+          heard.id = dir->id();
+          heard.control_endpoint = n.at("endpoint").get<std::string>();
+          heard.started_unix_ms = n.at("started_unix_ms").get<std::int64_t>();
+          heard.nonce = std::stoull(n.at("instance_nonce").get<std::string>(), nullptr, 16);
+          if (judge_identity(instance, heard) == identity_verdict::we_must_refuse)
+            return fmt::format(
+                "node id {} is already running at {} and started before us: this data "
+                "directory is a copy of that node's (cloned machine or restored backup); "
+                "remove {}/node.id or pass --reset-identity to give this node a new identity",
+                hex, heard.control_endpoint, dir->path().string());
+          continue;
+        }
+        // Someone else: does it know a member with our id at another endpoint?
+        for (const auto& m : j.at("membership")) {
+          if (m.at("id").get<std::string>() != hex) continue;
+          const auto st = m.at("status").get<std::string>();
+          auto ep = m.at("address").get<std::string>();
+          if ((st == "alive" || st == "suspect") && ep != endpoint && ep.rfind("tcp://", 0) == 0)
+            targets.push_back(ep.substr(6));
+        }
+      } catch (const std::exception&) {
+        continue;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // ------------------------------------------------------------------ status document
+  std::string name_of(member_id id) const {
+    if (id == self) return hex;
+    if (auto it = known.find(id); it != known.end()) return it->second.hex;
+    return fmt::format("{:016x}", id);
+  }
+
+  json status_json() const {
+    json j;
+    j["format"] = 1;
+    const auto leader = elect->leader();
+    j["node"] = {{"id", hex},
+                 {"endpoint", endpoint},
+                 {"role", to_string(elect->role())},
+                 {"term", elect->term()},
+                 {"leader", leader == no_member ? json(nullptr) : json(name_of(leader))},
+                 {"started_unix_ms", instance.started_unix_ms},
+                 {"instance_nonce", fmt::format("{:016x}", instance.nonce)},
+                 {"config_version", elect->config().version},
+                 {"config_members", elect->config().members.size()}};
+    json ms = json::array();
+    ms.push_back({{"id", hex},
+                  {"status", "alive"},
+                  {"incarnation", members->incarnation()},
+                  {"address", endpoint}});
+    for (const auto& [id, m] : members->members()) {
+      auto parsed = split_address(m.address);
+      ms.push_back({{"id", name_of(id)},
+                    {"status", to_string(m.status)},
+                    {"incarnation", m.incarnation},
+                    {"address", parsed ? parsed->second : m.address}});
+    }
+    j["membership"] = ms;
+    const auto& cur = topo->current();
+    if (!cur) {
+      j["view"] = nullptr;
+    } else {
+      json v;
+      v["epoch"] = {{"term", cur->at.term}, {"version", cur->at.version}};
+      v["leader"] = cur->leader == no_member ? json(nullptr) : json(name_of(cur->leader));
+      json vm = json::array();
+      for (const auto& m : cur->members) {
+        auto parsed = split_address(m.address);
+        vm.push_back({{"id", parsed ? parsed->first : name_of(m.id)},
+                      {"status", to_string(static_cast<member_status>(m.status))},
+                      {"address", parsed ? parsed->second : m.address},
+                      {"cores", m.caps.cores},
+                      {"memory_total_mb", m.caps.memory_total_mb},
+                      {"memory_free_mb", m.caps.memory_free_mb},
+                      {"has_rdma", m.caps.has_rdma},
+                      {"rdma_devices", m.caps.rdma_devices},
+                      {"models", m.caps.models},
+                      {"version", m.caps.version}});
+      }
+      v["members"] = vm;
+      auto id_text = [&](member_id id) {
+        for (const auto& m : cur->members)
+          if (m.id == id) {
+            if (auto p = split_address(m.address)) return p->first;
+          }
+        return name_of(id);
+      };
+      json links = json::array();
+      for (const auto& l : cur->links) {
+        links.push_back({{"from", id_text(l.from)},
+                         {"to", id_text(l.to)},
+                         {"rtt_us", l.rtt_us},
+                         {"bandwidth_mbps", l.bandwidth_mbps},
+                         {"backend", backend_name(l.backend)}});
+      }
+      v["links"] = links;
+      j["view"] = v;
+    }
+    j["stats"] = {{"undecodable", undecodable},
+                  {"dropped_events", dropped_events},
+                  {"hints_dropped", hints_dropped}};
+    return j;
+  }
+};
+
+node_runtime::node_runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+node_runtime::~node_runtime() {
+  if (!impl_) return;
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop_loop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
+  if (impl_->prober) impl_->prober->stop();
+  for (auto& s : impl_->sources)
+    s->stop();
+  if (impl_->control) impl_->control->stop();
+}
+
+result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options options) {
+  auto p = std::make_unique<impl>();
+  p->opt = std::move(options);
+  const node_config& cfg = p->opt.config;
+
+  // The secret first: without it nothing else may happen (no identity file created either).
+  std::optional<std::string> key_file;
+  if (!cfg.cluster_key_file.empty()) key_file = cfg.cluster_key_file;
+  auto secret = ctl::load_cluster_secret(key_file);
+  if (!secret) {
+    if (secret.error().code == errc::not_found)
+      return make_error(errc::unauthorized,
+                        "no cluster secret: pass --cluster-key FILE or set {} (create one with "
+                        "`tessera keygen`)",
+                        ctl::kClusterKeyEnv);
+    return secret.error();
+  }
+  auto keys = ctl::derive_cluster_keys(*secret);
+  if (!keys) return keys.error();
+
+  auto dir = data_dir::open(cfg.data_dir, data_dir_options{cfg.reset_identity});
+  if (!dir) return dir.error();
+  p->dir.emplace(std::move(dir).value());
+  p->hex = p->dir->id().to_string();
+  p->self = p->dir->id().lo;
+
+  // Restore the election's durable state.
+  durable_election_state restored;
+  const fs::path state_file = p->dir->path() / p->opt.election_state_file;
+  if (fs::exists(state_file)) {
+    std::ifstream in(state_file, std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto d = unpack<durable_election_state>(data);
+    if (!d)
+      return make_error(errc::corrupt,
+                        "{} does not decode as the election state; remove it to "
+                        "start over (this node then forgets its term and vote)",
+                        state_file.string());
+    restored = *d;
+  }
+
+  // Control plane.
+  ctl::node_config cc;
+  cc.node_id = p->hex;
+  cc.bind_endpoint = fmt::format("tcp://{}:{}", cfg.listen.address, cfg.listen.control_port);
+  std::string adv_host = cfg.listen.address;
+  if (adv_host == "0.0.0.0" || adv_host == "*") {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    adv_host = host;
+  }
+  cc.keys = *keys;
+  cc.timing.heartbeat_interval_ms = 100;
+  cc.timing.dead_after_ms = 1000;
+  cc.timing.backoff_max_ms = 1000;
+  impl* raw = p.get();
+  ctl::node_handlers handlers;
+  handlers.on_message = [raw](ctl::inbound_message&& m) {
+    raw->push(impl::ev_message{std::move(m)}, true);
+  };
+  handlers.on_peer_event = [raw](const ctl::peer_event& e) { raw->push(impl::ev_peer{e}, false); };
+  if (cfg.listen.control_port != 0) {
+    cc.advertise_endpoint = fmt::format("tcp://{}:{}", adv_host, cfg.listen.control_port);
+  }
+  auto control = ctl::control_node::start(cc, handlers);
+  if (!control) return control.error();
+  p->control = std::move(control).value();
+  p->endpoint = p->control->endpoint();
+  if (cfg.listen.control_port != 0) p->endpoint = cc.advertise_endpoint;
+  p->self_address = p->hex + "@" + p->endpoint;
+
+  p->bulk_caps = transport::bulk::probe_capabilities();
+  {
+    ctl::control_node* cn = p->control.get();
+    p->prober = std::make_unique<bandwidth_prober>(
+        cfg.listen.address,
+        [cn](const std::string& peer, std::uint16_t type, const std::string& body) {
+          (void)cn->send(peer, type, bytes_of(body));
+        },
+        static_cast<std::uint16_t>(runtime_msg::bulk_offer),
+        static_cast<std::uint16_t>(runtime_msg::bulk_answer));
+  }
+  p->caps = local_caps(cfg, p->hex, p->opt.version, p->bulk_caps);
+
+  // State machines.
+  membership_config mc;
+  mc.self = p->self;
+  mc.self_address = p->self_address;
+  mc.rng_seed = std::random_device{}() ^ p->self;
+  mc.probe_interval_ms = cfg.timeouts.heartbeat_interval_ms;
+  mc.probe_timeout_ms = std::max<std::uint32_t>(1, cfg.timeouts.heartbeat_interval_ms * 2 / 5);
+  mc.suspicion_timeout_ms = cfg.timeouts.suspect_timeout_ms;
+  auto m = membership::create(
+      mc, static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::system_clock::now().time_since_epoch())
+                                         .count()));
+  if (!m) return m.error();
+  p->members.emplace(std::move(m).value());
+  election_config ec;
+  ec.self = p->self;
+  ec.rng_seed = std::random_device{}() ^ (p->self * 31);
+  ec.election_timeout_ms = cfg.timeouts.election_timeout_min_ms;
+  ec.heartbeat_interval_ms = std::max<std::uint32_t>(10, cfg.timeouts.election_timeout_min_ms / 6);
+  ec.remove_dead_after_ms = cfg.timeouts.dead_timeout_ms;
+  auto e = election::create(ec, restored);
+  if (!e) return e.error();
+  p->elect.emplace(std::move(e).value());
+  p->topo.emplace(topology::topology_config{.self = p->self});
+
+  // Discovery.
+  auto seeds = seed_source::create(cfg.discovery.seeds);
+  if (!seeds) return seeds.error();
+  p->sources.push_back(std::move(seeds).value());
+  if (cfg.discovery.beacon) {
+    beacon_options bo;
+    bo.cluster_id = keys->cluster_id;
+    bo.node_id = p->hex;
+    bo.control_port =
+        static_cast<std::uint16_t>(std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
+    if (cfg.listen.address != "0.0.0.0") bo.advertise_host = cfg.listen.address;
+    bo.interface_name = cfg.discovery.beacon_interface;
+    bo.address = cfg.discovery.beacon_address;
+    bo.port = cfg.discovery.beacon_port;
+    bo.interval_ms = cfg.discovery.beacon_interval_ms;
+    bo.key = derive_beacon_key(secret->bytes);
+    auto b = beacon_source::create(bo);
+    if (!b) return b.error();
+    p->sources.push_back(std::move(b).value());
+  }
+  if (cfg.discovery.mdns) {
+    mdns_options mo;
+    mo.cluster_id = keys->cluster_id;
+    mo.node_id = p->hex;
+    mo.control_port =
+        static_cast<std::uint16_t>(std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
+    auto s = mdns_source::create(mo);
+    if (!s) return s.error();
+    p->sources.push_back(std::move(s).value());
+  }
+
+  spdlog::info("node {}: control {} (cluster {}), data dir {}", p->hex, p->endpoint,
+               keys->cluster_id, p->dir->path().string());
+  p->instance.id = p->dir->id();
+  p->instance.control_endpoint = p->endpoint;
+  p->instance.started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+  p->instance.nonce =
+      (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  p->loop_thread = std::thread([raw] { raw->run(); });
+  p->identity_thread = std::thread([raw] { raw->identity_check_loop(); });
+  for (auto& s : p->sources) {
+    auto r = s->start([raw](const peer_hint& h) { raw->push(impl::ev_hint{h}, false); });
+    if (!r) {
+      auto rt = std::unique_ptr<node_runtime>(new node_runtime(std::move(p)));
+      return make_error(r.error().code, "discovery: {}", r.error().message);
+    }
+  }
+  return std::unique_ptr<node_runtime>(new node_runtime(std::move(p)));
+}
+
+void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
+  if (!impl_->failed) impl_->push(impl::ev_leave{}, false);
+  {
+    std::unique_lock lock(impl_->mu);
+    impl_->cv.wait_for(lock, std::chrono::milliseconds(flush_ms),
+                       [&] { return impl_->left || impl_->stop_loop; });
+  }
+  if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop_loop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
+  impl_->prober->stop();
+  for (auto& s : impl_->sources)
+    s->stop();
+  // Flush: wait (bounded) until the leave messages left the send queues.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(flush_ms);
+  while (std::chrono::steady_clock::now() < end) {
+    bool empty = true;
+    for (const auto& p : impl_->control->peers())
+      if (p.queued > 0 && p.state == transport::control::link_state::up) empty = false;
+    if (empty) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // libzmq hands frames to the kernel asynchronously: give the I/O thread a moment (linger).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  impl_->control->stop();
+}
+
+bool node_runtime::failed() const {
+  return impl_->failed;
+}
+
+std::string node_runtime::fatal_error() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->fatal;
+}
+
+std::string node_runtime::node_id() const {
+  return impl_->hex;
+}
+std::string node_runtime::endpoint() const {
+  return impl_->endpoint;
+}
+
+}  // namespace tessera::mesh::runtime

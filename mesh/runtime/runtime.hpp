@@ -1,0 +1,87 @@
+// node_runtime: the running `tessera node` — identity, control plane, discovery, membership,
+// election and topology wired together (docs/design/011-node-runtime.md).
+//
+// Threads: the control plane's I/O thread and each discovery source's thread only *enqueue*
+// events (bounded queue); one loop thread owns every state machine (membership, election,
+// topology) and all decisions, so no protocol state is shared between threads. The loop sleeps
+// until the earliest timer any state machine asked for, or until an event arrives.
+//
+// Message types on the control plane (application range, docs/design/011-node-runtime.md):
+//   64 membership  65 election  66 topo.ping  67 topo.pong  68 topo.report  69 topo.view
+//   70 status.request  71 status.reply  72 bulk.offer  73 bulk.answer
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/base/result.hpp"
+#include "mesh/node/config.hpp"
+
+namespace tessera::mesh::runtime {
+
+enum class runtime_msg : std::uint16_t {
+  membership = 64,
+  election = 65,
+  topo_ping = 66,
+  topo_pong = 67,
+  topo_report = 68,
+  topo_view = 69,
+  status_request = 70,
+  status_reply = 71,
+  bulk_offer = 72,   ///< bandwidth probe: initiator's bulk connect params
+  bulk_answer = 73,  ///< bandwidth probe: responder's bulk connect params
+};
+
+/// Bound on events waiting for the loop thread; beyond it inbound messages are dropped (counted),
+/// which the protocols treat as loss. Peer events and hints are never dropped below the bound.
+inline constexpr std::size_t kMaxQueuedEvents = 8192;
+
+/// Bound on peers learnt from discovery hints that membership has not confirmed yet plus members
+/// (2 x membership's max_members); hints for new ids beyond it are dropped (counted).
+inline constexpr std::size_t kMaxKnownPeers = 256;
+
+struct runtime_options {
+  node_config config;
+  std::string version = "0.1.0";
+  std::string election_state_file = "election.state";  ///< inside the data directory
+};
+
+class node_runtime {
+ public:
+  /// Opens the data dir (lock, identity), loads the cluster secret (required), restores the
+  /// election state, binds the control ROUTER, starts discovery and the loop thread.
+  [[nodiscard]] static result<std::unique_ptr<node_runtime>> start(runtime_options options);
+  ~node_runtime();
+  node_runtime(const node_runtime&) = delete;
+  node_runtime& operator=(const node_runtime&) = delete;
+
+  /// Graceful leave: announces leave (membership + election), flushes the control queues
+  /// (bounded by `flush_ms`), then stops everything. Idempotent.
+  void leave_and_stop(std::uint32_t flush_ms = 1000);
+  /// True once the runtime stopped on its own (fatal condition); `fatal_error()` says why.
+  [[nodiscard]] bool failed() const;
+  [[nodiscard]] std::string fatal_error() const;
+  /// "hexid", the control endpoint actually bound.
+  [[nodiscard]] std::string node_id() const;
+  [[nodiscard]] std::string endpoint() const;
+
+  struct impl;
+
+ private:
+  explicit node_runtime(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// Asks the node at `endpoint` ("host:port" or "tcp://host:port") for its status, authenticated
+/// with the cluster secret (`key_file`, or $TESSERA_CLUSTER_KEY when empty). Returns the status
+/// document (JSON text, fields in docs/design/011-node-runtime.md). errc::timeout when nothing
+/// answers within `timeout_ms`.
+[[nodiscard]] result<std::string> query_status(const std::string& endpoint,
+                                               const std::string& key_file,
+                                               std::uint32_t timeout_ms);
+
+/// Renders a status document as an aligned, human-readable table.
+[[nodiscard]] result<std::string> format_status(const std::string& json_text);
+
+}  // namespace tessera::mesh::runtime

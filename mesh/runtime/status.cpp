@@ -1,0 +1,185 @@
+// The status protocol, client side: one request, one reply, over the authenticated control plane.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include <fmt/format.h>
+#include <msgpack.hpp>
+#include <nlohmann/json.hpp>
+
+#include "mesh/discovery/peer_hint.hpp"
+#include "mesh/runtime/runtime.hpp"
+#include "transport/control/cluster_key.hpp"
+#include "transport/control/control_node.hpp"
+
+namespace tessera::mesh::runtime {
+
+namespace ctl = transport::control;
+
+namespace {
+
+/// The local address the kernel would use to reach host:port (so the node can dial us back).
+result<std::string> local_address_towards(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0)
+    return make_error(errc::not_found, "cannot resolve '{}': {}", host, ::gai_strerror(rc));
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  std::string out;
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf);
+      out = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (out.empty()) return make_error(errc::io, "no local address reaches '{}'", host);
+  return out;
+}
+
+}  // namespace
+
+result<std::string> query_status(const std::string& endpoint_text, const std::string& key_file,
+                                 std::uint32_t timeout_ms) {
+  std::string text = endpoint_text;
+  if (text.rfind("tcp://", 0) == 0) text = text.substr(6);
+  auto ep = parse_endpoint(text);
+  if (!ep) return make_error(errc::invalid_argument, "--connect: {}", ep.error().message);
+
+  std::optional<std::string> file;
+  if (!key_file.empty()) file = key_file;
+  auto secret = ctl::load_cluster_secret(file);
+  if (!secret) {
+    if (secret.error().code == errc::not_found)
+      return make_error(errc::unauthorized, "no cluster secret: pass --cluster-key FILE or set {}",
+                        ctl::kClusterKeyEnv);
+    return secret.error();
+  }
+  auto keys = ctl::derive_cluster_keys(*secret);
+  if (!keys) return keys.error();
+  auto local = local_address_towards(ep->host, ep->port);
+  if (!local) return local.error();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<std::string> reply;
+  ctl::node_config cc;
+  std::mt19937_64 rng(std::random_device{}());
+  cc.node_id = fmt::format("status-{:016x}", rng());
+  cc.bind_endpoint = fmt::format("tcp://{}:*", *local);
+  cc.keys = *keys;
+  cc.accept_unknown_peers = false;
+  cc.timing.heartbeat_interval_ms = 100;
+  ctl::node_handlers handlers;
+  handlers.on_message = [&](ctl::inbound_message&& m) {
+    if (m.type != static_cast<std::uint16_t>(runtime_msg::status_reply)) return;
+    std::string doc;
+    try {
+      msgpack::object_handle oh = msgpack::unpack(m.body.data(), m.body.size());
+      doc = oh.get().as<std::string>();
+    } catch (const std::exception&) {
+      return;
+    }
+    std::lock_guard lock(mu);
+    reply = std::move(doc);
+    cv.notify_all();
+  };
+  auto node = ctl::control_node::start(cc, handlers);
+  if (!node) return node.error();
+  const std::string target = "tcp://" + ep->to_string();
+  TESSERA_TRY((*node)->add_peer("target", target));
+  msgpack::sbuffer body;
+  msgpack::pack(body, (*node)->endpoint());
+  TESSERA_TRY(
+      (*node)->send("target", static_cast<std::uint16_t>(runtime_msg::status_request),
+                    std::span(reinterpret_cast<const std::byte*>(body.data()), body.size())));
+  std::unique_lock lock(mu);
+  cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return reply.has_value(); });
+  std::optional<std::string> got = reply;
+  lock.unlock();
+  const auto stats = (*node)->stats();
+  (*node)->stop();
+  if (!got) {
+    if (stats.handshake_failed_outbound > 0)
+      return make_error(errc::unauthorized,
+                        "the node at {} refused our cluster key (not the same cluster secret)",
+                        ep->to_string());
+    return make_error(errc::timeout, "no tessera node answered at {} within {} ms", ep->to_string(),
+                      timeout_ms);
+  }
+  return *got;
+}
+
+result<std::string> format_status(const std::string& json_text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const std::exception& e) {
+    return make_error(errc::corrupt, "status reply is not JSON: {}", e.what());
+  }
+  try {
+    std::string out;
+    const auto& n = j.at("node");
+    auto short_id = [](const nlohmann::json& v) -> std::string {
+      if (v.is_null()) return "-";
+      return v.get<std::string>().substr(0, 12);
+    };
+    out += fmt::format("node    {}  {}  role {}  term {}\n", n.at("id").get<std::string>(),
+                       n.at("endpoint").get<std::string>(), n.at("role").get<std::string>(),
+                       n.at("term").get<std::uint64_t>());
+    out +=
+        fmt::format("leader  {}\n", n.at("leader").is_null() ? std::string("none")
+                                                             : n.at("leader").get<std::string>());
+    const auto& v = j.at("view");
+    if (v.is_null()) {
+      out += "view    none yet (no leader has published one to this node)\n";
+    } else {
+      out += fmt::format(
+          "view    epoch {}.{}  leader {}\n\n", v.at("epoch").at("term").get<std::uint64_t>(),
+          v.at("epoch").at("version").get<std::uint64_t>(), short_id(v.at("leader")));
+      out += fmt::format("{:<14} {:<8} {:<24} {:>5} {:>10} {:>10} {:<5} {}\n", "MEMBER", "STATE",
+                         "ADDRESS", "CORES", "MEM MB", "FREE MB", "RDMA", "MODELS");
+      for (const auto& m : v.at("members")) {
+        std::string models;
+        for (const auto& x : m.at("models"))
+          models += (models.empty() ? "" : ",") + x.get<std::string>();
+        out += fmt::format(
+            "{:<14} {:<8} {:<24} {:>5} {:>10} {:>10} {:<5} {}\n", short_id(m.at("id")),
+            m.at("status").get<std::string>(), m.at("address").get<std::string>(),
+            m.at("cores").get<std::uint32_t>(), m.at("memory_total_mb").get<std::uint64_t>(),
+            m.at("memory_free_mb").get<std::uint64_t>(),
+            m.at("has_rdma").get<bool>() ? "yes" : "no", models.empty() ? "-" : models);
+      }
+      out += fmt::format("\n{:<14} {:<14} {:>10} {:>12} {}\n", "FROM", "TO", "RTT us", "BW MB/s",
+                         "BACKEND");
+      for (const auto& l : v.at("links")) {
+        const auto rtt = l.at("rtt_us").get<std::uint64_t>();
+        const auto bw = l.at("bandwidth_mbps").get<double>();
+        out += fmt::format("{:<14} {:<14} {:>10} {:>12} {}\n", short_id(l.at("from")),
+                           short_id(l.at("to")), rtt == 0 ? std::string("-") : std::to_string(rtt),
+                           bw == 0 ? std::string("-") : fmt::format("{:.0f}", bw),
+                           l.at("backend").get<std::string>());
+      }
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return make_error(errc::corrupt, "status reply lacks a field: {}", e.what());
+  }
+}
+
+}  // namespace tessera::mesh::runtime

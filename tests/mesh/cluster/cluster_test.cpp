@@ -1,0 +1,270 @@
+// Real processes on loopback: cold start, leader kill -9, a joining peer, graceful leave, and bad
+// input at the node. Timings are printed (bench/mesh/cluster measures them properly); the only
+// time bounds asserted are generous deadlines for a loaded 2-core machine.
+#include <sys/stat.h>
+#include <chrono>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/mesh/cluster/cluster_fixture.hpp"
+
+namespace tessera::test {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+std::size_t index_of(const cluster_fixture& c, const std::string& id) {
+  for (std::size_t i = 0; i < c.size(); ++i)
+    if (c.node_id(i) == id) return i;
+  return c.size();
+}
+
+/// Leader every node in `nodes` names, if they all name the same non-null one.
+std::optional<std::string> agreed_leader(const cluster_fixture& c,
+                                         const std::vector<std::size_t>& nodes) {
+  std::optional<std::string> leader;
+  for (auto i : nodes) {
+    auto s = c.status(i);
+    if (!s || s->at("node").at("leader").is_null()) return std::nullopt;
+    auto l = s->at("node").at("leader").get<std::string>();
+    if (leader && *leader != l) return std::nullopt;
+    leader = l;
+  }
+  return leader;
+}
+
+TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string leader, why;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2}, &leader, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
+  std::printf("[cluster] 3 peers: converged view after %.2f s\n", seconds_since(t0));
+
+  // Every directed link gets a bandwidth figure from a real bulk-link burst; all three processes
+  // share one host, so choose_backend picks shm.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto s = c->status(0);
+        if (!s || s->at("view").is_null()) return false;
+        std::size_t measured = 0;
+        for (const auto& l : s->at("view").at("links")) {
+          if (l.at("backend") != "shm") return false;
+          if (l.at("bandwidth_mbps").get<double>() > 0) ++measured;
+        }
+        return measured == 6;
+      },
+      60s))
+      << c->status(0)->dump(2) << "\n"
+      << c->logs();
+
+  // kill -9 the leader: the survivors agree on a new one.
+  const std::size_t old = index_of(*c, leader);
+  ASSERT_LT(old, 3u);
+  std::vector<std::size_t> survivors;
+  for (std::size_t i = 0; i < 3; ++i)
+    if (i != old) survivors.push_back(i);
+  c->kill9(old);
+  const auto t1 = clock_type::now();
+  std::optional<std::string> next;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        next = agreed_leader(*c, survivors);
+        return next && *next != leader;
+      },
+      10s))
+      << c->logs();
+  std::printf(
+      "[cluster] leader kill -9 -> new leader acknowledged by all survivors: %.2f s "
+      "(polled through tessera status; bench/mesh/cluster measures it from the logs)\n",
+      seconds_since(t1));
+  ASSERT_TRUE(wait_until([&] { return c->converged(survivors, &leader, &why); }, 30s))
+      << why << "\n"
+      << c->logs();
+  EXPECT_EQ(leader, *next);
+  const auto term_before = c->status(survivors[0])->at("node").at("term").get<std::uint64_t>();
+
+  // A new peer joins without deposing the leader.
+  const std::size_t joiner = c->add_node();
+  ASSERT_TRUE(c->start(joiner).has_value());
+  auto all = survivors;
+  all.push_back(joiner);
+  std::string after;
+  ASSERT_TRUE(wait_until([&] { return c->converged(all, &after, &why); }, 60s)) << why << "\n"
+                                                                                << c->logs();
+  EXPECT_EQ(after, leader) << "the joining peer deposed the leader";
+  const auto term_after = c->status(survivors[0])->at("node").at("term").get<std::uint64_t>();
+  EXPECT_EQ(term_after, term_before) << "a join changed the term";
+}
+
+TEST(Cluster, FivePeersColdStartAndGracefulLeave) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 5);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < 5; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string leader, why;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2, 3, 4}, &leader, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
+  std::printf("[cluster] 5 peers: converged view after %.2f s\n", seconds_since(t0));
+
+  // SIGTERM a follower: every other peer sees it `left` (not dead after a timeout).
+  std::size_t victim = 0;
+  while (c->node_id(victim) == leader)
+    ++victim;
+  const std::string victim_id = c->node_id(victim);
+  c->term(victim);
+  EXPECT_NE(read_file(c->node(victim).log).find("left the mesh"), std::string::npos)
+      << read_file(c->node(victim).log);
+  std::vector<std::size_t> rest;
+  for (std::size_t i = 0; i < 5; ++i)
+    if (i != victim) rest.push_back(i);
+  const auto t1 = clock_type::now();
+  auto status_of_victim = [&](std::size_t i) -> std::string {
+    auto s = c->status(i);
+    if (!s) return "?";
+    for (const auto& m : s->at("membership"))
+      if (m.at("id") == victim_id) return m.at("status").get<std::string>();
+    return "absent";
+  };
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (auto i : rest)
+          if (status_of_victim(i) != "left") return false;
+        return true;
+      },
+      10s))
+      << c->logs();
+  std::printf("[cluster] SIGTERM -> all peers see 'left' within %.2f s (polled)\n",
+              seconds_since(t1));
+  ASSERT_TRUE(wait_until([&] { return c->converged(rest, nullptr, &why); }, 30s)) << why << "\n"
+                                                                                  << c->logs();
+}
+
+TEST(ClusterBadInput, DuplicateIdentityOnAnotherMachineRefusesTheLaterNode) {
+  // A cloned machine: node 2's data dir holds node 0's node.id, with the fingerprint of its own
+  // directory (what a VM clone or a restored backup on another host looks like; on one host the
+  // copy would already be refused at start by the data dir check).
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value());
+  for (std::size_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string why;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1}, nullptr, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
+  const std::string dir2 = c->node(2).data_dir;
+  std::filesystem::create_directories(dir2);
+  std::filesystem::permissions(dir2, std::filesystem::perms::owner_all);
+  auto record = nlohmann::json::parse(read_file(c->node(0).data_dir + "/node.id"));
+  struct stat st {};
+  ASSERT_EQ(::stat(dir2.c_str(), &st), 0);
+  record["created_in"]["path"] = std::filesystem::canonical(dir2).string();
+  record["created_in"]["inode"] = st.st_ino;
+  record["created_in"]["device"] = st.st_dev;
+  {
+    std::ofstream out(dir2 + "/node.id");
+    out << record.dump(2);
+  }
+  ASSERT_TRUE(c->start(2).has_value());
+  ASSERT_TRUE(wait_until([&] { return !c->running(2); }, 30s)) << c->logs();
+  const auto log = read_file(c->node(2).log);
+  EXPECT_NE(log.find("is already running at"), std::string::npos) << log;
+  // The earlier node keeps serving.
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1}, nullptr, &why); }, 30s)) << why;
+}
+
+TEST(ClusterBadInput, NodeWithoutSecretRefusesToStart) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 1);
+  ASSERT_TRUE(c.has_value());
+  auto r = run_command({"env", "-u", "TESSERA_CLUSTER_KEY", TESSERA_BINARY, "node", "--data-dir",
+                        c->dir() + "/nokey", "--listen", "127.0.0.1", "--control-port", "0",
+                        "--no-mdns", "--no-beacon"},
+                       20s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("no cluster secret"), std::string::npos) << r.error().message;
+}
+
+TEST(ClusterBadInput, WrongFlagIsAClearError) {
+  auto r = run_command({TESSERA_BINARY, "node", "--no-such-flag"}, 20s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("no-such-flag"), std::string::npos) << r.error().message;
+  auto s = run_command({TESSERA_BINARY, "status", "--timeout-ms", "0"}, 20s);
+  ASSERT_FALSE(s.has_value());
+}
+
+TEST(ClusterBadInput, StatusWithNothingListeningFailsInBoundedTime) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 1);
+  ASSERT_TRUE(c.has_value());
+  auto r = run_command({TESSERA_BINARY, "status", "--connect", c->node(0).endpoint(),
+                        "--cluster-key", c->key_file(), "--timeout-ms", "1000"},
+                       20s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("no tessera node answered"), std::string::npos)
+      << r.error().message;
+}
+
+TEST(ClusterBadInput, PeerWithAnotherSecretCannotJoin) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 2);
+  ASSERT_TRUE(c.has_value());
+  for (std::size_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  // An intruder with its own key, seeded with both members.
+  const std::string other_key = c->dir() + "/other.key";
+  ASSERT_TRUE(run_command({TESSERA_BINARY, "keygen", "-o", other_key}).has_value());
+  const std::size_t intruder = c->add_node();
+  ASSERT_TRUE(c->start(intruder, {}, other_key).has_value());
+  std::string why;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1}, nullptr, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
+  // Give the intruder time to try (several heartbeat and join rounds), then check it is absent.
+  const auto intruder_id = c->node_id(intruder);
+  ASSERT_FALSE(intruder_id.empty());
+  std::this_thread::sleep_for(2s);  // not a timing assertion: the claim is "never", sampled
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto s = c->status(i);
+    ASSERT_TRUE(s.has_value());
+    for (const auto& m : s->at("membership"))
+      EXPECT_NE(m.at("id"), intruder_id) << "node " << i << " lists the intruder";
+  }
+  // And our key does not open the intruder's status.
+  auto r = run_command({TESSERA_BINARY, "status", "--connect", c->node(intruder).endpoint(),
+                        "--cluster-key", c->key_file(), "--timeout-ms", "1000"},
+                       20s);
+  EXPECT_FALSE(r.has_value());
+}
+
+}  // namespace
+}  // namespace tessera::test
