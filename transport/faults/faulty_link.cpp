@@ -141,8 +141,10 @@ void faulty_link::timer_loop() {
       continue;
     }
     const auto now = clock::now();
-    if (heap_.front().due > now) {
-      timer_cv_.wait_until(lock, heap_.front().due);
+    if (const auto due = heap_.front().due; due > now) {
+      // A copy, not a reference: wait_until reads it again after waking, and while we wait
+      // another thread's push_back may reallocate the heap's storage.
+      timer_cv_.wait_until(lock, due);
       continue;
     }
     std::pop_heap(heap_.begin(), heap_.end(),
