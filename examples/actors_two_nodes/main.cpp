@@ -123,7 +123,11 @@ int main() {
     expect(d.who == remote_counter && d.reason.detail == "retired", "down carries the real reason");
   }
   auto gone = one.ask<words::total>(remote_counter, words::how_many{}, 30s);
-  expect(!gone && gone.error().code == errc::not_found, "a request to the stopped actor fails: not_found");
+  // The down may overtake the removal of the stopped actor on node 2: a request arriving in
+  // between meets its closed mailbox (closed), one arriving after finds no actor (not_found).
+  if (!gone) std::printf("     request: %s\n", gone.error().describe().c_str());
+  expect(!gone && (gone.error().code == errc::not_found || gone.error().code == errc::closed),
+         "a request to the stopped actor fails: not_found (or closed while it is being removed)");
 
   one.shutdown();
   two.shutdown();
