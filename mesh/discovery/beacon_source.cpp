@@ -118,6 +118,9 @@ result<void> beacon_source::start(hint_sink sink) {
     fd_ = stop_fd_ = -1;
     return r;
   }
+  // Create spdlog's registry on this thread before ours logs: its lazy initialisation inside the
+  // uninstrumented libspdlog is invisible to TSan, which then reports two sources' threads racing.
+  (void)spdlog::default_logger_raw();
   thread_ = std::thread([this] { run(); });
   return ok();
 }
