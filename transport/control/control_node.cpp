@@ -80,7 +80,7 @@ struct counters {
       messages_delivered{0}, heartbeats_sent{0}, heartbeats_received{0}, duplicates_dropped{0},
       frames_missing{0}, send_queue_full{0}, zap_allowed{0}, zap_denied{0},
       handshake_failed_inbound{0}, handshake_failed_outbound{0}, peer_up_events{0},
-      peer_down_events{0}, reconnects{0}, unknown_sender{0}, fault_dropped{0}, fault_delayed{0},
+      peer_down_events{0}, reconnects{0}, deaf_reconnects{0}, unknown_sender{0}, fault_dropped{0}, fault_delayed{0},
       fault_duplicated{0}, fault_commands{0}, fault_commands_refused{0};
   std::array<std::atomic<std::uint64_t>, kRejectReasonCount> rejected{};
 };
@@ -89,31 +89,49 @@ void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) {
   c.fetch_add(n, std::memory_order_relaxed);
 }
 
-std::string heartbeat_body(const std::string& endpoint) {
+// A heartbeat body: our advertised endpoint, this link's heartbeat number and the echo of the
+// last number heard from the receiver (see peer_link.hpp: how a deaf outbound link is found).
+std::string heartbeat_body(const std::string& endpoint, std::uint64_t number, std::uint64_t echo) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(1);
+  pk.pack_map(3);
   pk.pack(std::string_view("ep"));
   pk.pack(std::string_view(endpoint));
+  pk.pack(std::string_view("n"));
+  pk.pack(number);
+  pk.pack(std::string_view("echo"));
+  pk.pack(echo);
   return std::string(buf.data(), buf.size());
 }
 
-// The "ep" field of a heartbeat body, or empty.
-std::string heartbeat_endpoint(std::span<const std::byte> body) {
+struct heartbeat_fields {
+  std::string endpoint;  ///< empty when absent or malformed
+  std::optional<std::uint64_t> number;
+  std::optional<std::uint64_t> echo;
+};
+
+// The fields of a heartbeat body; unknown keys are skipped, malformed ones read as absent.
+heartbeat_fields parse_heartbeat(std::span<const std::byte> body) {
+  heartbeat_fields h;
   try {
     auto handle = msgpack::unpack(reinterpret_cast<const char*>(body.data()), body.size());
     const msgpack::object& o = handle.get();
-    if (o.type != msgpack::type::MAP) return {};
+    if (o.type != msgpack::type::MAP) return h;
     for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
       const auto& kv = o.via.map.ptr[i];
-      if (kv.key.type == msgpack::type::STR && kv.key.as<std::string_view>() == "ep" &&
-          kv.val.type == msgpack::type::STR) {
-        return kv.val.as<std::string>();
+      if (kv.key.type != msgpack::type::STR) continue;
+      const auto key = kv.key.as<std::string_view>();
+      if (key == "ep" && kv.val.type == msgpack::type::STR) {
+        h.endpoint = kv.val.as<std::string>();
+      } else if (key == "n" && kv.val.type == msgpack::type::POSITIVE_INTEGER) {
+        h.number = kv.val.via.u64;
+      } else if (key == "echo" && kv.val.type == msgpack::type::POSITIVE_INTEGER) {
+        h.echo = kv.val.via.u64;
       }
     }
   } catch (const std::exception&) {
   }
-  return {};
+  return h;
 }
 
 }  // namespace
@@ -582,7 +600,7 @@ void control_node::impl::handle_frame(const frame_view& f) {
   }
   if (it == links.end() && f.header.type == static_cast<std::uint16_t>(msg_type::heartbeat) &&
       cfg.accept_unknown_peers) {
-    std::string ep = heartbeat_endpoint(f.body);
+    std::string ep = parse_heartbeat(f.body).endpoint;
     if (is_valid_endpoint(ep) && sender != cfg.node_id) {
       bool added = false;
       {
@@ -622,6 +640,10 @@ void control_node::impl::handle_frame(const frame_view& f) {
   switch (static_cast<msg_type>(f.header.type)) {
     case msg_type::heartbeat:
       bump(ctr.heartbeats_received);
+      if (it != links.end()) {
+        const auto hb = parse_heartbeat(f.body);
+        if (hb.number) apply(sender, it->second.link.on_heartbeat(*hb.number, hb.echo, now_ms()));
+      }
       return;
     case msg_type::fault_set:
     case msg_type::fault_clear:
@@ -733,6 +755,11 @@ void control_node::impl::apply(const std::string& id, const link_actions& a) {
     auto it = links.find(id);
     if (it != links.end()) {
       bump(ctr.reconnects);
+      if (!a.emit_down && !a.reason.empty()) {
+        // The peer is up but deaf to us (see peer_link.hpp): say so, it is never routine.
+        bump(ctr.deaf_reconnects);
+        spdlog::warn("control {}: peer {}: {}: reconnecting", cfg.node_id, id, a.reason);
+      }
       // A fresh socket drops a half-open TCP connection that libzmq's own retry would keep.
       std::string ep = it->second.endpoint;
       connect_peer(id, ep);
@@ -759,11 +786,13 @@ void control_node::impl::send_heartbeats() {
   h.incarnation = incarnation;
   h.seq = 0;  // unsequenced: a heartbeat that cannot be sent is simply skipped
   h.sender = cfg.node_id;
-  const std::string body = heartbeat_body(cfg.advertise_endpoint);
-  auto frame = encode_frame(h, as_bytes(body), cfg.limits);
-  TESSERA_ASSERT(frame.has_value(), "heartbeat frame: {}", frame.error().describe());
   for (auto& [id, p] : links) {
     if (!p.dealer) continue;
+    // Per link: the body numbers this link's heartbeats and echoes the peer's.
+    const std::string body = heartbeat_body(cfg.advertise_endpoint,
+                                            p.link.next_heartbeat_number(), p.link.echo_for_peer());
+    auto frame = encode_frame(h, as_bytes(body), cfg.limits);
+    TESSERA_ASSERT(frame.has_value(), "heartbeat frame: {}", frame.error().describe());
     if (cfg.faults.decide) {
       if ((p.dealer->get(zmq::sockopt::events) & ZMQ_POLLOUT) == 0) continue;
       if (put_on_wire(id, p, *frame)) bump(ctr.heartbeats_sent);
@@ -977,6 +1006,7 @@ control_stats control_node::stats() const {
   s.peer_up_events = ld(c.peer_up_events);
   s.peer_down_events = ld(c.peer_down_events);
   s.reconnects = ld(c.reconnects);
+  s.deaf_reconnects = ld(c.deaf_reconnects);
   s.unknown_sender = ld(c.unknown_sender);
   s.fault_dropped = ld(c.fault_dropped);
   s.fault_delayed = ld(c.fault_delayed);

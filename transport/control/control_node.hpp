@@ -112,6 +112,7 @@ struct control_stats {
   std::uint64_t peer_up_events = 0;
   std::uint64_t peer_down_events = 0;
   std::uint64_t reconnects = 0;
+  std::uint64_t deaf_reconnects = 0;  ///< of which: the peer's echo said it stopped hearing us
   std::uint64_t unknown_sender = 0;  ///< messages from a sender we have no link to (delivered)
   std::uint64_t fault_dropped = 0;     ///< frames the fault hook lost (or delayed past the bound)
   std::uint64_t fault_delayed = 0;     ///< copies the fault hook held back

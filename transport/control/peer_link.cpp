@@ -9,7 +9,7 @@
 namespace tessera::transport::control {
 
 peer_link::peer_link(const link_timing& timing, std::uint64_t seed, std::uint64_t now_ms)
-    : timing_(timing), rng_(seed), last_heard_ms_(now_ms) {
+    : timing_(timing), rng_(seed), last_heard_ms_(now_ms), echo_moved_ms_(now_ms) {
   TESSERA_ASSERT(timing.heartbeat_interval_ms > 0 &&
                      timing.dead_after_ms > timing.heartbeat_interval_ms,
                  "link timing: need dead_after_ms ({}) > heartbeat_interval_ms ({}) > 0",
@@ -79,6 +79,35 @@ link_actions peer_link::on_tick(std::uint64_t now_ms) {
 
 std::uint64_t peer_link::next_deadline_ms() const {
   return state_ == link_state::down ? reconnect_at_ms_ : last_heard_ms_ + timing_.dead_after_ms;
+}
+
+link_actions peer_link::on_heartbeat(std::uint64_t number, std::optional<std::uint64_t> echo,
+                                      std::uint64_t now_ms) {
+  link_actions a;
+  heard_number_ = number;
+  if (!echo) return a;  // a peer that does not echo: nothing to judge
+  if (*echo != last_echo_) {
+    // Any change counts (a restarted peer echoes from 0 again).
+    last_echo_ = *echo;
+    echo_moved_ms_ = now_ms;
+    sent_at_echo_move_ = heartbeats_sent_;
+    heard_since_echo_move_ = 0;
+    return a;
+  }
+  ++heard_since_echo_move_;
+  if (heard_since_echo_move_ >= kDeafHeartbeats &&
+      heartbeats_sent_ >= sent_at_echo_move_ + kDeafHeartbeats &&
+      now_ms >= echo_moved_ms_ + timing_.dead_after_ms) {
+    a.reconnect = true;
+    a.reason = fmt::format("the peer has not heard our last {} heartbeats ({} ms)",
+                           heartbeats_sent_ - sent_at_echo_move_, now_ms - echo_moved_ms_);
+    ++deaf_reconnects_;
+    // A full window for the fresh connection before judging it.
+    echo_moved_ms_ = now_ms;
+    sent_at_echo_move_ = heartbeats_sent_;
+    heard_since_echo_move_ = 0;
+  }
+  return a;
 }
 
 seq_verdict peer_link::on_seq(std::uint64_t incarnation, std::uint64_t seq,

@@ -10,9 +10,18 @@
 //
 // "down" is reported once per outage (emit_down with a reason); "up" once per recovery.
 // Backoff: min(backoff_max_ms, backoff_min_ms * 2^attempt), jittered to [d/2, d] by a seeded rng.
+//
+// Liveness above is inbound only: it cannot see that *our* frames stopped reaching the peer. That
+// happens for real: when another connection announces our routing id to the peer's ROUTER
+// (router_handover), libzmq detaches our pipe but keeps the TCP connection open, so our DEALER
+// sends into a void and never reconnects while the peer's frames keep arriving. Heartbeats
+// therefore number themselves per link and echo the last number heard from the peer; when the
+// peer keeps sending heartbeats whose echo of our numbers does not move, although we kept
+// sending, the link asks for a `reconnect` (a fresh socket) without reporting the peer down.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace tessera::transport::control {
@@ -56,6 +65,17 @@ class peer_link {
   /// The next time on_tick has something to do.
   [[nodiscard]] std::uint64_t next_deadline_ms() const;
 
+  /// The number to put in the next heartbeat to this peer (1, 2, ...).
+  [[nodiscard]] std::uint64_t next_heartbeat_number() { return ++heartbeats_sent_; }
+  /// The echo to put in heartbeats to this peer: the last heartbeat number heard from it.
+  [[nodiscard]] std::uint64_t echo_for_peer() const { return heard_number_; }
+  /// A heartbeat from the peer arrived with its own number and (from peers that echo) the last
+  /// of our numbers it heard. May ask for a reconnect (see the header comment).
+  [[nodiscard]] link_actions on_heartbeat(std::uint64_t number, std::optional<std::uint64_t> echo,
+                                          std::uint64_t now_ms);
+  /// Reconnects asked for because the peer stopped hearing us.
+  [[nodiscard]] std::uint64_t deaf_reconnects() const { return deaf_reconnects_; }
+
   /// Checks (incarnation, seq) of a delivered frame; `missing` gets the gap size on `gap`.
   [[nodiscard]] seq_verdict on_seq(std::uint64_t incarnation, std::uint64_t seq,
                                    std::uint64_t& missing);
@@ -75,6 +95,16 @@ class peer_link {
   std::uint64_t last_heard_ms_;
   std::uint64_t reconnect_at_ms_ = 0;
   std::uint32_t attempts_ = 0;
+  // Outbound check (on_heartbeat). The echo must stay still across kDeafHeartbeats of ours and
+  // of theirs and for dead_after_ms: counts make a stalled thread (ours or theirs) harmless.
+  static constexpr std::uint64_t kDeafHeartbeats = 3;
+  std::uint64_t heartbeats_sent_ = 0;
+  std::uint64_t heard_number_ = 0;
+  std::uint64_t last_echo_ = 0;
+  std::uint64_t echo_moved_ms_;
+  std::uint64_t sent_at_echo_move_ = 0;
+  std::uint64_t heard_since_echo_move_ = 0;
+  std::uint64_t deaf_reconnects_ = 0;
   bool have_incarnation_ = false;
   std::uint64_t incarnation_ = 0;
   std::uint64_t last_seq_ = 0;

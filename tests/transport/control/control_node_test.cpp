@@ -164,7 +164,39 @@ TEST(control_node_test, reconnects_after_the_peer_restarts_on_the_same_endpoint)
   ASSERT_TRUE(wait_for([&] { return in_b2.message_count() == 1; }));
   EXPECT_EQ(test::body_int(in_b2.messages()[0].body), 11);
   EXPECT_TRUE(wait_for([&] { return in_a.count_events(peer_event_kind::restarted, "b") >= 1; }));
-  EXPECT_GE(a->stats().reconnects, 1u);
+  // No assertion on stats().reconnects: when libzmq's own retry reaches the new b before a's
+  // back-off fires (seen under TSan in CI), the link comes up without a fresh socket.
+}
+
+TEST(control_node_test, a_connection_that_lost_its_routing_id_to_an_impostor_is_renewed) {
+  // Another process with a's id (a copied identity) dials b: b's ROUTER hands a's routing id to
+  // it, and libzmq keeps a's old TCP connection open but detached, so a's frames vanish while
+  // b's frames still reach a. The heartbeat echo must notice and give a a fresh connection.
+  const auto keys = test::keys_from(9);
+  inbox in_a, in_b, in_i;
+  auto a = std::move(*control_node::start(config("a", keys, 800), in_a.handlers()));
+  auto b = std::move(*control_node::start(config("b", keys, 800), in_b.handlers()));
+  ASSERT_TRUE(a->add_peer("b", b->endpoint()).has_value());
+  ASSERT_TRUE(b->add_peer("a", a->endpoint()).has_value());
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::up, "a") >= 1; }));
+  auto ci = config("a", keys, 800);
+  ci.seed = 777;  // another incarnation, as another process would have
+  auto impostor = std::move(*control_node::start(ci, in_i.handlers()));
+  ASSERT_TRUE(impostor->add_peer("b", b->endpoint()).has_value());
+  ASSERT_TRUE(wait_for([&] { return in_b.count_events(peer_event_kind::restarted, "a") >= 1; }));
+  impostor.reset();
+  // From now on only the real a talks to b: its frames must arrive again.
+  const auto body = int_body(42);
+  ASSERT_TRUE(wait_for([&] {
+    (void)a->send("b", kPing, as_bytes(body));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return in_b.message_count() >= 1;
+  }));
+  EXPECT_EQ(in_b.messages().back().sender, "a");
+  // Usually it is the echo that renewed the connection; when a's own libzmq reconnected first
+  // (the detached connection broke), no renewal was needed. Either way nothing was reported
+  // down on a's side: b was talking to a all along.
+  EXPECT_EQ(in_a.count_events(peer_event_kind::down, "b"), 0u);
 }
 
 TEST(control_node_test, two_nodes_exchange_messages_in_order_both_ways) {

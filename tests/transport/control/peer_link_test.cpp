@@ -80,6 +80,55 @@ TEST(peer_link_test, same_seed_same_schedule) {
   }
 }
 
+TEST(peer_link_test, a_peer_that_stops_echoing_our_heartbeats_gets_a_fresh_connection) {
+  peer_link l(timing(), 1, 0);
+  (void)l.on_frame(0);
+  std::uint64_t t = 0;
+  // Healthy: every heartbeat of the peer echoes our latest number.
+  for (int i = 0; i < 30; ++i, t += 100) {
+    const auto ours = l.next_heartbeat_number();
+    auto a = l.on_heartbeat(static_cast<std::uint64_t>(i + 1), ours, t);
+    EXPECT_FALSE(a.reconnect) << i;
+  }
+  EXPECT_EQ(l.echo_for_peer(), 30u);
+  // Deaf: the peer keeps sending, its echo is stuck. Not before dead_after_ms (1000) ...
+  const std::uint64_t stuck = 30;
+  const std::uint64_t last_move = t - 100;  // the heartbeat that carried echo 30
+  int reconnects = 0;
+  std::uint64_t first_at = 0;
+  for (int i = 0; i < 40; ++i, t += 100) {
+    (void)l.next_heartbeat_number();
+    auto a = l.on_heartbeat(100 + static_cast<std::uint64_t>(i), stuck, t);
+    if (a.reconnect) {
+      if (reconnects++ == 0) first_at = t;
+      EXPECT_FALSE(a.emit_down);  // the peer is not down: it talks to us
+      EXPECT_NE(a.reason.find("not heard"), std::string::npos) << a.reason;
+    }
+  }
+  EXPECT_GE(first_at, last_move + 1000);
+  EXPECT_LE(first_at, last_move + 1200);
+  // ... and then once per window, not on every heartbeat.
+  EXPECT_GE(reconnects, 2);
+  EXPECT_LE(reconnects, 4);
+  EXPECT_EQ(l.deaf_reconnects(), static_cast<std::uint64_t>(reconnects));
+  EXPECT_EQ(l.state(), link_state::up);
+}
+
+TEST(peer_link_test, a_stalled_sender_or_a_peer_without_echo_is_not_called_deaf) {
+  peer_link l(timing(), 1, 0);
+  (void)l.on_frame(0);
+  (void)l.on_heartbeat(1, 1, 0);
+  // We sent nothing for 5 s (our thread stalled): the echo cannot move, that proves nothing.
+  for (std::uint64_t t = 100; t < 5000; t += 100)
+    EXPECT_FALSE(l.on_heartbeat(t, 1, t).reconnect);
+  // A peer whose heartbeats carry no echo (an older build) is never judged.
+  peer_link m(timing(), 2, 0);
+  for (std::uint64_t t = 0; t < 5000; t += 100) {
+    (void)m.next_heartbeat_number();
+    EXPECT_FALSE(m.on_heartbeat(t, std::nullopt, t).reconnect);
+  }
+}
+
 TEST(peer_link_test, sequence_numbers_detect_duplicates_gaps_and_restarts) {
   peer_link l(timing(), 1, 0);
   std::uint64_t missing = 0;
