@@ -59,7 +59,14 @@ bool actor_cell::add_watcher(const actor_ref& watcher, exit_reason& reason_if_de
   return true;
 }
 
-void actor_cell::process(message_node* node) {
+namespace {
+/// Drops `n` counts at once (one RMW on a line the sender keeps writing, instead of n).
+void release_counts(actor_cell* cell, std::uint32_t n) noexcept {
+  if (cell != nullptr && cell->refs.fetch_sub(n, std::memory_order_acq_rel) == n) delete cell;
+}
+}  // namespace
+
+actor_cell* actor_cell::process(message_node* node) {
   std::unique_ptr<message_node> owned(node);
   if (sys_.config_.trace) {
     sys_.trace(trace_event{sys_.clock().now(), id_, node->sender, node->type_id, node->kind});
@@ -78,6 +85,7 @@ void actor_cell::process(message_node* node) {
                                  fmt::format("handler of {} threw a non-exception",
                                              node->type_name())});
   }
+  return owned->sender.take_cell().detach();
 }
 
 resume_result actor_cell::resume(std::size_t max_batch) {
@@ -90,11 +98,24 @@ resume_result actor_cell::resume(std::size_t max_batch) {
       behaviour_->quit(exit_reason{exit_kind::failed, fmt::format("on_start threw: {}", e.what())});
     }
   }
+  // The senders' counts the handled nodes held are dropped once per run of the same sender: in
+  // a fan-in every message would otherwise bounce the sender's count line between two cores.
+  actor_cell* sender = nullptr;
+  std::uint32_t sender_counts = 0;
   for (std::size_t i = 0; i < max_batch && !behaviour_->quitting_; ++i) {
     message_node* node = mailbox_.pop();
     if (node == nullptr) break;
-    process(node);
+    actor_cell* s = process(node);
+    if (s == nullptr) continue;
+    if (s == sender) {
+      ++sender_counts;
+      continue;
+    }
+    release_counts(sender, sender_counts);
+    sender = s;
+    sender_counts = 1;
   }
+  release_counts(sender, sender_counts);
   if (behaviour_->quitting_) {
     finalize(behaviour_->quit_reason_);
     return resume_result::done;

@@ -46,9 +46,13 @@ class actor_cell {
   [[nodiscard]] int pinned_worker() const noexcept { return pinned_worker_; }
 
   std::atomic<std::uint32_t> refs{0};
+  /// Scheduler only: link in a worker's pinned inbox. Written by the one thread that holds the
+  /// scheduled cell before it publishes the cell (CAS, release); read after the taking exchange.
+  actor_cell* sched_next = nullptr;
 
  private:
-  void process(message_node* node);
+  /// Handles and frees `node`; returns the sender's cell with the node's count on it (or null).
+  actor_cell* process(message_node* node);
   void finalize(exit_reason reason);
   void drain_after_close();
 

@@ -62,6 +62,8 @@ class actor_ref {
   explicit operator bool() const noexcept { return valid(); }
   /// The local cell, or null for remote refs and refs decoded from the wire.
   [[nodiscard]] actor_cell* cell() const noexcept { return cell_.get(); }
+  /// Runtime use: moves the counted cell pointer out; the ref keeps its node and id.
+  [[nodiscard]] cell_ptr take_cell() noexcept { return std::move(cell_); }
 
   friend bool operator==(const actor_ref& a, const actor_ref& b) noexcept {
     return a.node_ == b.node_ && a.id_ == b.id_;

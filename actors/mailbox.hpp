@@ -16,12 +16,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <vector>
 
 #include "actors/actor_ref.hpp"
 #include "actors/base/result.hpp"
 #include "actors/envelope.hpp"
+#include "actors/node_pool.hpp"
 
 namespace tessera::actors {
 
@@ -39,6 +41,20 @@ struct message_node {
   message_node(const message_node&) = delete;
   message_node& operator=(const message_node&) = delete;
   virtual ~message_node() = default;
+
+  // Every send allocates a node and its receiver frees it, usually on another thread: nodes come
+  // from the node pool (the virtual destructor makes delete pass the dynamic type's size).
+  static void* operator new(std::size_t bytes) { return node_pool::allocate(bytes); }
+  static void operator delete(void* block, std::size_t bytes) noexcept {
+    node_pool::deallocate(block, bytes);
+  }
+  // Over-aligned message types bypass the pool (its blocks have new's default alignment).
+  static void* operator new(std::size_t bytes, std::align_val_t align) {
+    return ::operator new(bytes, align);
+  }
+  static void operator delete(void* block, std::size_t, std::align_val_t align) noexcept {
+    ::operator delete(block, align);
+  }
 
   /// The local typed value, or null when the body is still msgpack bytes.
   virtual void* payload() noexcept { return nullptr; }

@@ -1,5 +1,7 @@
 #include "actors/scheduler.hpp"
 
+#include <algorithm>
+
 #include "actors/actor_cell.hpp"
 
 namespace tessera::actors {
@@ -7,12 +9,6 @@ namespace {
 thread_local const void* tl_pool = nullptr;
 thread_local void* tl_worker = nullptr;
 constexpr unsigned next_slot_streak_limit = 32;
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 }  // namespace
 
 thread_pool_scheduler::thread_pool_scheduler(unsigned workers, std::size_t max_batch,
@@ -34,31 +30,58 @@ thread_pool_scheduler::~thread_pool_scheduler() { stop(); }
 bool thread_pool_scheduler::on_worker_thread() const noexcept { return tl_pool == this; }
 
 void thread_pool_scheduler::push_back(worker& w, actor_cell* cell, bool pinned) {
+  if (pinned) {
+    push_pinned(w, tl_pool == this ? static_cast<worker*>(tl_worker) : nullptr, cell);
+    return;
+  }
   {
     std::lock_guard lock(w.mutex);
-    (pinned ? w.pinned : w.queue).push_back(cell);
+    w.queue.push_back(cell);
   }
   w.queued.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void thread_pool_scheduler::push_pinned(worker& target, worker* self, actor_cell* cell) {
+  if (&target == self) {
+    target.pinned.push_back(cell);  // our own deque: no atomics
+    return;
+  }
+  actor_cell* head = target.inbox.load(std::memory_order_relaxed);
+  do {
+    cell->sched_next = head;
+  } while (!target.inbox.compare_exchange_weak(head, cell, std::memory_order_seq_cst,
+                                               std::memory_order_relaxed));
+  // No fence needed (TSan cannot model fences anyway): the inbox's seq_cst RMW and this seq_cst
+  // load pair with park()'s seq_cst store and re-check (store-buffer pattern).
+  if (target.parked.load(std::memory_order_seq_cst)) wake(target);
+}
+
+actor_cell* thread_pool_scheduler::take_pinned(worker& w) {
+  if (w.pinned.empty() && w.inbox.load(std::memory_order_relaxed) != nullptr) {
+    // The stack holds the newest first: reverse it so pinned actors run in arrival order.
+    actor_cell* list = w.inbox.exchange(nullptr, std::memory_order_acquire);
+    std::size_t first = w.pinned.size();
+    for (; list != nullptr; list = list->sched_next) w.pinned.push_back(list);
+    std::reverse(w.pinned.begin() + static_cast<std::ptrdiff_t>(first), w.pinned.end());
+  }
+  if (w.pinned.empty()) return nullptr;
+  actor_cell* c = w.pinned.front();
+  w.pinned.pop_front();
+  return c;
 }
 
 void thread_pool_scheduler::schedule(actor_cell* cell) noexcept {
   int pin = cell->pinned_worker();
   worker* self = tl_pool == this ? static_cast<worker*>(tl_worker) : nullptr;
   if (pin >= 0) {
-    worker& target = *workers_[static_cast<std::size_t>(pin) % workers_.size()];
-    push_back(target, cell, true);
-    if (&target != self) {
-      // No fence needed (TSan cannot model fences anyway): the queued counter's seq_cst RMW and
-      // this seq_cst load pair with park()'s seq_cst store and re-check (store-buffer pattern).
-      if (target.parked.load(std::memory_order_seq_cst)) wake(target);
-    }
+    push_pinned(*workers_[static_cast<std::size_t>(pin) % workers_.size()], self, cell);
     return;
   }
   if (self != nullptr) {
     actor_cell* displaced = self->next;
     self->next = cell;
     if (displaced == nullptr) return;  // this worker runs it right after the current turn
-    push_back(*self, displaced, displaced->pinned_worker() >= 0);
+    push_back(*self, displaced, false);  // the next slot never holds a pinned actor
   } else {
     {
       std::lock_guard lock(global_mutex_);
@@ -91,6 +114,8 @@ void thread_pool_scheduler::wake(worker& w) noexcept {
 }
 
 bool thread_pool_scheduler::has_work(const worker& w) const noexcept {
+  if (!w.pinned.empty()) return true;  // owner thread only, like every caller of has_work
+  if (w.inbox.load(std::memory_order_seq_cst) != nullptr) return true;
   if (w.queued.load(std::memory_order_seq_cst) > 0) return true;
   if (global_queued_.load(std::memory_order_seq_cst) > 0) return true;
   for (const auto& other : workers_) {
@@ -129,7 +154,7 @@ actor_cell* thread_pool_scheduler::find_work(worker& w) {
   if (++w.ticks % 8 == 0) {
     if (actor_cell* c = take_global()) return c;
   }
-  if (actor_cell* c = take(w, w.pinned)) return c;
+  if (actor_cell* c = take_pinned(w)) return c;
   if (actor_cell* c = take(w, w.queue)) return c;
   if (actor_cell* c = take_global()) return c;
   for (std::size_t i = 1; i < workers_.size(); ++i) {
@@ -171,9 +196,13 @@ void thread_pool_scheduler::worker_main(worker& w) {
       spinning_.fetch_add(1, std::memory_order_seq_cst);
       auto until = std::chrono::steady_clock::now() + spin_;
       bool found = false;
-      while (!found && std::chrono::steady_clock::now() < until &&
-             !stopping_.load(std::memory_order_relaxed)) {
-        for (int i = 0; i < 32 && !(found = has_work(w)); ++i) cpu_relax();
+      // Spin by yielding, not with pause instructions: when the machine has more runnable threads
+      // than cores, the thread this worker waits for (often the other worker, queued on this very
+      // core) then runs at once; on a quiet machine sched_yield returns at once and this is a spin.
+      while (!stopping_.load(std::memory_order_relaxed) &&
+             std::chrono::steady_clock::now() < until) {
+        if ((found = has_work(w))) break;
+        std::this_thread::yield();
       }
       spinning_.fetch_sub(1, std::memory_order_seq_cst);
       if (!found) park(w);
@@ -199,6 +228,11 @@ void thread_pool_scheduler::stop() {
   for (auto& w : workers_) {
     release_all(w->queue);
     release_all(w->pinned);
+    for (actor_cell* c = w->inbox.exchange(nullptr); c != nullptr;) {
+      actor_cell* next = c->sched_next;
+      intrusive_release(c);
+      c = next;
+    }
   }
   release_all(global_);
 }

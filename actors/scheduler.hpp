@@ -1,17 +1,27 @@
 // scheduler: decides which thread runs which runnable actor, and when.
 //
 // thread_pool_scheduler (threaded mode)
-//  - N workers. Each has a "next" slot, a local FIFO queue and a pinned queue; one global FIFO
-//    queue takes actors made runnable from outside the pool (timers, other threads).
+//  - N workers. Each has a "next" slot, a local FIFO queue (stealable) and a pinned inbox; one
+//    global FIFO queue takes actors made runnable from outside the pool (timers, other threads).
+//  - Pinned actors (spawn_options::worker) go to their worker's inbox: a lock-free stack that any
+//    thread pushes with one CAS and the owner takes whole with one exchange (then reverses it, so
+//    the order stays FIFO). A cross-thread hand-off thus costs no lock and no deque traffic.
+//    Only the stealable queue is counted in `queued`: a worker never mistakes another worker's
+//    pinned actor for work it could take (it would spin on it instead of parking).
 //  - An actor made runnable by an actor running on worker W goes to W's next slot (LIFO, not
 //    stealable: the message it was just sent is hot in W's cache); what the slot held moves to the
 //    back of W's local queue, where idle workers may steal it. A streak bound keeps two actors
 //    that message each other from starving W's queue.
 //  - Fairness: an actor handles at most `max_batch` messages per turn, then goes to the back of a
 //    queue.
-//  - Idle: a worker with nothing to do spins for at most `spin` (checking atomic counters, with
-//    pause instructions), then parks on a condition variable. Producers wake a parked worker only
-//    when no worker is spinning, so idle CPU goes to zero and wake-ups are not wasted.
+//  - Idle: a worker with nothing to do spins for at most `spin` (config::spin, 50 µs by default),
+//    then parks on a condition variable. It spins by calling sched_yield between checks of the
+//    queue counters: when the machine has more runnable threads than cores, the thread it waits
+//    for (often the other worker, queued on the same core) then runs at once instead of waiting
+//    out a spinner's time slice; on a quiet machine sched_yield returns at once. The bound keeps a
+//    message arriving within `spin` from paying a futex wake-up, and keeps an idle system at zero
+//    CPU: past it every worker sleeps. Producers wake a parked worker only when no worker is
+//    spinning, so wake-ups are not wasted.
 //
 // deterministic_scheduler (deterministic mode)
 //  - No threads. The caller runs one actor turn at a time (one message per turn); which runnable
@@ -57,13 +67,19 @@ class thread_pool_scheduler final : public scheduler {
   [[nodiscard]] unsigned worker_count() const noexcept {
     return static_cast<unsigned>(workers_.size());
   }
+  /// Workers parked right now (diagnostics and tests: an idle pool ends with all of them parked).
+  [[nodiscard]] unsigned parked_workers() const noexcept {
+    return static_cast<unsigned>(parked_.load(std::memory_order_seq_cst));
+  }
 
  private:
   struct worker {
     std::mutex mutex;
-    std::deque<actor_cell*> queue;   // stealable
-    std::deque<actor_cell*> pinned;  // only this worker runs these
-    alignas(64) std::atomic<std::size_t> queued{0};
+    std::deque<actor_cell*> queue;   // stealable (under `mutex`)
+    alignas(64) std::atomic<std::size_t> queued{0};  // size of `queue`
+    // Pinned cells pushed by other threads (lock-free stack linked through sched_next).
+    alignas(64) std::atomic<actor_cell*> inbox{nullptr};
+    alignas(64) std::deque<actor_cell*> pinned;  // owner thread only, FIFO
     actor_cell* next = nullptr;  // owner thread only
     unsigned streak = 0;
     unsigned ticks = 0;  // every few turns the global queue goes first
@@ -80,6 +96,8 @@ class thread_pool_scheduler final : public scheduler {
   bool has_work(const worker& w) const noexcept;
   void run(worker& w, actor_cell* cell);
   void push_back(worker& w, actor_cell* cell, bool pinned);
+  void push_pinned(worker& target, worker* self, actor_cell* cell);
+  actor_cell* take_pinned(worker& w);
   void notify_if_needed() noexcept;
   void wake(worker& w) noexcept;
   void park(worker& w);

@@ -64,7 +64,7 @@ struct config {
   std::size_t control_capacity = 1024;
   /// Most requests one actor may wait on at once (also bounds responses in its mailbox).
   std::size_t max_pending_requests = 4096;
-  /// How long an idle worker spins before it parks.
+  /// How long an idle worker spins (yielding between checks) before it parks; 0 = park at once.
   std::chrono::microseconds spin{50};
   /// Called before each message is handled (optional; deterministic traces, debugging).
   std::function<void(const trace_event&)> trace;
@@ -233,6 +233,11 @@ class actor_system {
   [[nodiscard]] std::size_t pending_requests() const noexcept { return pending_count_.load(); }
   [[nodiscard]] std::size_t active_timers() const { return timers_.size(); }
   [[nodiscard]] bool on_worker_thread() const noexcept;
+  /// Worker threads parked right now (threaded mode; 0 in deterministic mode). Diagnostics and
+  /// tests: once nothing is runnable every worker parks after config::spin.
+  [[nodiscard]] unsigned parked_workers() const noexcept {
+    return pool_ != nullptr ? pool_->parked_workers() : 0;
+  }
 
  private:
   friend class actor;

@@ -40,12 +40,22 @@ caf::behavior caf_pinger(caf::event_based_actor* self, caf::actor peer, done_sig
 
 class caf_ping_pong_workload final : public workload {
  public:
-  caf_ping_pong_workload(unsigned threads, std::uint64_t round_trips)
+  caf_ping_pong_workload(unsigned threads, std::uint64_t round_trips, bool detached)
       : sys_(caf_config(cfg_, threads)), round_trips_(round_trips) {
-    auto po = sys_.spawn(caf_ponger);
-    pinger_ = sys_.spawn(caf_pinger, po, &done_);
+    if (detached) {
+      // CAF 0.17 cannot pin a scheduled actor to a worker; a detached actor runs on a thread of
+      // its own (blocking on its mailbox), the only way to put the two on different threads.
+      ponger_ = sys_.spawn<caf::detached>(caf_ponger);
+      pinger_ = sys_.spawn<caf::detached>(caf_pinger, ponger_, &done_);
+    } else {
+      ponger_ = sys_.spawn(caf_ponger);
+      pinger_ = sys_.spawn(caf_pinger, ponger_, &done_);
+    }
   }
-  ~caf_ping_pong_workload() override { caf::anon_send_exit(pinger_, caf::exit_reason::kill); }
+  ~caf_ping_pong_workload() override {
+    caf::anon_send_exit(pinger_, caf::exit_reason::kill);
+    caf::anon_send_exit(ponger_, caf::exit_reason::kill);
+  }
   void run() override {
     done_.reset();
     caf::anon_send(pinger_, go_atom::value, round_trips_);
@@ -56,6 +66,7 @@ class caf_ping_pong_workload final : public workload {
   done_signal done_;
   caf::actor_system_config cfg_;
   caf::actor_system sys_;
+  caf::actor ponger_;
   caf::actor pinger_;
   std::uint64_t round_trips_;
 };
@@ -146,8 +157,9 @@ class caf_ring_workload final : public workload {
 
 }  // namespace
 
-std::unique_ptr<workload> caf_ping_pong(unsigned threads, std::uint64_t round_trips) {
-  return std::make_unique<caf_ping_pong_workload>(threads, round_trips);
+std::unique_ptr<workload> caf_ping_pong(unsigned threads, std::uint64_t round_trips,
+                                        bool detached) {
+  return std::make_unique<caf_ping_pong_workload>(threads, round_trips, detached);
 }
 std::unique_ptr<workload> caf_fan_in(unsigned threads, unsigned senders, std::uint64_t per_sender) {
   return std::make_unique<caf_fan_in_workload>(threads, senders, per_sender);

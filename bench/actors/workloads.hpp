@@ -43,9 +43,13 @@ class workload {
 };
 
 // Ping-pong: `round_trips` ping -> pong exchanges between two actors per run().
+// Placement: by default each runtime places the actors itself (both mostly run the pair on one
+// worker). `pinned`: Tessera pins them to workers 0 and 1. `detached`: CAF runs each on a thread
+// of its own (CAF 0.17 has no pinning to scheduler workers).
 std::unique_ptr<workload> tessera_ping_pong(unsigned threads, std::uint64_t round_trips,
                                             bool pinned);
-std::unique_ptr<workload> caf_ping_pong(unsigned threads, std::uint64_t round_trips);
+std::unique_ptr<workload> caf_ping_pong(unsigned threads, std::uint64_t round_trips,
+                                        bool detached);
 // Fan-in: `senders` actors each send `per_sender` messages to one receiver per run().
 std::unique_ptr<workload> tessera_fan_in(unsigned threads, unsigned senders,
                                          std::uint64_t per_sender);
