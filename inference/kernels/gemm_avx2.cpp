@@ -65,6 +65,8 @@ struct float_tile {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     }
+    constexpr std::int64_t elem_bytes = W == tensor_type::f32 ? 4 : 2;
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
     std::int64_t i = 0;
     for (; i + 8 <= g.cols; i += 8) {
       __m256 xv[T];
@@ -72,6 +74,9 @@ struct float_tile {
       for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
+        if constexpr (T == 1) {
+          if (i % (64 / elem_bytes) == 0) prefetch_ahead(w[r] + i * elem_bytes, ahead);
+        }
         const __m256 wv = load8<W>(w[r], i);
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -111,6 +116,7 @@ struct q8_0_tile {
     }
     const __m256i ones = _mm256_set1_epi16(1);
     const std::int64_t nb = g.cols / qk8_0;
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
     for (std::int64_t b = 0; b < nb; ++b) {
       __m256i xq[T];
       float dx[T];
@@ -121,6 +127,7 @@ struct q8_0_tile {
       }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
+        if constexpr (T == 1) prefetch_ahead(w[r] + b, ahead);  // 34-byte steps: every line
         const __m256i wq = load256(w[r][b].qs);
         const __m256i aw = _mm256_abs_epi8(wq);
         const float dw = half(w[r][b].d);
@@ -156,6 +163,7 @@ struct q4_0_tile {
     const __m256i eights = _mm256_set1_epi8(8);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const std::int64_t nb = g.cols / qk4_0;
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
     for (std::int64_t b = 0; b < nb; ++b) {
       __m256i xq[T];
       __m256i x8[T];  // 8 * x summed in pairs: the "- 8" of the weights, taken off once per block
@@ -168,6 +176,7 @@ struct q4_0_tile {
       }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
+        if constexpr (T == 1) prefetch_ahead(w[r] + b, ahead);  // 18-byte steps: every line
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][b].qs));
         const __m256i wq = _mm256_and_si256(
             _mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
@@ -203,7 +212,9 @@ struct q4_k_tile {
       mins[t] = 0.0f;
     }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 1);
     for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      if constexpr (T == 1) prefetch_span_ahead(w + b, sizeof(block_q4_k), ahead);
       std::uint8_t sc[8], m[8];
       q4_k_unpack_scales(w[b].scales, sc, m);
       __m256i isum[T];
@@ -251,7 +262,9 @@ struct q6_k_tile {
     }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i low2 = _mm256_set1_epi8(0x03);
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 1);
     for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      if constexpr (T == 1) prefetch_span_ahead(w + b, sizeof(block_q6_k), ahead);
       const std::int8_t* sc = w[b].scales;
       __m256i isum[T];
       for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();

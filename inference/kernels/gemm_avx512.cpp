@@ -43,6 +43,18 @@ TESSERA_AVX512_INLINE __m512 half_pair(std::uint16_t lo, std::uint16_t hi) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
 }
 
+// The q8_0 decode tile (one token) works on 256-bit halves: with zmm arithmetic it used ~8% more
+// CPU time per token of the `large` preset (kernels bench BM_model, interleaved A/B on this Zen 4
+// machine kind; the same ymm form for f16 was ~6% slower than zmm, so the float tiles stay zmm).
+// To keep decode and prefill bit-identical (gemm_kernels.hpp), it keeps the zmm tile's lanes as
+// two ymm accumulators [lo | hi], does the same arithmetic per lane, and reduces exactly as GCC's
+// _mm512_reduce_add_ps does (upper half + lower half, then 128-bit halves, then pairs).
+TESSERA_AVX512_INLINE float reduce_add_pair(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_add_ps(hi, lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_movehdup_ps(t8));
+}
 
 // ---- float weights -----------------------------------------------------------------------------
 
@@ -76,7 +88,8 @@ TESSERA_AVX512_INLINE __m512 load16(const std::uint8_t* p, std::int64_t i, __mma
 template <tensor_type W, int R, int T>
 struct float_tile {
   TESSERA_AVX512_INLINE static void step(const std::uint8_t* const* w, const float* const* x,
-                                         std::int64_t i, __mmask16 mask, __m512 (&acc)[R][T]) {
+                                         std::int64_t i, __mmask16 mask, std::size_t ahead,
+                                         __m512 (&acc)[R][T]) {
     __m512 xv[T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
@@ -85,6 +98,11 @@ struct float_tile {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) {
+        // One cache line per row every 64 / sizeof(element) columns.
+        constexpr std::int64_t per_line = W == tensor_type::f32 ? 16 : 32;
+        if (i % per_line == 0) prefetch_ahead(w[r] + i * (W == tensor_type::f32 ? 4 : 2), ahead);
+      }
       const __m512 wv = load16<W>(w[r], i, mask);
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -102,10 +120,15 @@ struct float_tile {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     }
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
     std::int64_t i = 0;
-    for (; i + 16 <= g.cols; i += 16) step(w, x, i, 0xFFFF, acc);
+    for (; i + 32 <= g.cols; i += 32) {
+      step(w, x, i, 0xFFFF, ahead, acc);
+      step(w, x, i + 16, 0xFFFF, ahead, acc);
+    }
+    for (; i + 16 <= g.cols; i += 16) step(w, x, i, 0xFFFF, ahead, acc);
     // The last, partial step uses masked loads: no scalar tail.
-    if (i < g.cols) step(w, x, i, static_cast<__mmask16>((1u << (g.cols - i)) - 1u), acc);
+    if (i < g.cols) step(w, x, i, static_cast<__mmask16>((1u << (g.cols - i)) - 1u), ahead, acc);
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
     }
@@ -136,7 +159,7 @@ struct q8_0_tile {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      // ~800 bytes ahead in each row stream: a few percent on DRAM-bound decode here.
+      // Prefill reuses each row for every token group: ~800 bytes ahead in the row.
       _mm_prefetch(reinterpret_cast<const char*>(w[r] + b + 24), _MM_HINT_T0);
       const __m512i wq = pair512(w[r][b].qs, single ? nullptr : w[r][b + 1].qs);
       const __m512i neg_sum = _mm512_sub_epi32(
@@ -150,7 +173,57 @@ struct q8_0_tile {
     }
   }
 
+  // Decode in ymm halves (see reduce_add_pair): lo holds block b's lanes, hi block b + 1's. No
+  // token shares the per-row surplus here, so the roles swap: the weights are made unsigned
+  // (w + 128, one xor per row) and the surplus 128 * sum(x) is taken off once per step for all
+  // rows. The int32 lane sums are the same integers as step()'s, the float arithmetic per lane
+  // the same, so decode equals prefill bit for bit. Rows are prefetched ahead (gemm_tiles.hpp).
+  TESSERA_AVX512 static void run_decode(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const block_q8_0* w[R];
+    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
+    const auto* x = reinterpret_cast<const block_q8_0*>(g.x + t0 * g.x_stride);
+    __m256 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    const std::int64_t nb = g.cols / qk8_0;
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
+    for (std::int64_t b = 0; b < nb; b += 2) {
+      const bool single = b + 1 == nb;
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+      const __m256i xh = single ? _mm256_setzero_si256()
+                                : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + 1].qs));
+      const __m256i nl = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xl));
+      const __m256i nh = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xh));
+      const std::uint32_t dx_bits = x[b].d | (single ? 0u : std::uint32_t{x[b + 1].d} << 16);
+      const __m128 dx = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dx_bits)));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        prefetch_ahead(w[r] + b, ahead);
+        prefetch_ahead(w[r] + b, ahead + 64);
+        const __m256i wl = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b].qs)), bias);
+        const __m256i wh = _mm256_xor_si256(
+            single ? _mm256_setzero_si256()
+                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b + 1].qs)),
+            bias);
+        const std::uint32_t dw_bits = w[r][b].d | (single ? 0u : std::uint32_t{w[r][b + 1].d} << 16);
+        const __m128 scale = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dw_bits))), dx);
+        lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nl, wl, xl)),
+                                _mm256_broadcastss_ps(scale), lo[r]);
+        hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nh, wh, xh)),
+                                _mm256_broadcastss_ps(_mm_movehdup_ps(scale)), hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) g.y[t0 * g.y_stride + r0 + r] = reduce_add_pair(lo[r], hi[r]);
+  }
+
   TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    if constexpr (T == 1) {
+      run_decode(g, r0, t0);
+      return;
+    }
     const block_q8_0* w[R];
     const block_q8_0* x[T];
     for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
@@ -181,7 +254,8 @@ TESSERA_AVX512_INLINE __m256i q4_0_levels(const block_q4_0& blk) {
 template <int R, int T>
 struct q4_0_tile {
   TESSERA_AVX512_INLINE static void step(const block_q4_0* const* w, const block_q8_0* const* x,
-                                         std::int64_t b, bool single, __m512 (&acc)[R][T]) {
+                                         std::int64_t b, bool single, std::size_t ahead,
+                                         __m512 (&acc)[R][T]) {
     const __m512i eights = _mm512_set1_epi8(8);
     __m512i xs[T];
     __m512i neg8[T];
@@ -195,6 +269,8 @@ struct q4_0_tile {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
+      if constexpr (T == 1) prefetch_ahead(w[r] + b, ahead);  // 36 bytes: one or two lines
+      if constexpr (T == 1) prefetch_ahead(w[r] + b, ahead + 35);
       const __m256i hi = single ? _mm256_setzero_si256() : q4_0_levels(w[r][b + 1]);
       const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(q4_0_levels(w[r][b])), hi, 1);
       const __m512 dw = half_pair(w[r][b].d, single ? std::uint16_t{0} : w[r][b + 1].d);
@@ -218,9 +294,10 @@ struct q4_0_tile {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
     }
     const std::int64_t nb = g.cols / qk4_0;
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
     std::int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) step(w, x, b, false, acc);
-    if (b < nb) step(w, x, b, true, acc);
+    for (; b + 2 <= nb; b += 2) step(w, x, b, false, ahead, acc);
+    if (b < nb) step(w, x, b, true, ahead, acc);
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
     }
@@ -266,7 +343,9 @@ struct q4_k_tile {
     }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i pair_idx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 1);
     for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      if constexpr (T == 1) prefetch_span_ahead(w + b, sizeof(block_q4_k), ahead);
       alignas(16) std::uint8_t scm[16];  // 8 scales, then 8 mins
       q4_k_unpack_scales(w[b].scales, scm, scm + 8);
       const __m256i scm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(scm)));
@@ -322,7 +401,9 @@ struct q6_k_tile {
     // Per 256-bit half of a zmm: which bit pair of qh holds the top bits (see block_q6_k).
     const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i shift_b = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 1);
     for (std::int64_t b = 0; b < g.cols / qk_k; ++b) {
+      if constexpr (T == 1) prefetch_span_ahead(w + b, sizeof(block_q6_k), ahead);
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].scales)));
       __m512i q[4], sc[4];
       for (int h = 0; h < 2; ++h) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "inference/kernels/gemm_kernels.hpp"
@@ -19,6 +21,25 @@ namespace tessera::inference::detail {
 namespace {
 
 using tile_fn = void (*)(const gemm_args&, std::int64_t r0, std::int64_t t0) noexcept;
+
+// Decode (one token) streams each weight row once, R rows side by side. The rows of a layer are
+// short (1-3 KB), so the hardware stream prefetcher keeps re-training on every new group of rows
+// and a single thread reached only ~17 GB/s of the ~40 GB/s a plain sequential read gets here
+// (bench/RESULTS.md, issue 5). A decode tile therefore prefetches, at every step, the same place
+// `decode_prefetch_ahead` bytes further on: the rows of a later tile, at least 8 KiB ahead per
+// row stream (measured best of 4/8/12/16 KiB; more evicts lines from L1 before their use).
+inline constexpr std::size_t decode_prefetch_bytes = 8192;
+
+[[nodiscard]] inline std::size_t decode_prefetch_ahead(std::size_t w_stride, int rows) noexcept {
+  const std::size_t whole_rows = (decode_prefetch_bytes + w_stride - 1) / w_stride;
+  return std::max<std::size_t>(static_cast<std::size_t>(rows), whole_rows) * w_stride;
+}
+
+// A prefetch hint for p + offset. Integer arithmetic on purpose: past the last row the address
+// lies outside the weights (a prefetch never faults, but forming such a pointer would be UB).
+inline void prefetch_ahead(const void* p, std::size_t offset) noexcept {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + offset), 0, 3);
+}
 
 template <template <int, int> class Tile, int MaxR, int MaxT, std::size_t... I>
 constexpr std::array<tile_fn, MaxR * MaxT> make_tiles(std::index_sequence<I...>) {
@@ -36,6 +57,13 @@ void drive_tiles(const gemm_args& g) noexcept {
       tiles[static_cast<std::size_t>((nr - 1) * MaxT + (nt - 1))](g, r0, t0);
     }
   }
+}
+
+// Every cache line of [p + offset, p + offset + bytes): for the K-quant blocks (144 or 210 bytes
+// per step of one row).
+inline void prefetch_span_ahead(const void* p, std::size_t bytes, std::size_t offset) noexcept {
+  for (std::size_t o = 0; o < bytes; o += 64) prefetch_ahead(p, offset + o);
+  prefetch_ahead(p, offset + bytes - 1);
 }
 
 }  // namespace

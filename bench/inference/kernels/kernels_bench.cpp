@@ -155,9 +155,10 @@ void BM_matvec(benchmark::State& state) {
 
 void matvec_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "isa", "threads"});
-  // tiny: 512x512 (q, o), 1408x512 (gate, up); large: 1024x1024, 2816x1024, 32000x1024 (output).
-  const std::int64_t shapes[][2] = {{512, 512}, {1408, 512}, {1024, 1024}, {2816, 1024},
-                                    {32000, 1024}};
+  // tiny: 512x512 (q, o), 1408x512 (gate, up); large: 1024x1024, 2816x1024, 1024x2816 (down),
+  // 32000x1024 (output).
+  const std::int64_t shapes[][2] = {{512, 512},   {1408, 512},  {1024, 1024},
+                                    {2816, 1024}, {1024, 2816}, {32000, 1024}};
   for (std::int64_t t = 0; t < 7; ++t) {
     for (const auto& s : shapes) {
       if (s[1] % block_elements(bench_types[t]) == 0) b->Args({t, s[0], s[1], 2, 1});
