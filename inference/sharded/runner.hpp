@@ -1,0 +1,80 @@
+// A model split over the ranks of a collectives::group, driven by rank 0: pipeline parallelism
+// (rank r holds a layer range; hidden states flow 0 -> 1 -> ... -> n-1, logits come back to 0) or
+// tensor parallelism (every rank holds a slice of the heads and FFN columns of every layer; the
+// partial outputs are all-reduced twice per layer, in rank order, so every rank holds the same
+// bits).
+//
+// Rank 0 owns the sequences: open / eval / close are commands it sends to every other rank (a fixed
+// size float vector over the group's send/recv), then it does its own part. The other ranks sit in
+// follow() executing commands until rank 0 sends shutdown or the group fails. Rank 0 sends a ping
+// when idle (ping()), so followers can bound their waits: a silent rank 0 is a dead rank 0.
+//
+// Sequences: up to max_sequences at once, each a KV context on every rank; a command carries at
+// most max_chunk tokens (longer prompts are evaluated in several commands).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+
+#include "actors/base/result.hpp"
+#include "inference/collectives/group.hpp"
+#include "inference/model/model.hpp"
+
+namespace tessera::inference::sharded {
+
+enum class layout : std::uint8_t { pipeline, tensor };
+
+inline constexpr std::uint32_t max_sequences = 64;
+inline constexpr std::uint32_t max_chunk = 64;
+
+class runner {
+ public:
+  /// `m` is this rank's shard (pipeline: layer range of stage = rank; tensor: head/FFN slice),
+  /// `g` the group (rank() and size() say who is who). Both must outlive the runner.
+  /// invalid_argument when the shard does not fit the layout (a pipeline rank 0 without the
+  /// embedding, a last rank without the output, a tensor rank that is not a full-depth slice).
+  [[nodiscard]] static result<std::unique_ptr<runner>> create(const model::model& m,
+                                                              collectives::group& g, layout kind,
+                                                              thread_pool* pool);
+  ~runner();
+  runner(const runner&) = delete;
+  runner& operator=(const runner&) = delete;
+
+  // --- rank 0 ---
+  /// Creates sequence `seq` (< max_sequences, not open) with room for `n_ctx` tokens on every rank.
+  [[nodiscard]] result<void> open(std::uint32_t seq, std::int64_t n_ctx);
+  /// Evaluates `tokens` (any number; sent in chunks of max_chunk) after what `seq` holds. With a
+  /// non-empty `logits` (n_vocab floats) it receives the last token's logits.
+  [[nodiscard]] result<void> eval(std::uint32_t seq, std::span<const model::token_id> tokens,
+                                  std::span<float> logits);
+  [[nodiscard]] result<void> close(std::uint32_t seq);
+  /// Tells the followers rank 0 is alive (call when idle, well within the group's timeout).
+  [[nodiscard]] result<void> ping();
+  /// Ends every follower's follow() with success.
+  [[nodiscard]] result<void> shutdown();
+  /// Positions held by `seq` (rank 0's view), -1 when not open.
+  [[nodiscard]] std::int64_t pos(std::uint32_t seq) const;
+
+  // --- ranks 1..n-1 ---
+  /// Executes rank 0's commands until shutdown (ok) or an error (the group failed, rank 0 died,
+  /// a command was malformed).
+  [[nodiscard]] result<void> follow();
+
+ private:
+  runner(const model::model& m, collectives::group& g, layout kind, thread_pool* pool);
+  result<void> broadcast(const std::vector<float>& cmd);
+  result<void> do_open(std::uint32_t seq, std::int64_t n_ctx);
+  result<void> do_eval(std::uint32_t seq, std::span<const model::token_id> tokens, bool want_logits,
+                       std::span<float> logits);
+
+  const model::model* m_;
+  collectives::group* g_;
+  layout kind_;
+  thread_pool* pool_;
+  std::map<std::uint32_t, std::unique_ptr<model::context>> seqs_;
+  std::vector<float> hidden_, logits_;
+};
+
+}  // namespace tessera::inference::sharded
