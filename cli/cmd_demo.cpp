@@ -1,4 +1,4 @@
-// `tessera demo`: until serving exists (issue 6), shows the actor runtime working across threads —
+// `tessera demo --actors`: the actor runtime working across threads —
 // a supervised pipeline, a crash and its restart, a request that misses its deadline, and a
 // request to another node through the remote seam. Self-checking: exit 0 only if all of it held.
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include "actors/supervisor.hpp"
 #include "actors/system.hpp"
 #include "cli/command.hpp"
+#include "cli/demo.hpp"
 
 namespace tessera::cli {
 namespace {
@@ -93,7 +94,9 @@ bool wait_for(const std::function<bool()>& pred) {
   return pred();
 }
 
-int run_demo() {
+}  // namespace
+
+int run_actor_demo() {
   bool all = true;
   config cfg;
   cfg.workers = 2;
@@ -176,12 +179,23 @@ int run_demo() {
   std::printf("%s\n", all ? "demo: all checks passed" : "demo: SOME CHECKS FAILED");
   return all ? 0 : 1;
 }
-}  // namespace
 
 void register_demo(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand(
-      "demo", "show the actor runtime working across threads (serving arrives with issue 6)");
-  cmd->callback([&exit_code] { exit_code = run_demo(); });
+      "demo", "start several identical peers on this machine and serve requests through them");
+  auto o = std::make_shared<demo_options>();
+  auto actors = std::make_shared<bool>(false);
+  cmd->add_option("--peers", o->peers, "how many peers (default 3)")->check(CLI::Range(1u, 8u));
+  cmd->add_option("--base-port", o->base_port,
+                  "peer i listens on base + 10 i .. base + 10 i + 4 (default 17600)")
+      ->check(CLI::Range(1024, 65000));
+  cmd->add_option("--wait", o->wait_s, "seconds the mesh may take to form (default 60)")
+      ->check(CLI::Range(1u, 600u));
+  cmd->add_flag("--keep", o->keep, "keep the working directory (model, logs)");
+  cmd->add_flag("--actors", *actors, "show the actor runtime across threads and nodes instead");
+  cmd->callback([&exit_code, o, actors] {
+    exit_code = *actors ? run_actor_demo() : run_serving_demo(*o);
+  });
 }
 
 }  // namespace tessera::cli

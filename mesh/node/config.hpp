@@ -60,6 +60,11 @@ struct node_config {
   timeout_config timeouts;
   std::vector<std::string> model_paths;
   std::uint32_t threads = 0;  ///< compute threads; 0 = one per core
+  /// Memory (MiB) the planner may give this peer's shards; 0 = what the machine has free.
+  std::uint32_t memory_limit_mb = 0;
+  /// Most tensor-parallel ranks in one pipeline stage of a plan (1 = pipeline parallelism only).
+  /// A cluster setting: every peer that may lead must use the same value.
+  std::uint32_t max_tp_ranks = 8;
   std::string log_level = "info";
   std::string log_format = "text";
 };

@@ -455,21 +455,6 @@ void deduct(const model_spec& spec, const serving_group& g, budgets& budget,
   }
 }
 
-std::uint64_t fnv1a64(const char* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ULL) {
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 result<void> check_range(const model_spec& s, const rank_assignment& r) {
   const bool in_bounds =
       r.layer_first < r.layer_last && r.layer_last <= s.n_layers && r.head_first < r.head_last &&
@@ -712,7 +697,7 @@ bool plan_equal_content(const plan& a, const plan& b) {
 std::uint64_t plan_content_hash(const plan& p) {
   msgpack::sbuffer buf;
   msgpack::pack(buf, p.models);
-  return fnv1a64(buf.data(), buf.size());
+  return fnv1a64(std::string_view(buf.data(), buf.size()));
 }
 
 std::vector<tensor_shape> model_tensors(const model_spec& s) {
@@ -807,7 +792,7 @@ result<std::size_t> route_request(const plan& p, std::string_view model,
     return make_error(errc::invalid_argument, "route: {} weights for {} groups of model {}",
                       weights.size(), it->groups.size(), model);
   }
-  const std::uint64_t req = fnv1a64(request_id.data(), request_id.size());
+  const std::uint64_t req = fnv1a64(request_id);
   std::size_t best = 0;
   std::uint64_t best_score = 0;
   for (std::size_t gi = 0; gi < it->groups.size(); ++gi) {

@@ -40,6 +40,8 @@
 #include "mesh/node/identity_conflict.hpp"
 #include "mesh/node/node_id.hpp"
 #include "mesh/runtime/bandwidth_probe.hpp"
+#include "mesh/serving/engine.hpp"
+#include "mesh/serving/planning.hpp"
 #include "mesh/topology/topology.hpp"
 #include "transport/bulk/link.hpp"
 #include "transport/control/cluster_key.hpp"
@@ -143,6 +145,10 @@ topology::capabilities local_caps(const node_config& cfg, const std::string& hex
     c.memory_total_mb = static_cast<std::uint64_t>(si.totalram) * si.mem_unit / (1024 * 1024);
     c.memory_free_mb = static_cast<std::uint64_t>(si.freeram) * si.mem_unit / (1024 * 1024);
   }
+  if (cfg.memory_limit_mb != 0) {
+    c.memory_total_mb = std::min<std::uint64_t>(c.memory_total_mb, cfg.memory_limit_mb);
+    c.memory_free_mb = std::min<std::uint64_t>(c.memory_free_mb, cfg.memory_limit_mb);
+  }
   c.host_id = bulk.host_id;
   c.has_rdma = bulk.has_rdma;
   // Device and GID listing needs the rdma backend's list_devices(), which is only linked where
@@ -197,6 +203,7 @@ struct node_runtime::impl {
   std::unique_ptr<ctl::control_node> control;
   std::unique_ptr<bandwidth_prober> prober;
   std::vector<std::unique_ptr<discovery_source>> sources;
+  std::unique_ptr<serving::engine> engine;  // client endpoints, models, token streams
 
   // --- event queue (any thread -> loop thread) ---
   struct ev_message {
@@ -247,6 +254,8 @@ struct node_runtime::impl {
   std::uint64_t ping_seq = 0;
   std::uint64_t undecodable = 0;
   std::uint64_t hints_dropped = 0;  // hints refused at kMaxKnownPeers
+  std::shared_ptr<const placement::plan> plan;  // the serving plan in force (leader's or adopted)
+  std::uint64_t plans_refused = 0;                // undecodable or failing validation
 
   std::uint64_t now_ms() const {
     return static_cast<std::uint64_t>(
@@ -339,7 +348,10 @@ struct node_runtime::impl {
                    ev.incarnation);
       if (elect) apply(elect->step(peer_status_changed{ev.id, ev.status}, now_ms()));
     }
-    if (!out.events.empty()) refresh_topology_members();
+    if (!out.events.empty()) {
+      refresh_topology_members();
+      hand_plan_to_engine();
+    }
   }
 
   void apply(election_output out) {
@@ -382,6 +394,72 @@ struct node_runtime::impl {
     spdlog::info("node {}: view {}.{} ({} members, {} links)", hex, v->at.term, v->at.version,
                  v->members.size(), v->links.size());
     broadcast_view(*v);
+    hand_plan_to_engine();
+    replan();
+  }
+
+  // ------------------------------------------------------------------ serving plan
+  /// Leader: the plan for the current view. Sticky: a view change that leaves every group valid
+  /// keeps the plan and its epoch (nothing is unloaded, nothing is dropped).
+  void replan() {
+    if (!topo || !topo->is_leader() || !topo->current()) return;
+    placement::planner_config pc;
+    pc.max_tp_ranks = opt.config.max_tp_ranks;
+    auto p = serving::plan_from_view(*topo->current(), plan.get(), elect->term(), pc);
+    if (!p) {
+      spdlog::warn("node {}: cannot plan: {}", hex, p.error().describe());
+      return;
+    }
+    if (plan && p->epoch == plan->epoch) return;
+    adopt_plan(std::make_shared<const placement::plan>(std::move(*p)));
+    broadcast_plan();
+  }
+
+  void broadcast_plan() {
+    if (!plan || !topo->current()) return;
+    const std::string body = pack(*plan);
+    for (const auto& m : topo->current()->members)
+      if (m.id != self && topology::is_live_status(m.status))
+        send_to(m.id, runtime_msg::plan, body);
+  }
+
+  void adopt_plan(std::shared_ptr<const placement::plan> p) {
+    std::string groups;
+    for (const auto& m : p->models)
+      groups += fmt::format(" {}:{}", m.spec.name,
+                            m.groups.empty() ? std::string("none") : std::to_string(m.groups.size()));
+    spdlog::info("node {}: plan {}.{}{}", hex, p->epoch.term, p->epoch.version, groups);
+    plan = std::move(p);
+    hand_plan_to_engine();
+  }
+
+  void on_plan(const placement::plan& p) {
+    if (plan && p.epoch <= plan->epoch) return;  // stale or already in force
+    for (const auto& m : p.models)
+      for (const auto& g : m.groups)
+        if (auto v = placement::validate_group(m.spec, g); !v) {
+          ++plans_refused;
+          spdlog::warn("node {}: plan {}.{} refused: {}", hex, p.epoch.term, p.epoch.version,
+                       v.error().describe());
+          return;
+        }
+    adopt_plan(std::make_shared<const placement::plan>(p));
+  }
+
+  void hand_plan_to_engine() {
+    if (!engine) return;
+    std::vector<member_id> live{self};
+    for (member_id id : live_members()) live.push_back(id);
+    // Client endpoints of the live members as the view has them (ours even before a view).
+    std::vector<std::string> endpoints{caps.client_endpoint};
+    std::map<member_id, serving::peer_facts> facts;
+    if (const auto& v = topo->current())
+      for (const auto& m : v->members) {
+        if (m.id == self || !topology::is_live_status(m.status)) continue;
+        if (!m.caps.client_endpoint.empty()) endpoints.push_back(m.caps.client_endpoint);
+        facts[m.id] = {m.caps.node_id, {m.caps.host_id, m.caps.has_rdma}};
+      }
+    engine->set_plan(plan, std::move(live), std::move(endpoints), std::move(facts));
   }
 
   void broadcast_view(const topology::view& v) {
@@ -479,8 +557,11 @@ struct node_runtime::impl {
         send_to(leader, runtime_msg::topo_report, pack(row));
       }
     }
-    if (topo->is_leader() && topo->current() && now >= next_view_resend_ms)
+    if (topo->is_leader() && topo->current() && now >= next_view_resend_ms) {
       broadcast_view(*topo->current());
+      replan();
+      broadcast_plan();
+    }
   }
 
   // ------------------------------------------------------------------ inbound
@@ -536,8 +617,10 @@ struct node_runtime::impl {
       case runtime_msg::topo_view: {
         auto v = unpack<topology::view>(m.body);
         if (!v) break;
-        if (topo->on_view(*v))
+        if (topo->on_view(*v)) {
           spdlog::debug("node {}: adopted view {}.{}", hex, v->at.term, v->at.version);
+          hand_plan_to_engine();  // the client endpoints it lists
+        }
         return;
       }
       case runtime_msg::bulk_offer:
@@ -550,6 +633,15 @@ struct node_runtime::impl {
         } else {
           prober->on_answer(from, *b);
         }
+        return;
+      }
+      case runtime_msg::group_link:
+        if (engine) engine->on_group_link(std::string_view(m.body.data(), m.body.size()));
+        return;
+      case runtime_msg::plan: {
+        auto p = unpack<placement::plan>(m.body);
+        if (!p) break;
+        on_plan(*p);
         return;
       }
       case runtime_msg::status_request: {
@@ -830,9 +922,36 @@ struct node_runtime::impl {
       v["links"] = links;
       j["view"] = v;
     }
+    if (!plan) {
+      j["plan"] = nullptr;
+    } else {
+      json pj;
+      pj["epoch"] = {{"term", plan->epoch.term}, {"version", plan->epoch.version}};
+      json models = json::array();
+      for (const auto& m : plan->models) {
+        json groups = json::array();
+        for (const auto& g : m.groups) {
+          json ranks = json::array();
+          for (const auto& r : g.ranks)
+            ranks.push_back({{"node", name_of(r.node)},
+                             {"stage", r.stage},
+                             {"tp_rank", r.tp_rank},
+                             {"layers", {r.layer_first, r.layer_last}},
+                             {"heads", {r.head_first, r.head_last}}});
+          groups.push_back(ranks);
+        }
+        models.push_back({{"name", m.spec.name},
+                          {"groups", groups},
+                          {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)}});
+      }
+      pj["models"] = models;
+      j["plan"] = pj;
+    }
+    j["serving"] = engine ? engine->status() : json(nullptr);
     j["stats"] = {{"undecodable", undecodable},
                   {"dropped_events", dropped_events},
-                  {"hints_dropped", hints_dropped}};
+                  {"hints_dropped", hints_dropped},
+                  {"plans_refused", plans_refused}};
     return j;
   }
 };
@@ -841,6 +960,7 @@ node_runtime::node_runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 node_runtime::~node_runtime() {
   if (!impl_) return;
+  if (impl_->engine) impl_->engine->stop();
   {
     std::lock_guard lock(impl_->mu);
     impl_->stop_loop = true;
@@ -938,6 +1058,31 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   }
   p->caps = local_caps(cfg, p->hex, p->opt.version, p->bulk_caps);
 
+  // Serving: the models and the client endpoints. A model that does not load stops the node
+  // with the error naming the file (better than joining the mesh unable to serve it).
+  {
+    serving::engine_options so;
+    so.node_hex = p->hex;
+    so.self = p->self;
+    so.model_paths = cfg.model_paths;
+    so.threads = cfg.threads != 0 ? cfg.threads : std::max(1u, std::thread::hardware_concurrency());
+    so.bind_address = cfg.listen.address;
+    so.request_port = cfg.listen.client_request_port;
+    so.response_port = cfg.listen.client_response_port;
+    so.bulk_caps = p->bulk_caps;
+    ctl::control_node* cn = p->control.get();
+    so.send_group_link = [cn](const std::string& peer_hex, std::string body) {
+      (void)cn->send(peer_hex, static_cast<std::uint16_t>(runtime_msg::group_link), bytes_of(body));
+    };
+    auto eng = serving::engine::start(so);
+    if (!eng) return eng.error();
+    p->engine = std::move(*eng);
+    for (const auto& m : p->engine->models())
+      p->caps.model_specs.push_back(m.spec);
+    p->caps.client_endpoint = fmt::format("{}:{}:{}", adv_host, p->engine->request_port(),
+                                          p->engine->response_port());
+  }
+
   // State machines.
   membership_config mc;
   mc.self = p->self;
@@ -1016,6 +1161,9 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
 }
 
 void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
+  // Streams first: each in-flight request ends with "unavailable", and its client resumes it on
+  // another peer while this one is still announcing its leave.
+  if (impl_->engine) impl_->engine->stop();
   if (!impl_->failed) impl_->push(impl::ev_leave{}, false);
   {
     std::unique_lock lock(impl_->mu);

@@ -8,7 +8,8 @@
 //
 // Message types on the control plane (application range, docs/design/011-node-runtime.md):
 //   64 membership  65 election  66 topo.ping  67 topo.pong  68 topo.report  69 topo.view
-//   70 status.request  71 status.reply  72 bulk.offer  73 bulk.answer
+//   70 status.request  71 status.reply  72 bulk.offer  73 bulk.answer  74 plan
+//   75 group.link
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,8 @@ enum class runtime_msg : std::uint16_t {
   status_reply = 71,
   bulk_offer = 72,   ///< bandwidth probe: initiator's bulk connect params
   bulk_answer = 73,  ///< bandwidth probe: responder's bulk connect params
+  plan = 74,         ///< the leader's serving plan (placement::plan), to every live member
+  group_link = 75,   ///< bulk connect params between the ranks of a group split over peers
 };
 
 /// Bound on events waiting for the loop thread; beyond it inbound messages are dropped (counted),

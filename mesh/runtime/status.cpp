@@ -176,6 +176,45 @@ result<std::string> format_status(const std::string& json_text) {
                            l.at("backend").get<std::string>());
       }
     }
+    // Older peers send no plan / serving section: print what is there.
+    if (j.contains("plan") && !j.at("plan").is_null()) {
+      const auto& p = j.at("plan");
+      out += fmt::format("\nplan    epoch {}.{}\n", p.at("epoch").at("term").get<std::uint64_t>(),
+                         p.at("epoch").at("version").get<std::uint64_t>());
+      for (const auto& m : p.at("models")) {
+        std::string groups;
+        for (const auto& g : m.at("groups")) {
+          std::string ranks;
+          for (const auto& r : g) {
+            if (!ranks.empty()) ranks += '+';
+            ranks += short_id(r.at("node"));
+          }
+          groups += " [" + ranks + "]";
+        }
+        out += fmt::format("  {:<20} {}\n", m.at("name").get<std::string>(),
+                           m.at("no_capacity").is_null()
+                               ? fmt::format("{} group(s):{}", m.at("groups").size(), groups)
+                               : "no capacity: " + m.at("no_capacity").get<std::string>());
+      }
+    } else if (j.contains("plan")) {
+      out += "\nplan    none yet\n";
+    }
+    if (j.contains("serving") && !j.at("serving").is_null()) {
+      const auto& s = j.at("serving");
+      std::string models;
+      for (const auto& m : s.at("models")) {
+        if (!models.empty()) models += ", ";
+        models += m.at("name").get<std::string>();
+      }
+      out += fmt::format(
+          "serving models {}  client ports {}/{}  streams {}  accepted {}  completed {}  "
+          "tokens {}  rejected {}  malformed {}\n",
+          models.empty() ? "-" : models, s.at("request_port").get<int>(),
+          s.at("response_port").get<int>(), s.at("streams").size(),
+          s.at("accepted").get<std::uint64_t>(), s.at("completed").get<std::uint64_t>(),
+          s.at("tokens").get<std::uint64_t>(), s.at("rejected").get<std::uint64_t>(),
+          s.at("malformed").get<std::uint64_t>());
+    }
     return out;
   } catch (const std::exception& e) {
     return make_error(errc::corrupt, "status reply lacks a field: {}", e.what());

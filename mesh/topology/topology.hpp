@@ -29,6 +29,7 @@
 #include <msgpack.hpp>
 
 #include "mesh/membership/ids.hpp"
+#include "mesh/placement/placement.hpp"
 
 namespace tessera::mesh::topology {
 
@@ -43,8 +44,10 @@ struct capabilities {
   bool has_rdma = false;
   std::vector<std::string> rdma_devices;  ///< "device/port gid" entries
   std::vector<std::string> models;        ///< model paths/names from the configuration
+  std::vector<placement::model_spec> model_specs;  ///< the models loaded, for the leader's plan
+  std::string client_endpoint;  ///< "host:request_port:response_port" clients connect to
   MSGPACK_DEFINE_MAP(node_id, version, cores, memory_total_mb, memory_free_mb, host_id, has_rdma,
-                     rdma_devices, models);
+                     rdma_devices, models, model_specs, client_endpoint);
   bool operator==(const capabilities&) const = default;
 };
 

@@ -1,0 +1,20 @@
+// The two demos behind `tessera demo`: serving across peers (default) and the actor runtime.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::cli {
+
+struct demo_options {
+  std::uint32_t peers = 3;
+  std::uint16_t base_port = 17600;  ///< peer i uses base + 10 i .. base + 10 i + 4
+  std::uint32_t wait_s = 60;        ///< how long the mesh may take to form
+  bool keep = false;                ///< keep the working directory (logs, model)
+};
+
+/// N peers on loopback serving a synthesised model through the pub-sub client.
+int run_serving_demo(const demo_options& o);
+/// The actor runtime across threads and through the remote seam.
+int run_actor_demo();
+
+}  // namespace tessera::cli

@@ -1,0 +1,80 @@
+// The C++ client of the pub-sub protocol (docs/PROTOCOL.md): publishes a request to every peer it
+// knows (the peers it was given and those their peer lists name), follows the token stream, and
+// resumes the stream on another peer when it goes silent or skips an index — so the caller sees
+// every index exactly once, in order, or one explicit error.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/base/result.hpp"
+#include "mesh/serving/protocol.hpp"
+
+namespace tessera::mesh::serving {
+
+/// A peer's client endpoints.
+struct peer_endpoint {
+  std::string host;
+  std::uint16_t request_port = 7402;
+  std::uint16_t response_port = 7403;
+};
+
+/// Parses "host:request_port" (the response port is the next one, as in the defaults) or
+/// "host:request_port:response_port". The error names the text.
+[[nodiscard]] result<peer_endpoint> parse_peer(std::string_view text);
+
+struct client_options {
+  std::vector<peer_endpoint> peers;
+  std::uint32_t republish_ms = 500;     ///< re-publish while no peer has accepted
+  std::uint32_t stall_ms = 3000;        ///< silence after "accepted" this long: resume elsewhere
+  std::uint32_t deadline_ms = 120'000;  ///< the whole request, whatever happens
+  std::uint32_t max_attempts = 32;      ///< resumptions before giving up (explicit error)
+};
+
+/// One token as the caller receives it.
+struct token_event {
+  std::uint32_t index = 0;
+  std::int32_t token = -1;
+  std::string_view text;  ///< the token's bytes (may split a UTF-8 sequence)
+  std::string_view node;  ///< the peer that generated it
+};
+
+struct outcome {
+  std::string stop;  ///< done: why the stream ended
+  std::uint32_t prompt_tokens = 0;
+  std::vector<std::int32_t> tokens;  ///< every token id, index order
+  std::string text;                  ///< their bytes concatenated
+  std::vector<std::string> nodes;    ///< the peers that served the stream, in order
+  std::uint32_t attempts = 1;        ///< 1 + resumptions
+  double first_token_s = 0;          ///< publish to the first token
+  double total_s = 0;
+};
+
+class client {
+ public:
+  /// Connects to every peer (ZeroMQ connects lazily: no peer needs to be up yet).
+  [[nodiscard]] static result<std::unique_ptr<client>> connect(client_options options);
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  /// Runs `r` (its id must be unique to this client's requests; attempt and resume are managed
+  /// here) to its outcome. `on_token` sees each index once, in order. Errors: the peer's error
+  /// (errc::not_found for unknown_model, no_capacity, invalid_argument for invalid_request,
+  /// overloaded) with its message; errc::timeout when no peer accepted or the stream stalled past
+  /// the deadline or the attempts.
+  [[nodiscard]] result<outcome> ask(request r,
+                                    const std::function<void(const token_event&)>& on_token = {});
+
+  struct impl;
+
+ private:
+  explicit client(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tessera::mesh::serving

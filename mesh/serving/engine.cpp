@@ -1,0 +1,937 @@
+#include "mesh/serving/engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "actors/base/assert.hpp"
+#include "inference/gguf/gguf.hpp"
+#include "inference/kernels/thread_pool.hpp"
+#include "inference/model/model.hpp"
+#include "inference/model/sampler.hpp"
+#include "inference/tokenizer/chat.hpp"
+#include "inference/tokenizer/tokenizer.hpp"
+#include "mesh/serving/group_host.hpp"
+#include "mesh/serving/intake.hpp"
+#include "mesh/serving/protocol.hpp"
+
+namespace tessera::mesh::serving {
+
+namespace inf = tessera::inference;
+namespace mdl = tessera::inference::model;
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+using clock_type = std::chrono::steady_clock;
+
+// Requests remembered after their stream ended, so that a duplicate of a finished attempt gets
+// its final message again instead of a second generation.
+constexpr std::size_t kFinishedMemory = 4096;
+// group_link messages waiting for the engine thread, and per group not formed here yet.
+constexpr std::size_t kMaxLinkMessages = 256;
+
+result<placement::model_spec> spec_of_gguf(const std::string& path, const std::string& name) {
+  auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
+  if (!f) return f.error();
+  auto hp = mdl::read_hparams(*f);
+  if (!hp) return hp.error();
+  placement::model_spec s;
+  s.name = name;
+  s.n_layers = static_cast<std::uint32_t>(hp->n_layer);
+  s.n_heads = static_cast<std::uint32_t>(hp->n_head);
+  s.n_kv_heads = static_cast<std::uint32_t>(hp->n_head_kv);
+  s.dim = static_cast<std::uint32_t>(hp->dim);
+  s.ffn_size = static_cast<std::uint32_t>(hp->ffn);
+  s.n_vocab = static_cast<std::uint32_t>(hp->n_vocab);
+  std::uint64_t blocks = 0;
+  for (const auto& t : f->tensors()) {
+    if (t.name.starts_with("blk."))
+      blocks += t.size;
+    else if (t.name == "token_embd.weight")
+      s.bytes_embeddings = t.size;
+    else if (t.name == "output.weight")
+      s.bytes_output = t.size;
+  }
+  s.bytes_per_layer = s.n_layers ? blocks / s.n_layers : 0;
+  s.tied_embeddings = hp->tied_output;
+  // The KV cache is F16: K and V, every layer, every KV head.
+  s.kv_bytes_per_token = 2ULL * 2ULL * static_cast<std::uint64_t>(hp->n_layer) *
+                         static_cast<std::uint64_t>(hp->kv_dim());
+  s.context_tokens = static_cast<std::uint32_t>(std::min<std::int64_t>(hp->n_ctx_train, 4096));
+  if (auto v = placement::validate_model_spec(s); !v) return v.error();
+  return s;
+}
+
+namespace {
+
+struct loaded {
+  local_model info;
+  std::unique_ptr<inf::gguf::file> file;
+  std::unique_ptr<inf::tokenizer::tokenizer> tok;
+  std::unique_ptr<mdl::model> m;
+  inf::tokenizer::chat_family family{};
+};
+
+struct session {
+  request req;
+  loaded* model = nullptr;
+  std::vector<mdl::token_id> prompt;   // what the model reads before generating
+  std::vector<mdl::token_id> history;  // prompt + generated (the repetition penalty's window)
+  std::size_t fed = 0;                 // prompt tokens evaluated so far
+  std::uint32_t next_index = 0;        // index of the next generated token
+  std::unique_ptr<mdl::context> ctx;   // a local model, or:
+  group_host* host = nullptr;          // a group split over peers (this peer is rank 0)
+  std::uint32_t seq = 0;               // the host runner's sequence slot
+  std::int64_t n_ctx = 0;
+  std::unique_ptr<mdl::sampler> sampler;
+  std::vector<float> logits, work;
+  bool have_logits = false;
+  clock_type::time_point last_sent{};
+};
+
+}  // namespace
+
+struct engine::impl {
+  engine_options opt;
+  std::vector<std::unique_ptr<loaded>> models;
+  std::vector<local_model> infos;
+  std::vector<std::string> model_names;
+  std::unique_ptr<inf::thread_pool> pool;
+
+  zmq::context_t zctx{1};
+  zmq::socket_t sub{zctx, zmq::socket_type::sub};
+  zmq::socket_t xpub{zctx, zmq::socket_type::xpub};
+  zmq::socket_t pull{zctx, zmq::socket_type::pull};
+  zmq::socket_t push{zctx, zmq::socket_type::push};
+  std::uint16_t req_port = 0, resp_port = 0;
+
+  std::atomic<bool> stopping{false};     // engine thread: stop
+  std::atomic<bool> io_stopping{false};  // io thread: stop (after the engine's last messages)
+  std::thread io_thread, engine_thread;
+
+  // --- shared between the io / loop threads and the engine thread (under mu) ---
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<request> inbox;
+  std::shared_ptr<const placement::plan> plan;
+  std::vector<member_id> live;
+  std::vector<std::string> client_endpoints;
+  std::map<member_id, peer_facts> peers;
+  std::deque<group_link_message> link_inbox;  // bounded by kMaxLinkMessages
+  std::uint64_t dropped_inbox = 0;
+  // counters, written by the engine / io threads
+  std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
+      tokens_out{0}, duplicates{0};
+  std::vector<json> active_view;  // for status (under mu)
+  std::vector<json> groups_view;  // for status (under mu)
+
+  // --- engine thread only ---
+  std::map<std::string, std::unique_ptr<group_host>> hosts;  // groups split over peers, by key
+  std::map<std::string, std::deque<group_link_message>> early_links;  // for hosts not made yet
+  std::map<std::string, std::set<std::uint32_t>> used_seqs;           // by host key
+  std::map<std::string, clock_type::time_point> last_ping;
+  const placement::plan* reconciled = nullptr;
+  std::shared_ptr<const placement::plan> current_plan;
+  std::map<std::string, std::unique_ptr<session>> active;  // by request id
+  std::deque<std::unique_ptr<session>> queued;
+  std::map<std::string, std::pair<std::uint32_t, response>> finished;
+  std::deque<std::string> finished_order;
+
+  // ------------------------------------------------------------------ io thread
+  void io_loop() {
+    zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0},
+                               {pull.handle(), 0, ZMQ_POLLIN, 0},
+                               {xpub.handle(), 0, ZMQ_POLLIN, 0}};
+    auto next_peers = clock_type::now();
+    while (!io_stopping.load()) {
+      try {
+        zmq::poll(items, 3, std::chrono::milliseconds(100));
+        if (items[0].revents & ZMQ_POLLIN) on_request_frames();
+        if (items[1].revents & ZMQ_POLLIN) forward_responses();
+        if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
+        if (clock_type::now() >= next_peers) {
+          publish_peers();
+          next_peers = clock_type::now() + std::chrono::seconds(2);
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == ETERM) return;
+        spdlog::warn("serving {}: client endpoint: {}", opt.node_hex, e.what());
+      }
+    }
+    // Last messages (the shutdown errors) go out before the sockets close.
+    try {
+      forward_responses();
+    } catch (const zmq::error_t&) {
+    }
+  }
+
+  void on_request_frames() {
+    for (int n = 0; n < 256; ++n) {  // bounded batch: the forward path is served in between
+      std::vector<zmq::message_t> parts;
+      zmq::message_t m;
+      if (!sub.recv(m, zmq::recv_flags::dontwait)) return;
+      parts.push_back(std::move(m));
+      while (parts.back().more() && parts.size() < 4) {
+        zmq::message_t more;
+        (void)sub.recv(more, zmq::recv_flags::none);
+        parts.push_back(std::move(more));
+      }
+      // Discard the rest of an over-long message.
+      while (parts.back().more()) {
+        zmq::message_t rest;
+        (void)sub.recv(rest, zmq::recv_flags::none);
+        if (!rest.more()) break;
+      }
+      if (parts.size() != 2 || parts[0].to_string_view() != request_topic) {
+        note_malformed("expected 2 frames [\"req\"][msgpack request]");
+        continue;
+      }
+      auto r = decode_request(parts[1].to_string_view());
+      if (!r) {
+        note_malformed(r.error().message);
+        continue;
+      }
+      {
+        std::lock_guard lock(mu);
+        if (inbox.size() >= opt.max_inbox) {
+          ++dropped_inbox;  // the client re-publishes: loss, not a wrong answer
+          continue;
+        }
+        inbox.push_back(std::move(*r));
+      }
+      cv.notify_all();
+    }
+  }
+
+  void note_malformed(const std::string& why) {
+    const auto n = ++malformed;
+    // Logged for the first few and then every 1000th: a flood must not flood the log too.
+    if (n <= 10 || n % 1000 == 0)
+      spdlog::warn("serving {}: malformed client message #{} dropped: {}", opt.node_hex, n, why);
+  }
+
+  void forward_responses() {
+    for (int n = 0; n < 1024; ++n) {
+      zmq::message_t topic, body;
+      if (!pull.recv(topic, zmq::recv_flags::dontwait)) return;
+      (void)pull.recv(body, zmq::recv_flags::none);
+      (void)xpub.send(topic, zmq::send_flags::sndmore);
+      (void)xpub.send(body, zmq::send_flags::none);
+    }
+  }
+
+  /// Reads the subscription messages; true when someone subscribed to the peer list (it gets
+  /// the list at once instead of within 2 s).
+  bool drain_subscriptions() {
+    bool wants_peers = false;
+    for (int n = 0; n < 1024; ++n) {
+      zmq::message_t m;
+      if (!xpub.recv(m, zmq::recv_flags::dontwait)) break;
+      const auto v = m.to_string_view();
+      if (!v.empty() && v[0] == '\x01' && v.substr(1) == peers_topic) wants_peers = true;
+    }
+    return wants_peers;
+  }
+
+  void publish_peers() {
+    response r;
+    r.kind = "peers";
+    r.node = opt.node_hex;
+    {
+      std::lock_guard lock(mu);
+      r.peers = client_endpoints;
+    }
+    if (r.peers.size() > max_peers) r.peers.resize(max_peers);
+    const std::string body = encode(r);
+    (void)xpub.send(zmq::buffer(peers_topic), zmq::send_flags::sndmore);
+    (void)xpub.send(zmq::buffer(body), zmq::send_flags::none);
+  }
+
+  // ------------------------------------------------------------------ engine thread
+  void send(const response& r) {
+    const std::string topic = response_topic(r.id);
+    const std::string body = encode(r);
+    (void)push.send(zmq::buffer(topic), zmq::send_flags::sndmore);
+    (void)push.send(zmq::buffer(body), zmq::send_flags::none);
+  }
+
+  response base(const request& q, std::string_view kind) const {
+    response r;
+    r.kind = std::string(kind);
+    r.id = q.id;
+    r.attempt = q.attempt;
+    r.node = opt.node_hex;
+    return r;
+  }
+
+  void send_error(const request& q, std::string_view code, std::string message) {
+    auto r = base(q, "error");
+    r.code = std::string(code);
+    r.message = std::move(message);
+    remember(q.id, q.attempt, r);
+    send(r);
+  }
+
+  void remember(const std::string& id, std::uint32_t attempt, const response& final_msg) {
+    if (!finished.contains(id)) {
+      finished_order.push_back(id);
+      if (finished_order.size() > kFinishedMemory) {
+        finished.erase(finished_order.front());
+        finished_order.pop_front();
+      }
+    }
+    finished[id] = {attempt, final_msg};
+  }
+
+  session* find_session(const std::string& id) {
+    if (auto it = active.find(id); it != active.end()) return it->second.get();
+    for (auto& s : queued)
+      if (s->req.id == id) return s.get();
+    return nullptr;
+  }
+
+  void drop_session(const std::string& id) {
+    if (auto it = active.find(id); it != active.end()) release(*it->second);
+    active.erase(id);
+    std::erase_if(queued, [&](const auto& s) { return s->req.id == id; });
+  }
+
+  void on_request(request q) {
+    std::shared_ptr<const placement::plan> p;
+    std::vector<member_id> members;
+    {
+      std::lock_guard lock(mu);
+      p = plan;
+      members = live;
+    }
+    // Duplicates first: the client re-publishes until it hears "accepted", and after silence it
+    // re-publishes with a higher attempt.
+    if (session* s = find_session(q.id)) {
+      if (q.attempt <= s->req.attempt) {
+        ++duplicates;
+        send(base(s->req, "accepted"));
+        return;
+      }
+      ++superseded;
+      drop_session(q.id);
+    } else if (auto f = finished.find(q.id); f != finished.end() && q.attempt <= f->second.first) {
+      ++duplicates;
+      if (q.attempt == f->second.first) send(f->second.second);
+      return;
+    }
+    auto d = decide(q, p.get(), members, opt.self, model_names);
+    if (d.action == intake_action::ignore) return;
+    if (d.action == intake_action::reject) {
+      ++rejected;
+      send_error(q, d.code, d.message);
+      return;
+    }
+    group_host* host = nullptr;
+    {
+      const auto& mp = *std::find_if(p->models.begin(), p->models.end(),
+                                     [&](const auto& m) { return m.spec.name == q.model; });
+      const auto& g = mp.groups.at(d.group);
+      if (g.ranks.size() > 1) {
+        auto it = hosts.find(group_key(q.model, g));
+        // Still forming (or the plan just arrived): stay silent, the client re-publishes.
+        if (it == hosts.end() || it->second->current() == group_host::state::forming) return;
+        if (it->second->current() == group_host::state::failed) {
+          // A group that lost a peer: the leader re-plans once membership notices; until then
+          // stay silent (the client re-publishes). A group that never formed will not.
+          if (it->second->was_ready()) return;
+          ++rejected;
+          send_error(q, error_code::no_capacity,
+                     fmt::format("model '{}': its group of {} peers cannot form: {}", q.model,
+                                 g.ranks.size(), it->second->failure()));
+          return;
+        }
+        host = it->second.get();
+      }
+    }
+    auto s = make_session(std::move(q));
+    if (!s) return;  // answered with an error
+    s->host = host;
+    if (active.size() + queued.size() >= opt.max_active + opt.max_queued) {
+      ++rejected;
+      send_error(
+          s->req, error_code::overloaded,
+          fmt::format("peer {} has {} streams running and {} waiting (bounds {} and {})",
+                      opt.node_hex, active.size(), queued.size(), opt.max_active, opt.max_queued));
+      return;
+    }
+    ++accepted;
+    send(base(s->req, "accepted"));
+    s->last_sent = clock_type::now();
+    queued.push_back(std::move(s));
+  }
+
+  std::unique_ptr<session> make_session(request q) {
+    loaded* lm = nullptr;
+    for (auto& m : models)
+      if (m->info.name == q.model) lm = m.get();
+    TESSERA_ASSERT(lm != nullptr, "intake accepted model '{}' that is not loaded", q.model);
+    auto s = std::make_unique<session>();
+    s->model = lm;
+    const auto& tok = *lm->tok;
+    if (!q.messages.empty()) {
+      std::vector<inf::tokenizer::chat_message> msgs;
+      for (const auto& m : q.messages)
+        msgs.push_back({m.role, m.content});
+      auto p = inf::tokenizer::apply_chat_template(lm->family, msgs, true);
+      if (!p) {
+        send_error(q, error_code::invalid_request, p.error().message);
+        return nullptr;
+      }
+      s->prompt = tok.encode(p->text, {p->add_bos, true});
+    } else {
+      s->prompt = tok.encode(q.prompt, {true, false});
+    }
+    const auto n_vocab = static_cast<std::int32_t>(lm->m->params().n_vocab);
+    for (auto t : q.resume)
+      if (t >= n_vocab) {
+        send_error(q, error_code::invalid_request,
+                   fmt::format("field 'resume': token id {} is outside model '{}' (vocabulary {})",
+                               t, q.model, n_vocab));
+        return nullptr;
+      }
+    const std::int64_t cap = std::min<std::int64_t>(lm->m->params().n_ctx_train, opt.max_context);
+    if (static_cast<std::int64_t>(s->prompt.size() + q.resume.size()) >= cap) {
+      send_error(q, error_code::invalid_request,
+                 fmt::format("the prompt has {} tokens (+{} resumed); model '{}' holds {} here",
+                             s->prompt.size(), q.resume.size(), q.model, cap));
+      return nullptr;
+    }
+    s->history = s->prompt;
+    s->history.insert(s->history.end(), q.resume.begin(), q.resume.end());
+    s->next_index = static_cast<std::uint32_t>(q.resume.size());
+    mdl::sampler_options so;
+    so.temperature = q.temperature;
+    so.top_k = q.top_k;
+    so.top_p = q.top_p;
+    so.min_p = q.min_p;
+    so.repeat_penalty = q.repeat_penalty;
+    so.seed = q.seed;
+    if (auto v = mdl::validate(so); !v) {
+      send_error(q, error_code::invalid_request, v.error().message);
+      return nullptr;
+    }
+    s->sampler = std::make_unique<mdl::sampler>(so);
+    s->req = std::move(q);
+    s->req.resume.clear();  // kept in history; the request copy need not hold it twice
+    return s;
+  }
+
+  /// Allocates the KV cache when a session gets a slot (queued sessions hold none).
+  result<void> activate(session& s) {
+    const std::int64_t cap =
+        std::min<std::int64_t>(s.model->m->params().n_ctx_train, opt.max_context);
+    const std::int64_t n_ctx =
+        std::min<std::int64_t>(cap, static_cast<std::int64_t>(s.prompt.size()) + s.req.max_tokens);
+    s.logits.resize(static_cast<std::size_t>(s.model->m->params().n_vocab));
+    if (s.host != nullptr) {
+      auto* ru = s.host->runner();
+      if (ru == nullptr)
+        return make_error(errc::no_capacity, "model '{}': its group is not ready ({})", s.req.model,
+                          s.host->failure());
+      auto& used = used_seqs[s.host->key()];
+      std::uint32_t seq = 0;
+      while (used.contains(seq))
+        ++seq;
+      if (seq >= inference::sharded::max_sequences)
+        return make_error(errc::no_capacity, "model '{}': its group runs {} sequences already",
+                          s.req.model, used.size());
+      if (auto o = ru->open(seq, n_ctx); !o) {
+        s.host->fail(o.error().describe());
+        return o.error();
+      }
+      used.insert(seq);
+      s.seq = seq;
+      s.n_ctx = n_ctx;  // set last: release() frees only what was opened
+      return ok();
+    }
+    auto ctx = mdl::context::create(*s.model->m, {n_ctx, opt.prefill_chunk, pool.get(), {}});
+    if (!ctx) return ctx.error();
+    s.ctx = std::move(*ctx);
+    s.n_ctx = n_ctx;
+    return ok();
+  }
+
+  void finish(session& s, std::string_view stop) {
+    auto r = base(s.req, "done");
+    r.tokens = s.next_index;
+    r.prompt_tokens = static_cast<std::uint32_t>(s.prompt.size());
+    r.stop = std::string(stop);
+    ++completed;
+    remember(s.req.id, s.req.attempt, r);
+    send(r);
+  }
+
+  /// Evaluates tokens for `s` on its local context or its group; the logits of the last one when
+  /// asked. A group that fails is marked failed and the stream ends "unavailable" (the client
+  /// resumes it elsewhere once the plan moves on).
+  result<void> eval(session& s, std::span<const mdl::token_id> tokens, bool want_logits) {
+    if (s.host == nullptr)
+      return s.ctx->eval(tokens, want_logits ? mdl::logits_mode::last : mdl::logits_mode::none,
+                         s.logits);
+    auto* ru = s.host->runner();
+    if (ru == nullptr) return make_error(errc::closed, "its group failed: {}", s.host->failure());
+    auto r = ru->eval(s.seq, tokens, want_logits ? std::span<float>(s.logits) : std::span<float>{});
+    if (!r) s.host->fail(r.error().describe());
+    return r;
+  }
+
+  /// Frees what a session holds on its group (the runner's sequence slot).
+  void release(session& s) {
+    if (s.host == nullptr || s.n_ctx == 0) return;
+    if (auto* ru = s.host->runner()) (void)ru->close(s.seq);
+    used_seqs[s.host->key()].erase(s.seq);
+    s.n_ctx = 0;
+  }
+
+  void fail_stream(session& s, const error& e) {
+    send_error(s.req, s.host != nullptr ? error_code::unavailable : error_code::internal,
+               e.message);
+  }
+
+  /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended.
+  bool step(session& s) {
+    // The prompt plus the tokens the client already has (a resumed stream re-prefills them).
+    const std::size_t feed_size = s.history.size();
+    if (s.fed < feed_size) {
+      const std::size_t n = std::min<std::size_t>(opt.prefill_chunk, feed_size - s.fed);
+      const bool last = s.fed + n == feed_size;
+      auto r = eval(s, std::span(s.history).subspan(s.fed, n), last);
+      if (!r) {
+        fail_stream(s, r.error());
+        return false;
+      }
+      s.fed += n;
+      s.have_logits = last;
+      return true;
+    }
+    if (s.next_index >= s.req.max_tokens) {
+      finish(s, "max_tokens");
+      return false;
+    }
+    // Reseeded per index: a stream resumed on another peer draws what this one would have.
+    s.sampler->reseed(mix64(s.req.seed ^ mix64(s.next_index)));
+    s.work = s.logits;
+    const auto t = s.sampler->sample(s.work, s.history);
+    if (s.model->tok->is_end_of_generation(t)) {
+      finish(s, "end_of_generation");
+      return false;
+    }
+    auto r = base(s.req, "token");
+    r.index = s.next_index++;
+    r.token = t;
+    const std::string bytes = s.model->tok->token_bytes(t);
+    r.text.assign(bytes.begin(), bytes.end());
+    send(r);
+    ++tokens_out;
+    s.last_sent = clock_type::now();
+    s.history.push_back(t);
+    s.fed = s.history.size();
+    if (s.next_index >= s.req.max_tokens) {
+      finish(s, "max_tokens");
+      return false;
+    }
+    // `t` is in the history but not evaluated yet: it needs one more position.
+    if (static_cast<std::int64_t>(s.history.size()) > s.n_ctx) {
+      finish(s, "context_full");
+      return false;
+    }
+    const mdl::token_id one[1] = {t};
+    if (auto e = eval(s, one, true); !e) {
+      fail_stream(s, e.error());
+      return false;
+    }
+    return true;
+  }
+
+  void keepalive(session& s) {
+    const auto now = clock_type::now();
+    if (now - s.last_sent <= std::chrono::milliseconds(opt.keepalive_ms)) return;
+    send(base(s.req, "accepted"));
+    s.last_sent = now;
+  }
+
+  void publish_active_view() {
+    std::vector<json> v;
+    for (const auto& [id, s] : active)
+      v.push_back({{"id", id},
+                   {"model", s->req.model},
+                   {"attempt", s->req.attempt},
+                   {"prompt_tokens", s->prompt.size()},
+                   {"tokens", s->next_index}});
+    for (const auto& s : queued)
+      v.push_back({{"id", s->req.id}, {"model", s->req.model}, {"queued", true}});
+    std::vector<json> g;
+    for (const auto& [key, h] : hosts) {
+      const auto st = h->current();
+      g.push_back({{"key", key},
+                   {"ranks", h->size()},
+                   {"state", st == group_host::state::ready     ? "ready"
+                             : st == group_host::state::forming ? "forming"
+                                                                : "failed"},
+                   {"failure", h->failure()}});
+    }
+    std::lock_guard lock(mu);
+    active_view = std::move(v);
+    groups_view = std::move(g);
+  }
+
+  void engine_loop() {
+    auto last_view = clock_type::now();
+    while (true) {
+      std::deque<request> batch;
+      {
+        std::unique_lock lock(mu);
+        if (active.empty() && queued.empty())
+          cv.wait_for(lock, std::chrono::milliseconds(200),
+                      [&] { return stopping.load() || !inbox.empty() || !link_inbox.empty(); });
+        batch.swap(inbox);
+      }
+      if (stopping.load()) break;
+      {
+        std::shared_ptr<const placement::plan> p;
+        {
+          std::lock_guard lock(mu);
+          p = plan;
+        }
+        if (p.get() != reconciled) {
+          reconcile(p.get());
+          reconciled = p.get();
+          current_plan = p;  // keeps `reconciled` alive
+        }
+      }
+      route_links();
+      ping_groups();
+      for (auto& q : batch)
+        on_request(std::move(q));
+      // Admit waiting sessions into free slots.
+      while (active.size() < opt.max_active && !queued.empty()) {
+        auto s = std::move(queued.front());
+        queued.pop_front();
+        if (auto a = activate(*s); !a) {
+          send_error(s->req, error_code::no_capacity, a.error().message);
+          continue;
+        }
+        const std::string id = s->req.id;
+        active[id] = std::move(s);
+      }
+      // One round: every active session advances by one unit. A session quiet for keepalive_ms
+      // says it is alive first, so a slow round never looks like a dead peer to its client.
+      for (auto it = active.begin(); it != active.end();) {
+        keepalive(*it->second);
+        if (!step(*it->second)) {
+          release(*it->second);
+          it = active.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      const auto now = clock_type::now();
+      for (auto& s : queued)
+        if (now - s->last_sent > std::chrono::milliseconds(opt.keepalive_ms)) {
+          send(base(s->req, "accepted"));
+          s->last_sent = now;
+        }
+      if (now - last_view > std::chrono::milliseconds(200) || active.empty()) {
+        publish_active_view();
+        last_view = now;
+      }
+    }
+    // Shutdown: every stream still open ends with an explicit error.
+    for (auto& [id, s] : active)
+      release(*s);
+    for (auto& [id, s] : active)
+      send_error(s->req, error_code::unavailable,
+                 fmt::format("peer {} is shutting down; resume on another peer", opt.node_hex));
+    for (auto& s : queued)
+      send_error(s->req, error_code::unavailable,
+                 fmt::format("peer {} is shutting down; resume on another peer", opt.node_hex));
+    active.clear();
+    queued.clear();
+    hosts.clear();  // rank 0 hosts tell their followers; links close
+  }
+
+  // ------------------------------------------------------------------ groups over several peers
+  /// Makes a host for every group of the plan that splits a model this peer holds over several
+  /// peers including this one, and drops the hosts the plan no longer has (their streams end
+  /// "unavailable" and resume elsewhere).
+  void reconcile(const placement::plan* p) {
+    std::map<member_id, peer_facts> facts;
+    {
+      std::lock_guard lock(mu);
+      facts = peers;
+    }
+    std::set<std::string> wanted;
+    if (p != nullptr)
+      for (const auto& mp : p->models) {
+        const auto local = std::find_if(models.begin(), models.end(), [&](const auto& m) {
+          return m->info.name == mp.spec.name;
+        });
+        if (local == models.end()) continue;
+        for (const auto& g : mp.groups) {
+          if (g.ranks.size() < 2) continue;
+          std::uint32_t me = 0;
+          while (me < g.ranks.size() && g.ranks[me].node != opt.self)
+            ++me;
+          if (me == g.ranks.size()) continue;
+          const auto key = group_key(mp.spec.name, g);
+          wanted.insert(key);
+          if (hosts.contains(key)) continue;
+          std::map<member_id, transport::bulk::local_capabilities> caps;
+          std::map<member_id, std::string> hex;
+          for (const auto& [id, f] : facts) {
+            caps[id] = f.bulk_caps;
+            hex[id] = f.hex;
+          }
+          auto send = opt.send_group_link;
+          group_host::sender sender = [send, hex](member_id to, const group_link_message& m) {
+            auto it = hex.find(to);
+            if (!send || it == hex.end()) return;
+            msgpack::sbuffer buf;
+            msgpack::pack(buf, m);
+            send(it->second, std::string(buf.data(), buf.size()));
+          };
+          spdlog::info("serving {}: forming group {} as rank {} of {}", opt.node_hex, key, me,
+                       g.ranks.size());
+          auto h = std::make_unique<group_host>(key, (*local)->info.path, g, me, opt.bind_address,
+                                                std::move(caps), opt.bulk_caps, std::move(sender),
+                                                opt.threads);
+          if (auto e = early_links.find(key); e != early_links.end()) {
+            for (const auto& m : e->second)
+              h->on_link_message(m);
+            early_links.erase(e);
+          }
+          hosts[key] = std::move(h);
+        }
+      }
+    for (auto it = hosts.begin(); it != hosts.end();) {
+      if (wanted.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      for (auto a = active.begin(); a != active.end();) {
+        if (a->second->host == it->second.get()) {
+          release(*a->second);
+          send_error(
+              a->second->req, error_code::unavailable,
+              fmt::format("model '{}': the plan dropped its group; resume", a->second->req.model));
+          a = active.erase(a);
+        } else {
+          ++a;
+        }
+      }
+      std::erase_if(queued, [&](const auto& q) {
+        if (q->host != it->second.get()) return false;
+        send_error(q->req, error_code::unavailable, "the plan dropped this stream's group; resume");
+        return true;
+      });
+      used_seqs.erase(it->first);
+      last_ping.erase(it->first);
+      it = hosts.erase(it);
+    }
+  }
+
+  void route_links() {
+    std::deque<group_link_message> batch;
+    {
+      std::lock_guard lock(mu);
+      batch.swap(link_inbox);
+    }
+    for (auto& m : batch) {
+      if (auto it = hosts.find(m.key); it != hosts.end()) {
+        it->second->on_link_message(m);
+        continue;
+      }
+      auto& q = early_links[m.key];
+      if (early_links.size() > 16 || q.size() >= 64) continue;  // bounded; the sender re-sends
+      q.push_back(std::move(m));
+    }
+  }
+
+  /// Rank 0 of an idle group tells its followers it is alive (they bound their waits).
+  void ping_groups() {
+    const auto now = clock_type::now();
+    for (auto& [key, h] : hosts) {
+      auto* ru = h->runner();
+      if (ru == nullptr) continue;
+      auto& last = last_ping[key];
+      if (now - last < std::chrono::seconds(1)) continue;
+      last = now;
+      if (auto r = ru->ping(); !r) h->fail(r.error().describe());
+    }
+  }
+};
+
+engine::engine(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+engine::~engine() {
+  stop();
+}
+
+result<std::unique_ptr<engine>> engine::start(engine_options options) {
+  auto p = std::make_unique<impl>();
+  p->opt = std::move(options);
+  if (p->opt.max_active == 0 || p->opt.prefill_chunk == 0)
+    return make_error(errc::invalid_argument, "serving: max_active and prefill_chunk must be > 0");
+  auto pool =
+      inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)), {.pin = false});
+  if (!pool) return pool.error();
+  p->pool = std::move(*pool);
+  for (const auto& path : p->opt.model_paths) {
+    auto l = std::make_unique<loaded>();
+    l->info.path = path;
+    l->info.name = fs::path(path).stem().string();
+    for (const auto& other : p->models)
+      if (other->info.name == l->info.name)
+        return make_error(errc::invalid_argument, "two models are named '{}' ({} and {})",
+                          l->info.name, other->info.path, path);
+    auto spec = spec_of_gguf(path, l->info.name);
+    if (!spec) return spec.error();
+    l->info.spec = *spec;
+    auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
+    if (!f) return f.error();
+    std::error_code ec;
+    l->info.file_bytes = fs::file_size(path, ec);
+    auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
+    if (!tok) return tok.error();
+    l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
+    l->family = inf::tokenizer::chat_family_for(*f);
+    auto m = mdl::model::load(*f);
+    if (!m) return m.error();
+    l->m = std::move(*m);
+    l->file = std::make_unique<inf::gguf::file>(std::move(*f));
+    spdlog::info("serving: model '{}' loaded from {} ({} layers, {} MiB)", l->info.name, path,
+                 l->info.spec.n_layers, l->info.file_bytes >> 20);
+    p->infos.push_back(l->info);
+    p->model_names.push_back(l->info.name);
+    p->models.push_back(std::move(l));
+  }
+  try {
+    auto bind = [&](zmq::socket_t& s, std::uint16_t port) -> std::uint16_t {
+      s.set(zmq::sockopt::linger, 200);
+      s.bind(
+          fmt::format("tcp://{}:{}", p->opt.bind_address, port == 0 ? "*" : std::to_string(port)));
+      const std::string ep = s.get(zmq::sockopt::last_endpoint);
+      return static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
+    };
+    p->sub.set(zmq::sockopt::rcvhwm, 10000);
+    p->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_message_bytes + 1024));
+    p->sub.set(zmq::sockopt::subscribe, request_topic);
+    p->req_port = bind(p->sub, p->opt.request_port);
+    p->xpub.set(zmq::sockopt::sndhwm, 100000);
+    // Every subscription reaches us (not only a topic's first): each new client asking for the
+    // peer list gets it at once.
+    p->xpub.set(zmq::sockopt::xpub_verbose, 1);
+    p->resp_port = bind(p->xpub, p->opt.response_port);
+    const std::string inproc = fmt::format("inproc://serving-{}", static_cast<void*>(p.get()));
+    p->pull.bind(inproc);
+    p->push.set(zmq::sockopt::sndhwm, 100000);
+    p->push.connect(inproc);
+  } catch (const zmq::error_t& e) {
+    return make_error(errc::io,
+                      "serving: cannot bind the client endpoints on {} (ports {}, {}): {}",
+                      p->opt.bind_address, p->opt.request_port, p->opt.response_port, e.what());
+  }
+  auto* raw = p.get();
+  p->io_thread = std::thread([raw] { raw->io_loop(); });
+  p->engine_thread = std::thread([raw] { raw->engine_loop(); });
+  return std::unique_ptr<engine>(new engine(std::move(p)));
+}
+
+void engine::stop() {
+  if (!impl_ || impl_->stopping.exchange(true)) return;
+  impl_->cv.notify_all();
+  if (impl_->engine_thread.joinable()) impl_->engine_thread.join();
+  // Only now the io thread stops: its last pass forwards what the engine queued last (the
+  // shutdown errors), which it could miss if it stopped together with the engine.
+  impl_->io_stopping = true;
+  if (impl_->io_thread.joinable()) impl_->io_thread.join();
+  impl_->sub.close();
+  impl_->xpub.close();
+  impl_->pull.close();
+  impl_->push.close();
+}
+
+const std::vector<local_model>& engine::models() const {
+  return impl_->infos;
+}
+std::uint16_t engine::request_port() const {
+  return impl_->req_port;
+}
+std::uint16_t engine::response_port() const {
+  return impl_->resp_port;
+}
+
+void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<member_id> live,
+                      std::vector<std::string> client_endpoints,
+                      std::map<member_id, peer_facts> peers) {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->plan = std::move(plan);
+    impl_->live = std::move(live);
+    impl_->client_endpoints = std::move(client_endpoints);
+    impl_->peers = std::move(peers);
+  }
+  impl_->cv.notify_all();
+}
+
+void engine::on_group_link(std::string_view body) {
+  group_link_message m;
+  try {
+    auto oh = msgpack::unpack(body.data(), body.size());
+    oh.get().convert(m);
+  } catch (const std::exception&) {
+    ++impl_->malformed;
+    return;
+  }
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->link_inbox.size() >= kMaxLinkMessages) return;  // the sender re-sends
+    impl_->link_inbox.push_back(std::move(m));
+  }
+  impl_->cv.notify_all();
+}
+
+json engine::status() const {
+  json j;
+  json ms = json::array();
+  for (const auto& m : impl_->infos)
+    ms.push_back({{"name", m.name},
+                  {"path", m.path},
+                  {"bytes", m.file_bytes},
+                  {"layers", m.spec.n_layers},
+                  {"heads", m.spec.n_heads}});
+  j["models"] = ms;
+  j["request_port"] = impl_->req_port;
+  j["response_port"] = impl_->resp_port;
+  {
+    std::lock_guard lock(impl_->mu);
+    j["streams"] = impl_->active_view;
+    j["groups"] = impl_->groups_view;
+    j["inbox_dropped"] = impl_->dropped_inbox;
+  }
+  j["accepted"] = impl_->accepted.load();
+  j["completed"] = impl_->completed.load();
+  j["rejected"] = impl_->rejected.load();
+  j["superseded"] = impl_->superseded.load();
+  j["duplicates"] = impl_->duplicates.load();
+  j["tokens"] = impl_->tokens_out.load();
+  j["malformed"] = impl_->malformed.load();
+  return j;
+}
+
+}  // namespace tessera::mesh::serving

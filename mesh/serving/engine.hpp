@@ -1,0 +1,102 @@
+// The serving engine of one peer: loads its models, takes the requests that intake assigns to it
+// and streams tokens straight to the client (never through the leader).
+//
+// Threads (each ZeroMQ socket has one owner):
+//   io thread      owns the request SUB, the response XPUB and an inproc PULL; decodes requests
+//                  into the engine's bounded inbox and forwards the engine's messages to the XPUB.
+//   engine thread  owns the models, the sessions and an inproc PUSH; decides intake against the
+//                  current plan, runs the sessions round-robin (one prefill chunk or one token per
+//                  session per round, so a long prompt never stalls the other streams) and
+//                  publishes accepted / token / done / error.
+// The node's loop thread hands in plans and the live member set (set_plan); nothing else is shared.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/base/result.hpp"
+#include "mesh/membership/ids.hpp"
+#include "mesh/placement/placement.hpp"
+#include "transport/bulk/link.hpp"
+
+namespace tessera::mesh::serving {
+
+struct engine_options {
+  std::string node_hex;  ///< our node id (32 hex digits), in every response
+  member_id self = no_member;
+  std::vector<std::string> model_paths;  ///< GGUF files; a model's name is the file stem
+  std::uint32_t threads = 1;             ///< compute threads per forward pass
+  std::string bind_address = "0.0.0.0";
+  std::uint16_t request_port = 7402;   ///< SUB; 0 = any free port
+  std::uint16_t response_port = 7403;  ///< XPUB; 0 = any free port
+  std::uint32_t max_active = 8;        ///< sessions generating at once (each holds a KV cache)
+  std::uint32_t max_queued = 64;       ///< accepted requests waiting for a session slot
+  std::uint32_t max_inbox = 1024;      ///< requests waiting for intake; beyond: dropped (counted)
+  std::uint32_t prefill_chunk = 64;    ///< prompt tokens per round per session
+  std::uint32_t keepalive_ms = 500;    ///< a session silent this long re-sends "accepted"
+  std::uint32_t max_context = 4096;    ///< KV positions per session, at most the model's
+  /// Ships a group_link message (msgpack bytes) to a peer's node (hex id) over the control plane;
+  /// thread-safe. Needed for groups split over several peers.
+  std::function<void(const std::string& node_hex, std::string body)> send_group_link;
+  transport::bulk::local_capabilities bulk_caps;  ///< ours, to pick a backend per peer
+};
+
+/// What the engine knows of another live member (from the view).
+struct peer_facts {
+  std::string hex;                                ///< control-plane id
+  transport::bulk::local_capabilities bulk_caps;  ///< host id, RDMA
+};
+
+/// One loaded model: what placement needs to know about it.
+struct local_model {
+  std::string name;
+  std::string path;
+  placement::model_spec spec;
+  std::uint64_t file_bytes = 0;
+};
+
+/// Derives the placement spec of a GGUF model (shape and byte sizes from the tensor table).
+[[nodiscard]] result<placement::model_spec> spec_of_gguf(const std::string& path,
+                                                         const std::string& name);
+
+class engine {
+ public:
+  /// Loads every model (errors name the file), binds the client endpoints, starts both threads.
+  [[nodiscard]] static result<std::unique_ptr<engine>> start(engine_options options);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  /// Stops taking requests, ends every in-flight stream with an error ("shutting down"), joins.
+  void stop();
+
+  [[nodiscard]] const std::vector<local_model>& models() const;
+  [[nodiscard]] std::uint16_t request_port() const;
+  [[nodiscard]] std::uint16_t response_port() const;
+
+  /// The plan in force, the live members (self included) and their client endpoints
+  /// ("host:request_port:response_port", published to clients). Called by the node's loop thread.
+  void set_plan(std::shared_ptr<const placement::plan> plan, std::vector<member_id> live,
+                std::vector<std::string> client_endpoints,
+                std::map<member_id, peer_facts> peers = {});
+
+  /// A group_link message from the control plane (any thread).
+  void on_group_link(std::string_view body);
+
+  /// Counters and the sessions in flight, for `tessera status`.
+  [[nodiscard]] nlohmann::ordered_json status() const;
+
+  struct impl;
+
+ private:
+  explicit engine(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tessera::mesh::serving

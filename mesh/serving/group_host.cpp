@@ -1,0 +1,243 @@
+#include "mesh/serving/group_host.hpp"
+
+#include <set>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "inference/gguf/gguf.hpp"
+
+namespace tessera::mesh::serving {
+
+namespace bulk = transport::bulk;
+namespace inf = tessera::inference;
+
+namespace {
+
+// Bounds of forming a group: every wait ends, and a group that cannot form is failed (explicit
+// errors to its requests) instead of hanging.
+constexpr auto kFormTimeout = std::chrono::seconds(30);
+constexpr auto kResendEvery = std::chrono::milliseconds(500);
+
+}  // namespace
+
+std::string group_key(const std::string& model, const placement::serving_group& g) {
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, g);
+  return fmt::format("{}/{:016x}", model, fnv1a64(std::string_view(buf.data(), buf.size())));
+}
+
+result<inf::sharded::layout> layout_of(const placement::serving_group& g) {
+  std::set<std::uint32_t> stages;
+  std::uint32_t max_tp = 1;
+  for (const auto& r : g.ranks) {
+    stages.insert(r.stage);
+    max_tp = std::max(max_tp, r.tp_size);
+  }
+  if (stages.size() == g.ranks.size() && max_tp == 1) return inf::sharded::layout::pipeline;
+  if (stages.size() == 1) return inf::sharded::layout::tensor;
+  return make_error(
+      errc::unsupported,
+      "the group mixes pipeline stages ({}) and tensor-parallel ranks ({} per stage); "
+      "this build runs one or the other",
+      stages.size(), max_tp);
+}
+
+group_host::group_host(std::string key, std::string model_path, placement::serving_group g,
+                       std::uint32_t self_rank, std::string bind_address,
+                       std::map<member_id, bulk::local_capabilities> caps,
+                       bulk::local_capabilities own_caps, sender send, std::uint32_t threads)
+    : key_(std::move(key)),
+      path_(std::move(model_path)),
+      g_(std::move(g)),
+      self_(self_rank),
+      bind_address_(std::move(bind_address)),
+      caps_(std::move(caps)),
+      own_caps_(std::move(own_caps)),
+      send_(std::move(send)),
+      threads_(threads) {
+  thread_ = std::thread([this] { run(); });
+}
+
+group_host::~group_host() {
+  stopping_ = true;
+  cv_.notify_all();
+  // Rank 0 of a formed group tells the followers to stop (best effort: the links close anyway).
+  if (self_ == 0 && runner() != nullptr) (void)runner_->shutdown();
+  // Closing the links ends a follower's follow() (its receive fails) and rank 0's peers' too.
+  {
+    std::lock_guard lock(mu_);
+    for (auto& l : links_)
+      if (l) l->close();
+  }
+  if (thread_.joinable()) thread_.join();
+  runner_.reset();
+  group_.reset();
+  links_.clear();
+}
+
+void group_host::on_link_message(const group_link_message& m) {
+  if (m.to_rank != self_ || m.from_rank >= g_.ranks.size() || m.from_rank == self_) return;
+  {
+    std::lock_guard lock(mu_);
+    received_.emplace(m.from_rank, m);  // the first params count; re-sends are duplicates
+  }
+  cv_.notify_all();
+}
+
+group_host::state group_host::current() const {
+  std::lock_guard lock(mu_);
+  return state_;
+}
+
+bool group_host::was_ready() const {
+  std::lock_guard lock(mu_);
+  return was_ready_;
+}
+
+std::string group_host::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+inf::sharded::runner* group_host::runner() const {
+  std::lock_guard lock(mu_);
+  return state_ == state::ready && self_ == 0 ? runner_.get() : nullptr;
+}
+
+void group_host::fail(std::string why) {
+  std::lock_guard lock(mu_);
+  if (state_ == state::failed) return;
+  state_ = state::failed;
+  failure_ = std::move(why);
+  spdlog::warn("serving: group {} failed: {}", key_, failure_);
+}
+
+void group_host::run() {
+  auto r = form();
+  if (!r) {
+    fail(r.error().describe());
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (state_ == state::forming) {
+      state_ = state::ready;
+      was_ready_ = true;
+    }
+  }
+  spdlog::info("serving: group {} ready (rank {} of {})", key_, self_, g_.ranks.size());
+  if (self_ == 0) return;  // the engine thread drives rank 0
+  auto f = runner_->follow();
+  if (!f)
+    fail(f.error().describe());
+  else
+    fail("rank 0 shut the group down");
+}
+
+result<void> group_host::form() {
+  auto kind = layout_of(g_);
+  if (!kind) return kind.error();
+  const auto& me = g_.ranks.at(self_);
+  inf::model::shard_spec spec;
+  if (*kind == inf::sharded::layout::pipeline) {
+    spec = inf::model::shard_spec::layers(me.layer_first, me.layer_last);
+  } else {
+    spec.head_begin = me.head_first;
+    spec.head_end = me.head_last;
+    spec.ffn_begin = me.ffn_first;
+    spec.ffn_end = me.ffn_last;
+  }
+  auto f = inf::gguf::file::open(path_, {inf::gguf::load_mode::headers_only, {}});
+  if (!f) return f.error();
+  auto m = inf::model::model::load(*f, {spec});
+  if (!m) return m.error();
+  shard_ = std::move(*m);
+  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)), {.pin = false});
+  if (!pool) return pool.error();
+  pool_ = std::move(*pool);
+
+  // Links: both sides of a pair prepare, send their params, and connect with the other's.
+  const std::size_t n = g_.ranks.size();
+  std::vector<std::unique_ptr<bulk::link_setup>> setups(n);
+  std::vector<group_link_message> mine(n);
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (j == self_) continue;
+    const auto peer = g_.ranks[j].node;
+    const auto it = caps_.find(peer);
+    const auto backend =
+        it == caps_.end() ? bulk::backend_kind::tcp : bulk::choose_backend(own_caps_, it->second);
+    bulk::link_options o;
+    o.bind_address = bind_address_ == "0.0.0.0" ? std::string() : bind_address_;
+    o.connect_timeout_ms = std::chrono::milliseconds(20'000);
+    auto s = bulk::prepare_link(backend, o);
+    if (!s) return s.error();
+    const auto bytes = bulk::encode((*s)->local_params());
+    mine[j] = {key_, self_, j, static_cast<std::uint8_t>(backend), {}};
+    for (auto b : bytes)
+      mine[j].params.push_back(static_cast<std::uint8_t>(b));
+    setups[j] = std::move(*s);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kFormTimeout;
+  for (;;) {
+    for (std::uint32_t j = 0; j < n; ++j)
+      if (j != self_) send_(g_.ranks[j].node, mine[j]);
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, kResendEvery, [&] { return stopping_ || received_.size() + 1 == n; });
+    if (stopping_) return make_error(errc::cancelled, "group {}: dropped while forming", key_);
+    if (received_.size() + 1 == n) break;
+    if (std::chrono::steady_clock::now() > deadline)
+      return make_error(errc::timeout, "group {}: {} of {} peers sent their link params in {} s",
+                        key_, received_.size(), n - 1, kFormTimeout.count());
+  }
+  // One more round so that a peer which got ours late still has them.
+  for (std::uint32_t j = 0; j < n; ++j)
+    if (j != self_) send_(g_.ranks[j].node, mine[j]);
+  std::vector<std::unique_ptr<bulk::link>> links(n);
+  std::vector<std::optional<error>> errors(n);
+  {
+    std::vector<std::thread> ts;
+    for (std::uint32_t j = 0; j < n; ++j) {
+      if (j == self_) continue;
+      group_link_message theirs;
+      {
+        std::lock_guard lock(mu_);
+        theirs = received_.at(j);
+      }
+      ts.emplace_back([&, j, theirs] {
+        std::vector<std::byte> bytes;
+        for (auto b : theirs.params)
+          bytes.push_back(static_cast<std::byte>(b));
+        auto p = bulk::decode_connect_params(bytes);
+        if (!p) return void(errors[j] = p.error());
+        auto l = setups[j]->connect(*p);
+        if (!l) return void(errors[j] = l.error());
+        links[j] = std::move(*l);
+      });
+    }
+    for (auto& t : ts)
+      t.join();
+  }
+  for (std::uint32_t j = 0; j < n; ++j)
+    if (errors[j])
+      return make_error(errors[j]->code, "group {}: link to rank {}: {}", key_, j,
+                        errors[j]->message);
+  std::vector<bulk::link*> raw(n, nullptr);
+  {
+    std::lock_guard lock(mu_);
+    links_ = std::move(links);
+    for (std::uint32_t j = 0; j < n; ++j)
+      raw[j] = links_[j].get();
+  }
+  inf::collectives::group_options go;
+  go.timeout_ms = std::chrono::milliseconds(15'000);
+  auto g = inf::collectives::group::create(self_, raw, go);
+  if (!g) return g.error();
+  group_ = std::move(*g);
+  auto ru = inf::sharded::runner::create(*shard_, *group_, *kind, pool_.get());
+  if (!ru) return ru.error();
+  runner_ = std::move(*ru);
+  return ok();
+}
+
+}  // namespace tessera::mesh::serving

@@ -1,0 +1,104 @@
+// One peer's part in a serving group split over several peers: loads this rank's slice of the
+// model, negotiates a bulk link with every other rank over the control plane (both sides prepare,
+// exchange connect params as group_link messages, connect), forms the collectives group and the
+// sharded runner. Rank 0's runner is then driven by the engine thread; the other ranks run
+// follow() on the host's own thread until the group is dropped or fails.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "inference/collectives/group.hpp"
+#include "inference/kernels/thread_pool.hpp"
+#include "inference/model/model.hpp"
+#include "inference/sharded/runner.hpp"
+#include "mesh/membership/ids.hpp"
+#include "mesh/placement/placement.hpp"
+#include "transport/bulk/link.hpp"
+
+namespace tessera::mesh::serving {
+
+/// Control-plane message carrying one side's bulk connect params for one pair of a group.
+struct group_link_message {
+  std::string key;  ///< group_key()
+  std::uint32_t from_rank = 0, to_rank = 0;
+  std::uint8_t backend = 0;
+  std::vector<std::uint8_t> params;  ///< transport::bulk::encode(connect_params)
+  MSGPACK_DEFINE_MAP(key, from_rank, to_rank, backend, params);
+};
+
+/// A stable name for a group of a model: equal groups (same ranks, same slices) get equal keys on
+/// every peer, so sticky plans keep their groups.
+[[nodiscard]] std::string group_key(const std::string& model, const placement::serving_group& g);
+
+/// How the group splits the model, or why this build cannot run it (mixed pipeline + tensor).
+[[nodiscard]] result<inference::sharded::layout> layout_of(const placement::serving_group& g);
+
+class group_host {
+ public:
+  using sender = std::function<void(member_id to, const group_link_message& m)>;
+  enum class state { forming, ready, failed };
+
+  /// Starts forming the group on a thread of its own. `self_rank` indexes g.ranks.
+  group_host(std::string key, std::string model_path, placement::serving_group g,
+             std::uint32_t self_rank, std::string bind_address,
+             std::map<member_id, transport::bulk::local_capabilities> caps,
+             transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads);
+  ~group_host();  ///< closes the links (a follower's follow() fails) and joins
+  group_host(const group_host&) = delete;
+  group_host& operator=(const group_host&) = delete;
+
+  /// A peer's params for our pair (routed here by the engine).
+  void on_link_message(const group_link_message& m);
+
+  [[nodiscard]] state current() const;
+  /// True once the group was ready: a later failure is a lost peer (the plan moves on), not a
+  /// group that can never form.
+  [[nodiscard]] bool was_ready() const;
+  [[nodiscard]] std::string failure() const;
+  /// Rank 0 once ready: the runner (used by one thread: the engine's).
+  [[nodiscard]] inference::sharded::runner* runner() const;
+  /// Rank 0: marks the group failed (its runner returned an error).
+  void fail(std::string why);
+  [[nodiscard]] const std::string& key() const { return key_; }
+  [[nodiscard]] std::uint32_t size() const { return static_cast<std::uint32_t>(g_.ranks.size()); }
+
+ private:
+  void run();
+  result<void> form();
+
+  std::string key_, path_;
+  placement::serving_group g_;
+  std::uint32_t self_;
+  std::string bind_address_;
+  std::map<member_id, transport::bulk::local_capabilities> caps_;
+  transport::bulk::local_capabilities own_caps_;
+  sender send_;
+  std::uint32_t threads_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint32_t, group_link_message> received_;  // by from_rank
+  state state_ = state::forming;
+  bool was_ready_ = false;
+  std::string failure_;
+  std::atomic<bool> stopping_{false};
+
+  std::unique_ptr<inference::thread_pool> pool_;
+  std::unique_ptr<inference::model::model> shard_;
+  std::vector<std::unique_ptr<transport::bulk::link>> links_;
+  std::unique_ptr<inference::collectives::group> group_;
+  std::unique_ptr<inference::sharded::runner> runner_;
+  std::thread thread_;
+};
+
+}  // namespace tessera::mesh::serving

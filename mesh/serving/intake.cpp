@@ -1,0 +1,75 @@
+#include "mesh/serving/intake.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace tessera::mesh::serving {
+
+namespace {
+
+intake_decision reject_if_responder(bool responder, std::string_view code, std::string message) {
+  if (!responder) return {};
+  return {intake_action::reject, std::string(code), std::move(message)};
+}
+
+std::string served_models(const placement::plan& p) {
+  std::string out;
+  for (const auto& m : p.models) {
+    if (!out.empty()) out += ", ";
+    out += m.spec.name;
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+member_id responder_for(std::string_view request_id, std::span<const member_id> live) noexcept {
+  const std::uint64_t h = fnv1a64(request_id);
+  member_id best = no_member;
+  std::uint64_t best_score = 0;
+  for (member_id m : live) {
+    const std::uint64_t s = mix64(h ^ mix64(m));
+    if (best == no_member || s > best_score || (s == best_score && m < best)) {
+      best = m;
+      best_score = s;
+    }
+  }
+  return best;
+}
+
+intake_decision decide(const request& r, const placement::plan* plan,
+                       std::span<const member_id> live, member_id self,
+                       std::span<const std::string> local_models) {
+  const bool responder = responder_for(r.id, live) == self;
+  if (auto v = validate(r); !v) {
+    // A request without a usable id cannot be answered (there is no topic to answer on).
+    if (!valid_id(r.id)) return {};
+    return reject_if_responder(responder, error_code::invalid_request, v.error().message);
+  }
+  if (plan == nullptr) return {};
+  auto g = placement::route_request(*plan, r.model, r.id);
+  if (!g) {
+    if (g.error().code == errc::not_found)
+      return reject_if_responder(
+          responder, error_code::unknown_model,
+          fmt::format("model '{}' is not served by this cluster (served: {})", r.model,
+                      served_models(*plan)));
+    if (g.error().code == errc::no_capacity)
+      return reject_if_responder(responder, error_code::no_capacity, g.error().message);
+    return reject_if_responder(responder, error_code::internal, g.error().message);
+  }
+  const auto it =
+      std::find_if(plan->models.begin(), plan->models.end(),
+                   [&](const placement::model_plan& m) { return m.spec.name == r.model; });
+  const auto& group = it->groups[*g];
+  if (group.ranks.empty() || group.ranks.front().node != self) return {};
+  if (std::find(local_models.begin(), local_models.end(), r.model) == local_models.end())
+    return {intake_action::reject, std::string(error_code::no_capacity),
+            fmt::format("model '{}': the plan assigns it to peer {:016x}, which has not loaded it",
+                        r.model, self)};
+  // A group split over several peers is accepted here too; the engine checks it has formed.
+  return {intake_action::accept, {}, {}, *g};
+}
+
+}  // namespace tessera::mesh::serving

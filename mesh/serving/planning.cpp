@@ -1,0 +1,79 @@
+#include "mesh/serving/planning.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace tessera::mesh::serving {
+
+namespace {
+
+placement::link_backend backend_of(std::uint8_t topology_backend) {
+  // topology: 1 tcp, 2 shm, 3 rdma (transport::bulk::backend_kind)
+  switch (topology_backend) {
+    case 2:
+      return placement::link_backend::shm;
+    case 3:
+      return placement::link_backend::rdma;
+    default:
+      return placement::link_backend::tcp;
+  }
+}
+
+}  // namespace
+
+result<placement::plan> plan_from_view(const topology::view& v, const placement::plan* previous,
+                                       std::uint64_t term, const placement::planner_config& cfg) {
+  // Who holds what: the first (lowest-id) holder's spec is the model's spec.
+  std::map<std::string, placement::model_spec> specs;
+  std::map<std::string, std::vector<const topology::view_member*>> holders;
+  std::vector<const topology::view_member*> live;
+  for (const auto& m : v.members)
+    if (topology::is_live_status(m.status)) live.push_back(&m);
+  std::sort(live.begin(), live.end(), [](auto* a, auto* b) { return a->id < b->id; });
+  for (const auto* m : live)
+    for (const auto& s : m->caps.model_specs) {
+      auto [it, fresh] = specs.emplace(s.name, s);
+      if (fresh || it->second == s) holders[s.name].push_back(m);
+    }
+
+  placement::plan out;
+  for (const auto& [name, spec] : specs) {
+    placement::plan_input in;
+    for (const auto* m : holders[name]) {
+      placement::member_caps c;
+      c.id = m->id;
+      c.cores = std::max<std::uint32_t>(1, m->caps.cores);
+      c.memory_total_bytes = m->caps.memory_total_mb << 20;
+      c.memory_free_bytes = m->caps.memory_free_mb << 20;
+      in.members.push_back(std::move(c));
+    }
+    for (const auto& l : v.links) {
+      const auto holds = [&](member_id id) {
+        return std::any_of(holders[name].begin(), holders[name].end(),
+                           [&](auto* m) { return m->id == id; });
+      };
+      if (!holds(l.from) || !holds(l.to)) continue;
+      in.links.push_back({l.from, l.to,
+                          static_cast<std::uint32_t>(std::min<std::uint64_t>(l.rtt_us, UINT32_MAX)),
+                          static_cast<std::uint32_t>(l.bandwidth_mbps), backend_of(l.backend)});
+    }
+    in.models.push_back(spec);
+    std::optional<placement::plan> prev_one;
+    if (previous) {
+      for (const auto& pm : previous->models)
+        if (pm.spec.name == name) prev_one = placement::plan{previous->epoch, {pm}};
+      if (!prev_one) prev_one = placement::plan{previous->epoch, {}};
+    }
+    auto p = placement::compute_plan(in, prev_one ? &*prev_one : nullptr,
+                                     std::max(term, previous ? previous->epoch.term : 0), cfg);
+    if (!p) return p.error();
+    for (auto& m : p->models)
+      out.models.push_back(std::move(m));
+  }
+  if (previous && placement::plan_equal_content(*previous, out)) return *previous;
+  out.epoch = {std::max(term, previous ? previous->epoch.term : 0),
+               previous ? previous->epoch.version + 1 : 1};
+  return out;
+}
+
+}  // namespace tessera::mesh::serving

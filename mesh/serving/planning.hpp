@@ -1,0 +1,23 @@
+// The leader's serving plan, computed from the published view. Pure: the same view and previous
+// plan give the same plan on every peer that may lead, so a new leader reproduces the plan in
+// force (same epoch) and a leader change alone unloads nothing and drops nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "actors/base/result.hpp"
+#include "mesh/placement/placement.hpp"
+#include "mesh/topology/topology.hpp"
+
+namespace tessera::mesh::serving {
+
+/// Plans every model some live member of `v` holds. A model is planned only over the members that
+/// hold it (shards are not shipped between peers yet) and that report the same spec as the holder
+/// with the lowest id. With `previous`, a plan whose content does not change keeps its epoch;
+/// otherwise the epoch is {term, previous.version + 1}.
+[[nodiscard]] result<placement::plan> plan_from_view(const topology::view& v,
+                                                     const placement::plan* previous,
+                                                     std::uint64_t term,
+                                                     const placement::planner_config& cfg = {});
+
+}  // namespace tessera::mesh::serving

@@ -1,0 +1,127 @@
+// The client protocol (pub-sub): what clients publish and what peers stream back. Wire format and
+// rules for client authors: docs/PROTOCOL.md. Pure codec and validation: no sockets, no threads.
+//
+//   client PUB ──["req"][request]──► every peer's SUB   (every peer sees every request)
+//   client SUB ◄──["<id>:"][response]── the peers' XPUB  (the client subscribes to its ids)
+//
+// Messages are msgpack maps with string keys, so any msgpack library can speak them; unknown keys
+// are ignored and missing keys take their defaults (forward compatibility).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "actors/base/result.hpp"
+
+namespace tessera::mesh::serving {
+
+/// Protocol version carried in every message as "v". A peer refuses a request of another version
+/// with an error naming both.
+inline constexpr std::uint32_t protocol_version = 1;
+
+/// Topic frame of every request.
+inline constexpr std::string_view request_topic = "req";
+/// Topic frame of the peer list a peer publishes (kind "peers"): when a client subscribes to it,
+/// and every 2 s. A client that knows one peer learns every peer's client endpoints from it. It
+/// starts with ':', which no id contains, so it never prefixes a response topic.
+inline constexpr std::string_view peers_topic = ":peers";
+
+// Bounds: a request beyond them is refused with invalid_request naming the field.
+inline constexpr std::size_t max_id_bytes = 64;  ///< ids: [A-Za-z0-9_.-], 1..64 bytes
+inline constexpr std::size_t max_model_bytes = 256;
+inline constexpr std::size_t max_prompt_bytes = 64 * 1024;
+inline constexpr std::size_t max_messages = 64;  ///< chat messages
+inline constexpr std::uint32_t max_tokens_limit = 4096;
+inline constexpr std::uint32_t max_attempt = 1000;
+inline constexpr std::size_t max_message_bytes = 256 * 1024;  ///< a whole encoded message
+inline constexpr std::size_t max_peers = 256;                 ///< endpoints in a peers message
+
+struct chat_message {
+  std::string role;
+  std::string content;
+  MSGPACK_DEFINE_MAP(role, content);
+};
+
+/// A generation request. `attempt` and `resume` make failover a client decision: a client that
+/// saw tokens [0, k) and then silence (or a gap) publishes the same id with attempt + 1 and
+/// resume = those k token ids; the peer that takes it re-prefills prompt + resume and continues
+/// at index k. Sampling is reseeded per token index, so a resumed stream is the stream the lost
+/// peer would have produced.
+struct request {
+  std::uint32_t v = protocol_version;
+  std::string id;
+  std::string model;
+  std::string prompt;                  ///< plain completion (or use messages)
+  std::vector<chat_message> messages;  ///< chat: rendered with the model's template
+  std::uint32_t max_tokens = 128;
+  float temperature = 0.8f;  ///< <= 0: greedy
+  std::int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  std::uint64_t seed = 0;
+  std::uint32_t attempt = 0;
+  std::vector<std::int32_t> resume;  ///< generated token ids the client already holds
+  MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
+                     repeat_penalty, seed, attempt, resume);
+};
+
+enum class response_kind : std::uint8_t { accepted, token, done, error };
+[[nodiscard]] std::string_view to_string(response_kind k) noexcept;
+
+/// Error codes (the "code" field of an error).
+namespace error_code {
+inline constexpr std::string_view invalid_request = "invalid_request";
+inline constexpr std::string_view unknown_model = "unknown_model";
+inline constexpr std::string_view no_capacity = "no_capacity";
+inline constexpr std::string_view overloaded = "overloaded";
+inline constexpr std::string_view internal = "internal";
+/// The peer stopped serving the stream (it is leaving): the client resumes it elsewhere.
+inline constexpr std::string_view unavailable = "unavailable";
+}  // namespace error_code
+
+/// One message of a stream. Which fields mean something depends on `kind` (docs/PROTOCOL.md).
+struct response {
+  std::uint32_t v = protocol_version;
+  std::string kind;  ///< "accepted" | "token" | "done" | "error" | "peers"
+  std::string id;
+  std::uint32_t attempt = 0;
+  std::string node;                 ///< the peer that sent it (hex node id)
+  std::uint32_t index = 0;          ///< token: 0-based index among generated tokens
+  std::int32_t token = -1;          ///< token: its id
+  std::vector<char> text;           ///< token: its bytes (may be part of a UTF-8 sequence: bin)
+  std::uint32_t tokens = 0;         ///< done: how many tokens the stream holds in all
+  std::uint32_t prompt_tokens = 0;  ///< done
+  std::string stop;                 ///< done: end_of_generation | max_tokens | context_full
+  std::string code;                 ///< error: one of error_code
+  std::string message;              ///< error: what was wrong, naming it
+  std::vector<std::string> peers;   ///< peers: "host:request_port:response_port" of live members
+  MSGPACK_DEFINE_MAP(v, kind, id, attempt, node, index, token, text, tokens, prompt_tokens, stop,
+                     code, message, peers);
+};
+
+/// Topic frame of `id`'s responses: the id and a ':' (not allowed in ids, so a subscription to
+/// "a:" never matches "ab:").
+[[nodiscard]] std::string response_topic(std::string_view id);
+
+/// Checks an id: 1..max_id_bytes of [A-Za-z0-9_.-].
+[[nodiscard]] bool valid_id(std::string_view id) noexcept;
+
+/// Encodes to msgpack bytes.
+[[nodiscard]] std::string encode(const request& r);
+[[nodiscard]] std::string encode(const response& r);
+
+/// Decodes a request body. invalid_argument naming the problem for a malformed or oversized body.
+/// The result is not validated yet: see validate().
+[[nodiscard]] result<request> decode_request(std::string_view bytes);
+[[nodiscard]] result<response> decode_response(std::string_view bytes);
+
+/// Checks versions, ids, bounds and sampling ranges. The error names the field.
+[[nodiscard]] result<void> validate(const request& r);
+
+}  // namespace tessera::mesh::serving

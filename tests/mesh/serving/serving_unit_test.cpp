@@ -1,0 +1,304 @@
+// Serving without processes: the client protocol codec and its bounds, intake (exactly one peer
+// takes or answers each request), the leader's plan from a view (sticky epochs), peer parsing.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "mesh/serving/client.hpp"
+#include "mesh/serving/intake.hpp"
+#include "mesh/serving/planning.hpp"
+#include "mesh/serving/protocol.hpp"
+
+namespace tessera::mesh::serving {
+namespace {
+
+constexpr std::uint64_t mib = 1ULL << 20;
+
+request valid_request(std::string id = "r1") {
+  request r;
+  r.id = std::move(id);
+  r.model = "tiny";
+  r.prompt = "hello";
+  r.max_tokens = 8;
+  return r;
+}
+
+// ------------------------------------------------------------------ protocol
+TEST(ServingProtocol, MalformedBodiesAreErrorsNamingTheProblem) {
+  for (std::string bad : {std::string(), std::string("\xc1"), std::string("\x93\x01\x02\x03"),
+                          std::string("\x81\xa2id\xc3")}) {
+    auto r = decode_request(bad);
+    ASSERT_FALSE(r) << "accepted " << bad.size() << " bytes";
+    EXPECT_EQ(r.error().code, errc::invalid_argument);
+    EXPECT_NE(r.error().message.find("request"), std::string::npos) << r.error().message;
+  }
+  const std::string huge(max_message_bytes + 1, '\x90');
+  auto r = decode_request(huge);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("exceeds"), std::string::npos) << r.error().message;
+}
+
+TEST(ServingProtocol, RoundTripAndUnknownKeysIgnored) {
+  auto q = valid_request();
+  q.resume = {5, 6, 7};
+  q.attempt = 2;
+  q.seed = 99;
+  auto back = decode_request(encode(q));
+  ASSERT_TRUE(back) << back.error().describe();
+  EXPECT_EQ(back->id, "r1");
+  EXPECT_EQ(back->resume, (std::vector<std::int32_t>{5, 6, 7}));
+  EXPECT_EQ(back->attempt, 2u);
+  EXPECT_EQ(back->seed, 99u);
+
+  // A map with only some keys (and one this version does not know) decodes with defaults.
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(3);
+  pk.pack(std::string("id"));
+  pk.pack(std::string("x"));
+  pk.pack(std::string("model"));
+  pk.pack(std::string("m"));
+  pk.pack(std::string("future_field"));
+  pk.pack(42);
+  auto partial = decode_request(std::string_view(buf.data(), buf.size()));
+  ASSERT_TRUE(partial) << partial.error().describe();
+  EXPECT_EQ(partial->id, "x");
+  EXPECT_EQ(partial->max_tokens, 128u);
+  EXPECT_TRUE(partial->prompt.empty());
+
+  response t;
+  t.kind = "token";
+  t.id = "r1";
+  t.index = 3;
+  t.text = {'\xe2', '\x82'};  // half a UTF-8 sequence travels as bytes
+  auto rt = decode_response(encode(t));
+  ASSERT_TRUE(rt);
+  EXPECT_EQ(rt->text, t.text);
+  EXPECT_EQ(rt->index, 3u);
+}
+
+TEST(ServingProtocol, ValidationNamesTheField) {
+  struct bad_case {
+    std::function<void(request&)> mutate;
+    std::string field;
+  };
+  const std::vector<bad_case> cases = {
+      {[](request& r) { r.v = 7; }, "version"},
+      {[](request& r) { r.id = ""; }, "'id'"},
+      {[](request& r) { r.id = "a:b"; }, "'id'"},
+      {[](request& r) { r.id = std::string(65, 'a'); }, "'id'"},
+      {[](request& r) { r.model = ""; }, "'model'"},
+      {[](request& r) { r.prompt = ""; }, "prompt"},
+      {[](request& r) {
+         r.messages = {{"user", "x"}};
+       },
+       "exactly one"},
+      {[](request& r) {
+         r.prompt.clear();
+         r.messages = {{"robot", "x"}};
+       },
+       "role"},
+      {[](request& r) { r.prompt = std::string(max_prompt_bytes + 1, 'a'); }, "bytes"},
+      {[](request& r) { r.max_tokens = 0; }, "'max_tokens'"},
+      {[](request& r) { r.max_tokens = max_tokens_limit + 1; }, "'max_tokens'"},
+      {[](request& r) { r.resume = std::vector<std::int32_t>(9, 1); }, "'resume'"},
+      {[](request& r) { r.resume = {-1}; }, "'resume'"},
+      {[](request& r) { r.temperature = 1e9f; }, "'temperature'"},
+      {[](request& r) { r.top_p = 1.5f; }, "'top_p'"},
+      {[](request& r) { r.top_k = -1; }, "'top_k'"},
+      {[](request& r) { r.min_p = -0.1f; }, "'min_p'"},
+      {[](request& r) { r.repeat_penalty = 0; }, "'repeat_penalty'"},
+      {[](request& r) { r.attempt = max_attempt + 1; }, "'attempt'"},
+  };
+  ASSERT_TRUE(validate(valid_request()));
+  for (const auto& c : cases) {
+    auto r = valid_request();
+    c.mutate(r);
+    auto v = validate(r);
+    ASSERT_FALSE(v) << c.field;
+    EXPECT_NE(v.error().message.find(c.field), std::string::npos)
+        << "expected '" << c.field << "' in: " << v.error().message;
+  }
+}
+
+TEST(ServingProtocol, TopicsDoNotPrefixEachOther) {
+  EXPECT_EQ(response_topic("ab"), "ab:");
+  EXPECT_FALSE(response_topic("ab").starts_with(response_topic("a")));
+}
+
+// ------------------------------------------------------------------ intake
+placement::model_spec spec(std::string name) {
+  placement::model_spec s;
+  s.name = std::move(name);
+  s.n_layers = 4;
+  s.n_heads = 8;
+  s.n_kv_heads = 4;
+  s.dim = 256;
+  s.ffn_size = 768;
+  s.n_vocab = 1000;
+  s.bytes_per_layer = 4 * mib;
+  s.bytes_embeddings = mib;
+  s.bytes_output = mib;
+  s.kv_bytes_per_token = 4 * 2 * 4 * 32 * 2;
+  s.context_tokens = 512;
+  return s;
+}
+
+placement::plan replicas_plan(const std::vector<member_id>& ids) {
+  placement::plan_input in;
+  for (auto id : ids)
+    in.members.push_back({id, 2, 4096 * mib, 2048 * mib, {}});
+  in.models.push_back(spec("tiny"));
+  auto p = placement::compute_plan(in, nullptr, 1);
+  EXPECT_TRUE(p) << p.error().describe();
+  return *p;
+}
+
+TEST(ServingIntake, ExactlyOnePeerTakesEachRequest) {
+  const std::vector<member_id> ids{11, 22, 33};
+  const auto plan = replicas_plan(ids);
+  ASSERT_EQ(plan.models.at(0).groups.size(), 3u);
+  const std::vector<std::string> local{"tiny"};
+  std::map<member_id, int> taken;
+  for (int k = 0; k < 300; ++k) {
+    auto r = valid_request("req-" + std::to_string(k));
+    int accepts = 0;
+    for (auto self : ids) {
+      auto d = decide(r, &plan, ids, self, local);
+      EXPECT_NE(d.action, intake_action::reject) << d.message;
+      if (d.action == intake_action::accept) {
+        ++accepts;
+        ++taken[self];
+      }
+    }
+    EXPECT_EQ(accepts, 1) << r.id;
+  }
+  // Rendezvous hashing spreads the load over every replica.
+  for (auto id : ids)
+    EXPECT_GT(taken[id], 50) << id;
+}
+
+TEST(ServingIntake, ExactlyOneResponderForErrors) {
+  const std::vector<member_id> ids{11, 22, 33};
+  const auto plan = replicas_plan(ids);
+  const std::vector<std::string> local{"tiny"};
+  for (int k = 0; k < 50; ++k) {
+    auto unknown = valid_request("u" + std::to_string(k));
+    unknown.model = "nope";
+    auto invalid = valid_request("i" + std::to_string(k));
+    invalid.max_tokens = 0;
+    for (const auto& [r, code] : {std::pair{unknown, error_code::unknown_model},
+                                  std::pair{invalid, error_code::invalid_request}}) {
+      int rejects = 0;
+      for (auto self : ids) {
+        auto d = decide(r, &plan, ids, self, local);
+        EXPECT_NE(d.action, intake_action::accept);
+        if (d.action == intake_action::reject) {
+          ++rejects;
+          EXPECT_EQ(d.code, code);
+          EXPECT_EQ(self, responder_for(r.id, ids));
+        }
+      }
+      EXPECT_EQ(rejects, 1) << r.id;
+    }
+  }
+  auto unknown = valid_request("named");
+  unknown.model = "nope";
+  auto d = decide(unknown, &plan, ids, responder_for("named", ids), local);
+  EXPECT_NE(d.message.find("'nope'"), std::string::npos) << d.message;
+  EXPECT_NE(d.message.find("tiny"), std::string::npos) << d.message;
+}
+
+TEST(ServingIntake, NoPlanOrNoIdMeansSilence) {
+  const std::vector<member_id> ids{11, 22};
+  for (auto self : ids) {
+    EXPECT_EQ(decide(valid_request(), nullptr, ids, self, {}).action, intake_action::ignore);
+    auto no_id = valid_request("");
+    EXPECT_EQ(decide(no_id, nullptr, ids, self, {}).action, intake_action::ignore);
+  }
+}
+
+TEST(ServingIntake, NoCapacityAndMissingModelAreExplicit) {
+  const std::vector<member_id> ids{11};
+  placement::plan_input in;
+  in.members.push_back({11, 2, 8 * mib, 4 * mib, {}});  // far too small
+  in.models.push_back(spec("tiny"));
+  auto p = placement::compute_plan(in, nullptr, 1);
+  ASSERT_TRUE(p);
+  auto d = decide(valid_request(), &*p, ids, 11, std::vector<std::string>{"tiny"});
+  EXPECT_EQ(d.action, intake_action::reject);
+  EXPECT_EQ(d.code, error_code::no_capacity);
+  // A peer assigned a model it has not loaded says so instead of staying silent.
+  const auto plan = replicas_plan(ids);
+  auto m = decide(valid_request(), &plan, ids, 11, {});
+  EXPECT_EQ(m.action, intake_action::reject);
+  EXPECT_NE(m.message.find("has not loaded"), std::string::npos) << m.message;
+}
+
+// ------------------------------------------------------------------ plan from the view
+topology::view view_of(std::vector<std::pair<member_id, bool>> members_with_model) {
+  topology::view v;
+  v.at = {1, 1};
+  for (auto [id, has] : members_with_model) {
+    topology::view_member m;
+    m.id = id;
+    m.status = 0;  // alive
+    m.caps.cores = 2;
+    m.caps.memory_total_mb = 4096;
+    m.caps.memory_free_mb = 2048;
+    if (has) m.caps.model_specs.push_back(spec("tiny"));
+    v.members.push_back(m);
+  }
+  return v;
+}
+
+TEST(ServingPlanning, PlansOnlyOverHoldersAndKeepsItsEpoch) {
+  auto v = view_of({{11, true}, {22, true}, {33, false}});
+  auto p1 = plan_from_view(v, nullptr, 1);
+  ASSERT_TRUE(p1) << p1.error().describe();
+  ASSERT_EQ(p1->models.size(), 1u);
+  EXPECT_EQ(p1->models[0].groups.size(), 2u);  // 33 does not hold the model
+  for (const auto& g : p1->models[0].groups)
+    for (const auto& r : g.ranks)
+      EXPECT_NE(r.node, 33u);
+  EXPECT_EQ(p1->epoch, (placement::plan_epoch{1, 1}));
+
+  // A new leader (term 2) from the same view reproduces the plan: same epoch, nothing moves.
+  auto p2 = plan_from_view(v, &*p1, 2);
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p2->epoch, p1->epoch);
+  EXPECT_EQ(*p2, *p1);
+
+  // A holder dies: its group goes, the survivor's group stays, the version moves.
+  v.members[1].status = 2;  // dead
+  auto p3 = plan_from_view(v, &*p2, 2);
+  ASSERT_TRUE(p3);
+  ASSERT_EQ(p3->models[0].groups.size(), 1u);
+  EXPECT_EQ(p3->models[0].groups[0].ranks[0].node, 11u);
+  EXPECT_EQ(p3->epoch, (placement::plan_epoch{2, 2}));
+
+  // Nobody holds it any more: the model leaves the plan (requests get unknown_model).
+  v.members[0].status = 2;
+  auto p4 = plan_from_view(v, &*p3, 2);
+  ASSERT_TRUE(p4);
+  EXPECT_TRUE(p4->models.empty());
+}
+
+// ------------------------------------------------------------------ client endpoints
+TEST(ServingClient, PeerSyntax) {
+  auto a = parse_peer("127.0.0.1:7402");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->request_port, 7402);
+  EXPECT_EQ(a->response_port, 7403);
+  auto b = parse_peer("host:9000:9100");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->response_port, 9100);
+  for (const char* bad :
+       {"", "host", ":7402", "host:", "host:0", "host:70000", "host:1:x", "host:65535"})
+    EXPECT_FALSE(parse_peer(bad)) << bad;
+}
+
+}  // namespace
+}  // namespace tessera::mesh::serving
