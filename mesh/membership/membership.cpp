@@ -284,9 +284,21 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
     }
     apply_update(u, now_ms, out);
   }
+  auto known = members_.find(from);
+  // The sender claims an address that our newer record of it contradicts (another process
+  // announced the same id elsewhere): tell it our record now, so it refutes and every peer
+  // converges on where it really is, instead of waiting for gossip that may have run out.
+  if (known != members_.end() && known->second.status == member_status::alive &&
+      known->second.incarnation > msg.sender.incarnation && !known->second.address.empty() &&
+      known->second.address != msg.sender.address) {
+    membership_message tell = make(mtype::ping, from, 0, no_member);
+    tell.updates.insert(tell.updates.begin(), update_of(known->second));
+    if (tell.updates.size() > cfg_.max_updates_per_message)
+      tell.updates.resize(cfg_.max_updates_per_message);
+    out.messages.push_back(std::move(tell));
+  }
   // The sender talks to us but we hold it suspect/dead at an incarnation it has not refuted:
   // tell it now (the ack of a ping carries this anyway) instead of waiting for gossip.
-  auto known = members_.find(from);
   if (type != mtype::ping && type != mtype::join && type != mtype::leave &&
       known != members_.end() &&
       (known->second.status == member_status::suspect ||
@@ -352,7 +364,11 @@ void membership::apply_update(const member_update& u, std::uint64_t now_ms,
                               membership_output& out) {
   const auto status = static_cast<member_status>(u.status);
   if (u.id == cfg_.self) {
-    if (status != member_status::alive && u.incarnation >= incarnation_) refute(u.incarnation);
+    // Refute what is not us: suspicion of us, and also a record that places us at another
+    // address (a copied identity announced itself there; left alone, peers would dial it).
+    const bool elsewhere = !u.address.empty() && u.address != cfg_.self_address;
+    if ((status != member_status::alive || elsewhere) && u.incarnation >= incarnation_)
+      refute(u.incarnation);
     return;
   }
   auto it = members_.find(u.id);

@@ -294,10 +294,10 @@ struct node_runtime::impl {
     return {};
   }
 
-  void ensure_peer(const std::string& peer_hex, const std::string& ep) {
+  /// Makes sure a control link to `peer_hex` exists; `move` re-points an existing one at `ep`.
+  void ensure_peer(const std::string& peer_hex, const std::string& ep, bool move) {
     if (peer_hex == hex || ep.empty()) return;
-    auto it = known.find(member_of(peer_hex));
-    const bool moved = it != known.end() && it->second.endpoint != ep && added.contains(peer_hex);
+    const bool moved = move && added.contains(peer_hex) && control_peer_endpoint(peer_hex) != ep;
     if (added.contains(peer_hex) && !moved) return;
     // A seed placeholder pointing at the same endpoint must go first: the peer's ROUTER accepts
     // only one connection per routing id (ours).
@@ -315,6 +315,9 @@ struct node_runtime::impl {
       added.insert(peer_hex);
       return;
     }
+    if (moved)
+      spdlog::info("node {}: peer {} now at {} (was {})", hex, peer_hex, ep,
+                   control_peer_endpoint(peer_hex));
     if (auto r = control->add_peer(peer_hex, ep); r) {
       added.insert(peer_hex);
     } else {
@@ -323,12 +326,19 @@ struct node_runtime::impl {
     }
   }
 
-  void learn(member_id id, const std::string& address) {
+  /// Learns where member `id` listens. `first_hand`: the member itself said so in a message
+  /// that came over its own authenticated link, which may move our link to it (a peer restarted
+  /// on another port or address). Second-hand addresses (gossip, membership events) only fill in
+  /// peers we have no address for: a stale or forged rumour must not re-point a working link.
+  void learn(member_id id, const std::string& address, bool first_hand) {
     if (id == self || id == no_member) return;
     auto parsed = split_address(address);
     if (!parsed || member_of(parsed->first) != id) return;
+    auto it = known.find(id);
+    const bool differs = it != known.end() && it->second.endpoint != parsed->second;
+    if (differs && !first_hand) return;
     known[id] = known_peer{parsed->first, parsed->second};
-    ensure_peer(parsed->first, parsed->second);
+    ensure_peer(parsed->first, parsed->second, first_hand);
   }
 
   void send_to(member_id to, runtime_msg type, const std::string& body) {
@@ -343,7 +353,7 @@ struct node_runtime::impl {
       send_to(m.to, runtime_msg::membership, pack(m));
     membership_timer = out.timer_at_ms;
     for (auto& ev : out.events) {
-      learn(ev.id, ev.address);
+      learn(ev.id, ev.address, /*first_hand=*/false);
       spdlog::info("node {}: member {:016x} {} (incarnation {})", hex, ev.id, to_string(ev.status),
                    ev.incarnation);
       if (elect) apply(elect->step(peer_status_changed{ev.id, ev.status}, now_ms()));
@@ -570,8 +580,9 @@ struct node_runtime::impl {
     switch (static_cast<runtime_msg>(m.type)) {
       case runtime_msg::membership: {
         auto msg = unpack<membership_message>(m.body);
-        if (!msg) break;
-        learn(msg->sender.id, msg->sender.address);
+        // A member speaks only for itself: the sender record must be the link's own id.
+        if (!msg || msg->sender.id != member_of(m.sender)) break;
+        learn(msg->sender.id, msg->sender.address, /*first_hand=*/true);
         apply(members->step(membership_receive{std::move(*msg)}, now));
         return;
       }
@@ -710,8 +721,10 @@ struct node_runtime::impl {
         ++hints_dropped;
         return;
       }
+      // A rumour never re-points a peer we already reach (learn() has the rule).
+      if (auto k = known.find(id); k != known.end() && k->second.endpoint != ep) return;
       known[id] = known_peer{h.node_id, ep};
-      ensure_peer(h.node_id, ep);
+      ensure_peer(h.node_id, ep, /*move=*/false);
       if (!members->status_of(id))
         apply(members->step(membership_join{{member_update{id, 0, 0, h.node_id + "@" + ep}}},
                             now_ms()));

@@ -172,6 +172,9 @@ struct control_node::impl {
     std::unique_ptr<zmq::socket_t> monitor;
     peer_link link;
     bool want_pollout = false;
+    // A new incarnation of the peer was seen: its next heartbeat says where it listens now, and
+    // a process that restarted on another port or address is dialled there (repoint()).
+    bool check_endpoint = false;
   };
 
   node_config cfg;
@@ -628,6 +631,7 @@ void control_node::impl::handle_frame(const frame_view& f) {
         bump(ctr.frames_missing, missing);
         break;
       case seq_verdict::restarted:
+        it->second.check_endpoint = true;
         emit(peer_event_kind::restarted, sender, "new incarnation");
         break;
       case seq_verdict::in_order:
@@ -642,6 +646,21 @@ void control_node::impl::handle_frame(const frame_view& f) {
       bump(ctr.heartbeats_received);
       if (it != links.end()) {
         const auto hb = parse_heartbeat(f.body);
+        if (it->second.check_endpoint) {
+          // Only a new incarnation may move the link: one process keeps its endpoint for life,
+          // and a peer we dialled under another spelling of its address is left alone.
+          it->second.check_endpoint = false;
+          if (is_valid_endpoint(hb.endpoint) && hb.endpoint != it->second.endpoint) {
+            spdlog::info("control {}: peer {} restarted at {} (was {}): dialling it there",
+                         cfg.node_id, sender, hb.endpoint, it->second.endpoint);
+            {
+              std::lock_guard lock(mu);
+              if (auto o = out.find(sender); o != out.end()) o->second.endpoint = hb.endpoint;
+            }
+            connect_peer(sender, hb.endpoint);
+            flush(sender, it->second);
+          }
+        }
         if (hb.number) apply(sender, it->second.link.on_heartbeat(*hb.number, hb.echo, now_ms()));
       }
       return;

@@ -164,6 +164,46 @@ TEST(Cluster, FivePeersColdStartAndGracefulLeave) {
                                                                                   << c->logs();
 }
 
+TEST(Cluster, PeerRestartedOnAnotherPortIsReachedThere) {
+  // Same identity, new endpoint (a host whose address or port changed): the peers must follow
+  // the node's own word and re-point their links, or they would keep dialling the old port.
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string why;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, nullptr, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  const std::string id2 = c->node_id(2);
+  c->term(2);
+  c->node(2).port = static_cast<std::uint16_t>(c->node(2).port + 5);  // still in its port block
+  ASSERT_TRUE(c->start(2).has_value());
+  const std::string new_ep = "tcp://" + c->node(2).endpoint();
+  auto address_seen_by = [&](std::size_t i) -> std::string {
+    auto s = c->status(i);
+    if (!s) return "?";
+    for (const auto& m : s->at("membership"))
+      if (m.at("id") == id2) return m.at("status").get<std::string>() + " " +
+                                    m.at("address").get<std::string>();
+    return "absent";
+  };
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return address_seen_by(0) == "alive " + new_ep && address_seen_by(1) == "alive " + new_ep;
+      },
+      60s))
+      << address_seen_by(0) << " / " << address_seen_by(1) << " (want alive " << new_ep << ")\n"
+      << c->logs();
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, nullptr, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  // Stable: the old address does not come back from gossip.
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(address_seen_by(0), "alive " + new_ep);
+  EXPECT_EQ(address_seen_by(1), "alive " + new_ep);
+}
+
 TEST(ClusterBadInput, DuplicateIdentityOnAnotherMachineRefusesTheLaterNode) {
   // A cloned machine: node 2's data dir holds node 0's node.id, with the fingerprint of its own
   // directory (what a VM clone or a restored backup on another host looks like; on one host the

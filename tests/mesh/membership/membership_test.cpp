@@ -280,6 +280,27 @@ TEST(Membership, SuspectedMemberRefutesWithAHigherIncarnation) {
   EXPECT_EQ(seen.back(), member_status::alive);
 }
 
+TEST(Membership, ARecordPlacingUsElsewhereIsRefutedAndEveryPeerConverges) {
+  pump p({1, 2, 3});
+  join_all(p, {2, 3});
+  p.run_for(1000);
+  ASSERT_EQ(p.at(2).members().at(1).address, "addr-1");
+  // A copy of node 1 (same id, later start, so a higher incarnation) announces itself to 2 from
+  // another address, then is gone.
+  membership_message from_copy;
+  from_copy.type = static_cast<std::uint8_t>(membership_message_type::ping);
+  from_copy.sender = member_update{1, 1'000'000, 0, "addr-copy"};
+  from_copy.to = 2;
+  p.input(2, membership_receive{from_copy});
+  ASSERT_EQ(p.at(2).members().at(1).address, "addr-copy");
+  p.run_for(3000);
+  // 1 heard the record that placed it elsewhere and refuted above it; everyone has it back.
+  EXPECT_GT(p.at(1).incarnation(), 1'000'000u);
+  EXPECT_EQ(p.at(2).members().at(1).address, "addr-1");
+  EXPECT_EQ(p.at(3).members().at(1).address, "addr-1");
+  EXPECT_EQ(p.at(2).status_of(1), member_status::alive);
+}
+
 TEST(Membership, IndirectProbeKeepsAMemberAliveAcrossOneBrokenLink) {
   pump p({1, 2, 3, 4});
   join_all(p, {2, 3, 4});
