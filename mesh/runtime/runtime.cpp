@@ -46,6 +46,8 @@
 #include "transport/bulk/link.hpp"
 #include "transport/control/cluster_key.hpp"
 #include "transport/control/control_node.hpp"
+#include "transport/control/fault_adapter.hpp"
+#include "transport/faults/fault_policy.hpp"
 
 namespace tessera::mesh::runtime {
 
@@ -151,6 +153,10 @@ topology::capabilities local_caps(const node_config& cfg, const std::string& hex
   }
   c.host_id = bulk.host_id;
   c.has_rdma = bulk.has_rdma;
+  c.pid = ::getpid();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  c.hostname = host;
   // Device and GID listing needs the rdma backend's list_devices(), which is only linked where
   // libibverbs is; has_rdma says whether an active device exists.
   for (const auto& m : cfg.model_paths)
@@ -256,6 +262,7 @@ struct node_runtime::impl {
   std::uint64_t hints_dropped = 0;  // hints refused at kMaxKnownPeers
   std::shared_ptr<const placement::plan> plan;  // the serving plan in force (leader's or adopted)
   std::uint64_t plans_refused = 0;                // undecodable or failing validation
+  std::shared_ptr<transport::faults::fault_injector> injector;  // shared with the control plane
 
   std::uint64_t now_ms() const {
     return static_cast<std::uint64_t>(
@@ -869,6 +876,33 @@ struct node_runtime::impl {
     return fmt::format("{:016x}", id);
   }
 
+  /// The fault layer's state (what `tessera fault` changed) and what it did to our frames.
+  json faults_json() const {
+    const auto st = control->stats();
+    json f = {{"commands_applied", st.fault_commands},
+              {"commands_refused", st.fault_commands_refused},
+              {"frames_dropped", st.fault_dropped},
+              {"frames_delayed", st.fault_delayed},
+              {"frames_duplicated", st.fault_duplicated}};
+    json cuts = json::array();
+    json rules = json::array();
+    injector->update([&](const transport::faults::fault_policy& pol) {
+      for (const auto& [from, to] : pol.cuts())
+        cuts.push_back({{"from", from}, {"to", to}});
+      for (const auto& [pair, r] : pol.rules())
+        rules.push_back({{"from", pair.first},
+                         {"to", pair.second},
+                         {"drop", r.drop},
+                         {"delay_ms", static_cast<double>(r.delay.count()) / 1e6},
+                         {"jitter_ms", static_cast<double>(r.jitter.count()) / 1e6},
+                         {"duplicate", r.duplicate},
+                         {"reorder", r.reorder}});
+    });
+    f["partitions"] = cuts;
+    f["rules"] = rules;
+    return f;
+  }
+
   json status_json() const {
     json j;
     j["format"] = 1;
@@ -881,7 +915,11 @@ struct node_runtime::impl {
                  {"started_unix_ms", instance.started_unix_ms},
                  {"instance_nonce", fmt::format("{:016x}", instance.nonce)},
                  {"config_version", elect->config().version},
-                 {"config_members", elect->config().members.size()}};
+                 {"config_members", elect->config().members.size()},
+                 {"pid", caps.pid},
+                 {"hostname", caps.hostname},
+                 {"host_id", caps.host_id}};
+    j["faults"] = faults_json();
     json ms = json::array();
     ms.push_back({{"id", hex},
                   {"status", "alive"},
@@ -914,7 +952,10 @@ struct node_runtime::impl {
                       {"has_rdma", m.caps.has_rdma},
                       {"rdma_devices", m.caps.rdma_devices},
                       {"models", m.caps.models},
-                      {"version", m.caps.version}});
+                      {"version", m.caps.version},
+                      {"pid", m.caps.pid},
+                      {"hostname", m.caps.hostname},
+                      {"host_id", m.caps.host_id}});
       }
       v["members"] = vm;
       auto id_text = [&](member_id id) {
@@ -1039,6 +1080,23 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     adv_host = host;
   }
   cc.keys = *keys;
+  // The fault layer is always in: `tessera fault` changes a live cluster without restarts. It
+  // judges frames between members only: the operator's own channel (status and fault clients,
+  // whose ids are not node ids) must keep working inside any partition it sets up.
+  p->injector = std::make_shared<transport::faults::fault_injector>(std::random_device{}());
+  {
+    auto hooks = ctl::make_fault_hooks(p->injector, p->hex);
+    auto member_decide = std::move(hooks.decide);
+    hooks.decide = [member_decide](std::string_view to, std::int64_t now_ns,
+                                   std::array<std::int64_t, 2>& due_ns) -> std::uint8_t {
+      if (!is_hex_id(to)) {
+        due_ns[0] = now_ns;
+        return 1;
+      }
+      return member_decide(to, now_ns, due_ns);
+    };
+    cc.faults = std::move(hooks);
+  }
   cc.timing.heartbeat_interval_ms = 100;
   cc.timing.dead_after_ms = 1000;
   cc.timing.backoff_max_ms = 1000;

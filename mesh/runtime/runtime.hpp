@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/base/result.hpp"
 #include "mesh/node/config.hpp"
@@ -80,9 +81,12 @@ class node_runtime {
 /// with the cluster secret (`key_file`, or $TESSERA_CLUSTER_KEY when empty). Returns the status
 /// document (JSON text, fields in docs/design/011-node-runtime.md). errc::timeout when nothing
 /// answers within `timeout_ms`.
+/// `fault_commands`: fault.set bodies (transport/control/fault_adapter.hpp) sent first over the
+/// same link, so the status that comes back already reflects them (`tessera fault`).
 [[nodiscard]] result<std::string> query_status(const std::string& endpoint,
                                                const std::string& key_file,
-                                               std::uint32_t timeout_ms);
+                                               std::uint32_t timeout_ms,
+                                               const std::vector<std::string>& fault_commands = {});
 
 /// Renders a status document as an aligned, human-readable table.
 [[nodiscard]] result<std::string> format_status(const std::string& json_text);

@@ -55,7 +55,8 @@ result<std::string> local_address_towards(const std::string& host, std::uint16_t
 }  // namespace
 
 result<std::string> query_status(const std::string& endpoint_text, const std::string& key_file,
-                                 std::uint32_t timeout_ms) {
+                                 std::uint32_t timeout_ms,
+                                 const std::vector<std::string>& fault_commands) {
   std::string text = endpoint_text;
   if (text.rfind("tcp://", 0) == 0) text = text.substr(6);
   auto ep = parse_endpoint(text);
@@ -103,6 +104,9 @@ result<std::string> query_status(const std::string& endpoint_text, const std::st
   if (!node) return node.error();
   const std::string target = "tcp://" + ep->to_string();
   TESSERA_TRY((*node)->add_peer("target", target));
+  for (const auto& f : fault_commands)
+    TESSERA_TRY((*node)->send("target", static_cast<std::uint16_t>(ctl::msg_type::fault_set),
+                              std::span(reinterpret_cast<const std::byte*>(f.data()), f.size())));
   msgpack::sbuffer body;
   msgpack::pack(body, (*node)->endpoint());
   TESSERA_TRY(

@@ -46,8 +46,10 @@ struct capabilities {
   std::vector<std::string> models;        ///< model paths/names from the configuration
   std::vector<placement::model_spec> model_specs;  ///< the models loaded, for the leader's plan
   std::string client_endpoint;  ///< "host:request_port:response_port" clients connect to
+  std::int64_t pid = 0;         ///< the node's process, for `tessera fault` on the same host
+  std::string hostname;
   MSGPACK_DEFINE_MAP(node_id, version, cores, memory_total_mb, memory_free_mb, host_id, has_rdma,
-                     rdma_devices, models, model_specs, client_endpoint);
+                     rdma_devices, models, model_specs, client_endpoint, pid, hostname);
   bool operator==(const capabilities&) const = default;
 };
 

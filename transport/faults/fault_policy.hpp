@@ -96,6 +96,16 @@ class fault_policy {
   /// The rule in force for from -> to (the default rule when none matches).
   [[nodiscard]] link_rule rule_for(std::string_view from, std::string_view to) const;
 
+  /// Every directed cut in force, as (from, to), sorted.
+  [[nodiscard]] std::vector<std::pair<std::string, std::string>> cuts() const {
+    return {cuts_.begin(), cuts_.end()};
+  }
+  /// Every rule in force, keyed (from, to) ("*" = any node), sorted.
+  [[nodiscard]] std::vector<std::pair<std::pair<std::string, std::string>, link_rule>> rules()
+      const {
+    return {rules_.begin(), rules_.end()};
+  }
+
   /// The fate of a message sent from -> to at `now` (any monotonic time base).
   [[nodiscard]] decision decide(std::string_view from, std::string_view to, nanoseconds now);
 

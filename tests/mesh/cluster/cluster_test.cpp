@@ -1,6 +1,7 @@
 // Real processes on loopback: cold start, leader kill -9, a joining peer, graceful leave, and bad
 // input at the node. Timings are printed (bench/mesh/cluster measures them properly); the only
 // time bounds asserted are generous deadlines for a loaded 2-core machine.
+#include <signal.h>
 #include <sys/stat.h>
 #include <chrono>
 
@@ -202,6 +203,143 @@ TEST(Cluster, PeerRestartedOnAnotherPortIsReachedThere) {
   std::this_thread::sleep_for(3s);
   EXPECT_EQ(address_seen_by(0), "alive " + new_ep);
   EXPECT_EQ(address_seen_by(1), "alive " + new_ep);
+}
+
+// ---- tessera fault against a live cluster -------------------------------------------------
+
+/// Runs `tessera fault` against node `via`; the output (stdout, or the error with stderr).
+result<std::string> fault(cluster_fixture& c, std::size_t via,
+                          const std::vector<std::string>& words) {
+  std::vector<std::string> argv{TESSERA_BINARY, "fault",      "--connect", c.node(via).endpoint(),
+                                "--cluster-key", c.key_file(), "--json"};
+  argv.insert(argv.end(), words.begin(), words.end());
+  return run_command(argv, 60s);
+}
+
+TEST(ClusterFault, PartitionTheLeaderAwayThenHeal) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string leader, why;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  const std::size_t l = index_of(*c, leader);
+  ASSERT_LT(l, 3u);
+  std::vector<std::size_t> rest;
+  for (std::size_t i = 0; i < 3; ++i)
+    if (i != l) rest.push_back(i);
+  // Names as an operator types them: an id prefix and a host:port.
+  auto out = fault(*c, rest[0],
+                   {"partition", c->node_id(l).substr(0, 6), "|",
+                    c->node_id(rest[0]) + "," + c->node(rest[1]).endpoint()});
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  auto j = nlohmann::json::parse(*out);
+  EXPECT_TRUE(j.at("ok").get<bool>());
+  ASSERT_EQ(j.at("members").size(), 3u);
+  for (const auto& m : j.at("members")) EXPECT_TRUE(m.at("applied").get<bool>()) << m.dump();
+  const auto t0 = clock_type::now();
+  // The majority elects a new leader; the old one, alone, steps down (CheckQuorum).
+  std::optional<std::string> next;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        next = agreed_leader(*c, rest);
+        auto s = c->status(l);
+        return next && *next != leader && s && s->at("node").at("leader").is_null();
+      },
+      30s))
+      << c->logs();
+  std::printf("[fault] partition {leader} | {2 others}: new majority leader, old one stepped down "
+              "after %.2f s (polled)\n",
+              seconds_since(t0));
+  auto listed = fault(*c, rest[1], {"list"});
+  ASSERT_TRUE(listed.has_value()) << listed.error().message;
+  auto lj = nlohmann::json::parse(*listed);
+  std::size_t cuts = 0;
+  for (const auto& m : lj) cuts += m.at("faults").at("partitions").size();
+  EXPECT_EQ(cuts, 3u * 4u) << "every member holds the 4 directed cuts";
+  // Heal: it must reach the old leader too, which the others hold dead.
+  auto healed = fault(*c, rest[0], {"heal"});
+  ASSERT_TRUE(healed.has_value()) << healed.error().message;
+  const auto t1 = clock_type::now();
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, nullptr, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  std::printf("[fault] heal -> one view and one leader on all 3 after %.2f s (polled)\n",
+              seconds_since(t1));
+}
+
+TEST(ClusterFault, PauseResumeRestartAndKillAPeer) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string leader, why;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  std::size_t f = 0;
+  while (c->node_id(f) == leader) ++f;
+  const std::size_t via = (f + 1) % 3;
+  const std::string fid = c->node_id(f);
+  auto seen_by_via = [&]() -> std::string {
+    auto s = c->status(via);
+    if (!s) return "?";
+    for (const auto& m : s->at("membership"))
+      if (m.at("id") == fid) return m.at("status").get<std::string>();
+    return "absent";
+  };
+  auto p = fault(*c, via, {"pause", fid.substr(0, 8)});
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  ASSERT_TRUE(wait_until([&] { return seen_by_via() == "dead"; }, 30s)) << seen_by_via();
+  auto r = fault(*c, via, {"resume", fid.substr(0, 8)});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, nullptr, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  auto rs = fault(*c, via, {"restart", fid.substr(0, 8)});
+  ASSERT_TRUE(rs.has_value()) << rs.error().message;
+  const auto new_pid = nlohmann::json::parse(*rs).at("new_pid").get<std::int64_t>();
+  // The restarted process is not the fixture's child: make sure it goes at the end.
+  struct reaper {
+    std::int64_t pid;
+    ~reaper() { ::kill(static_cast<pid_t>(pid), SIGKILL); }
+  } reap{new_pid};
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, nullptr, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  EXPECT_EQ(c->status(f)->at("node").at("pid").get<std::int64_t>(), new_pid);
+  auto k = fault(*c, via, {"kill", fid.substr(0, 8)});
+  ASSERT_TRUE(k.has_value()) << k.error().message;
+  ASSERT_TRUE(wait_until([&] { return seen_by_via() == "dead"; }, 30s)) << seen_by_via();
+}
+
+TEST(ClusterFault, BadFaultCommandsAreClearErrors) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 1);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  ASSERT_TRUE(c->start(0).has_value());
+  ASSERT_TRUE(wait_until([&] { return c->status(0).has_value(); }, 30s)) << c->logs();
+  auto unknown = fault(*c, 0, {"partition", "nosuch", "|", c->node_id(0)});
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_NE(unknown.error().message.find("no member is 'nosuch'"), std::string::npos)
+      << unknown.error().message;
+  auto verb = fault(*c, 0, {"explode", "x"});
+  ASSERT_FALSE(verb.has_value());
+  EXPECT_NE(verb.error().message.find("unknown verb 'explode'"), std::string::npos)
+      << verb.error().message;
+  auto rate = fault(*c, 0, {"drop", "*->*", "1.5"});
+  ASSERT_FALSE(rate.has_value());
+  auto nokey = run_command({TESSERA_BINARY, "fault", "--connect", c->node(0).endpoint(),
+                            "--cluster-key", c->dir() + "/missing.key", "heal"},
+                           30s);
+  ASSERT_FALSE(nokey.has_value());
+  // A rule that loses every frame between members still leaves the operator's channel open.
+  auto drop = fault(*c, 0, {"drop", "*->*", "1"});
+  ASSERT_TRUE(drop.has_value()) << drop.error().message;
+  auto clear = fault(*c, 0, {"clear"});
+  ASSERT_TRUE(clear.has_value()) << clear.error().message;
+  EXPECT_TRUE(nlohmann::json::parse(*clear).at("ok").get<bool>());
 }
 
 TEST(ClusterBadInput, DuplicateIdentityOnAnotherMachineRefusesTheLaterNode) {
