@@ -1141,6 +1141,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.request_port = cfg.listen.client_request_port;
     so.response_port = cfg.listen.client_response_port;
     so.bulk_caps = p->bulk_caps;
+    so.faults = p->injector;
     ctl::control_node* cn = p->control.get();
     so.send_group_link = [cn](const std::string& peer_hex, std::string body) {
       (void)cn->send(peer_hex, static_cast<std::uint16_t>(runtime_msg::group_link), bytes_of(body));

@@ -23,6 +23,7 @@
 #include "inference/tokenizer/chat.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
 #include "mesh/serving/group_host.hpp"
+#include "transport/faults/faulty_link.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/protocol.hpp"
 
@@ -707,9 +708,22 @@ struct engine::impl {
           };
           spdlog::info("serving {}: forming group {} as rank {} of {}", opt.node_hex, key, me,
                        g.ranks.size());
+          group_host::link_wrapper wrap;
+          if (opt.faults) {
+            wrap = [faults = opt.faults, self = opt.node_hex, hex](
+                       std::unique_ptr<transport::bulk::link> l,
+                       member_id peer) -> std::unique_ptr<transport::bulk::link> {
+              auto it = hex.find(peer);
+              if (it == hex.end()) return l;
+              // A cut tensor link loses writes (vanish), as a cable would: the collectives'
+              // timeout fails the group and the plan moves on.
+              return std::make_unique<transport::faults::faulty_link>(std::move(l), faults, self,
+                                                                      it->second);
+            };
+          }
           auto h = std::make_unique<group_host>(key, (*local)->info.path, g, me, opt.bind_address,
                                                 std::move(caps), opt.bulk_caps, std::move(sender),
-                                                opt.threads);
+                                                opt.threads, std::move(wrap));
           if (auto e = early_links.find(key); e != early_links.end()) {
             for (const auto& m : e->second)
               h->on_link_message(m);

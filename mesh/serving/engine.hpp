@@ -24,6 +24,7 @@
 #include "mesh/membership/ids.hpp"
 #include "mesh/placement/placement.hpp"
 #include "transport/bulk/link.hpp"
+#include "transport/faults/fault_policy.hpp"
 
 namespace tessera::mesh::serving {
 
@@ -45,6 +46,9 @@ struct engine_options {
   /// thread-safe. Needed for groups split over several peers.
   std::function<void(const std::string& node_hex, std::string body)> send_group_link;
   transport::bulk::local_capabilities bulk_caps;  ///< ours, to pick a backend per peer
+  /// The node's fault layer (`tessera fault`): wraps the bulk links between the ranks of a split
+  /// group, named by node hex ids like the control plane. Empty: no faults.
+  std::shared_ptr<transport::faults::fault_injector> faults;
 };
 
 /// What the engine knows of another live member (from the view).

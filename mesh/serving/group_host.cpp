@@ -46,7 +46,8 @@ result<inf::sharded::layout> layout_of(const placement::serving_group& g) {
 group_host::group_host(std::string key, std::string model_path, placement::serving_group g,
                        std::uint32_t self_rank, std::string bind_address,
                        std::map<member_id, bulk::local_capabilities> caps,
-                       bulk::local_capabilities own_caps, sender send, std::uint32_t threads)
+                       bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
+                       link_wrapper wrap)
     : key_(std::move(key)),
       path_(std::move(model_path)),
       g_(std::move(g)),
@@ -55,6 +56,7 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
       caps_(std::move(caps)),
       own_caps_(std::move(own_caps)),
       send_(std::move(send)),
+      wrap_(std::move(wrap)),
       threads_(threads) {
   thread_ = std::thread([this] { run(); });
 }
@@ -212,7 +214,7 @@ result<void> group_host::form() {
         if (!p) return void(errors[j] = p.error());
         auto l = setups[j]->connect(*p);
         if (!l) return void(errors[j] = l.error());
-        links[j] = std::move(*l);
+        links[j] = wrap_ ? wrap_(std::move(*l), g_.ranks[j].node) : std::move(*l);
       });
     }
     for (auto& t : ts)

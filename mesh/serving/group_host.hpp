@@ -46,13 +46,17 @@ struct group_link_message {
 class group_host {
  public:
   using sender = std::function<void(member_id to, const group_link_message& m)>;
+  /// Wraps each connected bulk link (the node's fault layer: `tessera fault` reaches tensors).
+  using link_wrapper = std::function<std::unique_ptr<transport::bulk::link>(
+      std::unique_ptr<transport::bulk::link> link, member_id peer)>;
   enum class state { forming, ready, failed };
 
   /// Starts forming the group on a thread of its own. `self_rank` indexes g.ranks.
   group_host(std::string key, std::string model_path, placement::serving_group g,
              std::uint32_t self_rank, std::string bind_address,
              std::map<member_id, transport::bulk::local_capabilities> caps,
-             transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads);
+             transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
+             link_wrapper wrap = {});
   ~group_host();  ///< closes the links (a follower's follow() fails) and joins
   group_host(const group_host&) = delete;
   group_host& operator=(const group_host&) = delete;
@@ -83,6 +87,7 @@ class group_host {
   std::map<member_id, transport::bulk::local_capabilities> caps_;
   transport::bulk::local_capabilities own_caps_;
   sender send_;
+  link_wrapper wrap_;
   std::uint32_t threads_;
 
   mutable std::mutex mu_;
