@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -88,6 +89,7 @@ result<json> status_at(const options& o, const std::string& endpoint,
 }
 
 void save_members(const std::vector<member>& ms);
+result<std::vector<member>> load_members();
 
 /// The members as the first answering --connect node sees them (its view, plus itself).
 result<std::vector<member>> discover(const options& o) {
@@ -138,6 +140,19 @@ result<std::vector<member>> discover(const options& o) {
       errors += fmt::format("\n  {}: unexpected status document: {}", ep, e.what());
       continue;
     }
+    // A member that dropped out of the view (dead: e.g. paused) has no pid there any more; the
+    // cache of earlier commands still knows it, so `resume` can find it.
+    if (auto cached = load_members()) {
+      for (auto& m : out) {
+        if (m.pid != 0) continue;
+        for (const auto& c : *cached)
+          if (c.id == m.id && c.pid != 0) {
+            m.pid = c.pid;
+            m.hostname = c.hostname;
+            m.host_id = c.host_id;
+          }
+      }
+    }
     save_members(out);
     return out;
   }
@@ -153,7 +168,18 @@ std::string cache_path() {
   return fmt::format("{}/tessera-fault-members-{}.json", dir && *dir ? dir : "/tmp", ::getuid());
 }
 
-void save_members(const std::vector<member>& ms) {
+void save_members(const std::vector<member>& fresh) {
+  // Fresh entries first, then what the cache knew of other members (other clusters on this
+  // host, or members that dropped out of the view), up to a bound.
+  constexpr std::size_t kMaxCached = 256;
+  std::vector<member> ms = fresh;
+  if (auto old = load_members())
+    for (const auto& c : *old) {
+      if (ms.size() >= kMaxCached) break;
+      bool have = false;
+      for (const auto& m : fresh) have = have || m.id == c.id;
+      if (!have) ms.push_back(c);
+    }
   json j = json::array();
   for (const auto& m : ms)
     j.push_back({{"id", m.id},
@@ -418,6 +444,16 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
     return 2;
   }
   const std::int64_t pid = t.pid;
+  // A pid from a view or the cache may have been reused since: act only on a tessera node.
+  const auto cmdline = split_nul(read_text(fmt::format("/proc/{}/cmdline", pid)));
+  const bool is_node = cmdline.size() >= 2 &&
+                       std::filesystem::path(cmdline[0]).filename().string().rfind("tessera", 0) == 0 &&
+                       std::find(cmdline.begin(), cmdline.end(), "node") != cmdline.end();
+  if (!gone(pid) && !is_node) {
+    std::fprintf(stderr, "tessera fault: pid %lld (last known for %s) is no longer a tessera node\n",
+                 static_cast<long long>(pid), t.id.c_str());
+    return 1;
+  }
   if (gone(pid)) {
     std::fprintf(stderr, "tessera fault: %s (pid %lld) is not running\n", t.id.c_str(),
                  static_cast<long long>(pid));

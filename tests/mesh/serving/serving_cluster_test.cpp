@@ -349,5 +349,36 @@ TEST_F(ServingCluster, LeavingPeerMidStreamHandsTheStreamOn) {
   resume_after([&](std::size_t i) { cluster_->term(i); }, "sigterm");
 }
 
+// A frozen serving peer (tessera fault pause, SIGSTOP): the client hears nothing, resumes the
+// stream elsewhere; the peer then wakes up (resume) with its old session: whatever it still
+// publishes must not reach the answer twice, and the cluster serves on.
+TEST_F(ServingCluster, PausedPeerMidStreamResumesElsewhereAndWakesHarmlessly) {
+  std::size_t paused = 0;
+  auto fault = [&](const char* verb, std::size_t i) {
+    const std::size_t via = (i + 1) % cluster_->size();
+    auto r = test::run_command({TESSERA_BINARY, "fault", "--connect", cluster_->node(via).endpoint(),
+                                "--cluster-key", cluster_->key_file(), verb,
+                                cluster_->node_id(i)},
+                               60s);
+    ASSERT_TRUE(r.has_value()) << verb << ": " << r.error().message;
+  };
+  resume_after(
+      [&](std::size_t i) {
+        paused = i;
+        fault("pause", i);
+      },
+      "paused");
+  fault("resume", paused);
+  // Woken up, it rejoins; every request still gets one complete answer.
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  const auto ref = reference(16);
+  for (int k = 0; k < 3; ++k) {
+    auto out = (*c)->ask(greedy("after-pause-" + std::to_string(k), 16));
+    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+    EXPECT_EQ(out->tokens, ref);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::mesh::serving
