@@ -12,6 +12,7 @@
 
 #include <msgpack.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
 #include "actors/actor_ref.hpp"
 #include "actors/base/result.hpp"
 #include "actors/message.hpp"
@@ -85,7 +86,7 @@ std::vector<char> pack_message(const T& value) {
 template <class T>
 result<T> unpack_message(std::span<const char> bytes) {
   try {
-    msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
+    msgpack::object_handle handle = tessera::bounded_unpack(bytes.data(), bytes.size());
     T value{};
     handle.get().convert(value);
     return value;

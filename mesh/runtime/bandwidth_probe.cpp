@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/base/msgpack_bounded.hpp"
+
 namespace tessera::mesh::runtime {
 
 namespace bulk = transport::bulk;
@@ -189,7 +191,7 @@ void bandwidth_prober::initiate(member_id peer, std::string hex, bulk::backend_k
     return fail(w.error());
   bulk::remote_buffer remote;
   try {
-    auto oh = msgpack::unpack(reinterpret_cast<const char*>(desc_bytes.data()), desc_bytes.size());
+    auto oh = tessera::bounded_unpack(reinterpret_cast<const char*>(desc_bytes.data()), desc_bytes.size());
     remote = oh.get().as<bulk::remote_buffer>();
   } catch (const std::exception&) {
     return fail(make_error(errc::corrupt, "bandwidth probe: undecodable buffer descriptor"));

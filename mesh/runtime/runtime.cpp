@@ -29,6 +29,7 @@
 #include <msgpack.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
 #include "mesh/discovery/beacon_codec.hpp"
 #include "mesh/discovery/beacon_source.hpp"
 #include "mesh/discovery/mdns_source.hpp"
@@ -68,7 +69,7 @@ template <class T>
 std::optional<T> unpack(std::string_view data) {
   // msgpack-cxx reports malformed input by exception; this is the adapter that catches it.
   try {
-    msgpack::object_handle oh = msgpack::unpack(data.data(), data.size());
+    msgpack::object_handle oh = tessera::bounded_unpack(data.data(), data.size());
     return oh.get().as<T>();
   } catch (const std::exception&) {
     return std::nullopt;

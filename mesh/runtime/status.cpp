@@ -16,6 +16,7 @@
 #include <msgpack.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/runtime/runtime.hpp"
 #include "transport/control/cluster_key.hpp"
@@ -91,7 +92,7 @@ result<std::string> query_status(const std::string& endpoint_text, const std::st
     if (m.type != static_cast<std::uint16_t>(runtime_msg::status_reply)) return;
     std::string doc;
     try {
-      msgpack::object_handle oh = msgpack::unpack(m.body.data(), m.body.size());
+      msgpack::object_handle oh = tessera::bounded_unpack(m.body.data(), m.body.size());
       doc = oh.get().as<std::string>();
     } catch (const std::exception&) {
       return;

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
 #include "actors/base/assert.hpp"
 #include "inference/gguf/gguf.hpp"
 #include "inference/kernels/thread_pool.hpp"
@@ -906,7 +907,7 @@ void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<m
 void engine::on_group_link(std::string_view body) {
   group_link_message m;
   try {
-    auto oh = msgpack::unpack(body.data(), body.size());
+    auto oh = tessera::bounded_unpack(body.data(), body.size());
     oh.get().convert(m);
   } catch (const std::exception&) {
     ++impl_->malformed;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "actors/base/msgpack_bounded.hpp"
+
 namespace tessera::mesh::serving {
 
 std::string_view to_string(response_kind k) noexcept {
@@ -49,7 +51,7 @@ result<T> decode_any(std::string_view bytes, std::string_view what) {
     return make_error(errc::invalid_argument, "{} of {} bytes exceeds the bound of {} bytes", what,
                       bytes.size(), max_message_bytes);
   try {
-    auto oh = msgpack::unpack(bytes.data(), bytes.size());
+    auto oh = tessera::bounded_unpack(bytes.data(), bytes.size());
     if (oh.get().type != msgpack::type::MAP)
       return make_error(errc::invalid_argument, "{} is not a msgpack map", what);
     T v;

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <msgpack.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
+
 namespace tessera::mesh::sim {
 
 template <class T>
@@ -19,7 +21,7 @@ std::optional<T> decode(const bytes& data) {
   // msgpack-cxx reports malformed input by exception; this is the adapter that catches it.
   try {
     msgpack::object_handle oh =
-        msgpack::unpack(reinterpret_cast<const char*>(data.data()), data.size());
+        tessera::bounded_unpack(reinterpret_cast<const char*>(data.data()), data.size());
     return oh.get().as<T>();
   } catch (const std::exception&) {
     return std::nullopt;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <utility>
 
+#include "actors/base/msgpack_bounded.hpp"
 #include "transport/bulk/backends.hpp"
 
 namespace tessera::transport::bulk {
@@ -58,7 +59,7 @@ result<connect_params> decode_connect_params(std::span<const std::byte> bytes) {
   }
   connect_params params;
   try {
-    auto handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    auto handle = tessera::bounded_unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     handle.get().convert(params);
   } catch (const std::exception& e) {
     return make_error(errc::corrupt, "bulk connect params: malformed msgpack ({})", e.what());

@@ -19,6 +19,8 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
+
 namespace tessera::transport::control {
 namespace {
 
@@ -114,7 +116,7 @@ struct heartbeat_fields {
 heartbeat_fields parse_heartbeat(std::span<const std::byte> body) {
   heartbeat_fields h;
   try {
-    auto handle = msgpack::unpack(reinterpret_cast<const char*>(body.data()), body.size());
+    auto handle = tessera::bounded_unpack(reinterpret_cast<const char*>(body.data()), body.size());
     const msgpack::object& o = handle.get();
     if (o.type != msgpack::type::MAP) return h;
     for (std::uint32_t i = 0; i < o.via.map.size; ++i) {

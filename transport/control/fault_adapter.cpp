@@ -4,6 +4,8 @@
 
 #include <msgpack.hpp>
 
+#include "actors/base/msgpack_bounded.hpp"
+
 namespace tessera::transport::control {
 
 std::string encode_fault_command(const faults::fault_command& command) {
@@ -14,7 +16,7 @@ std::string encode_fault_command(const faults::fault_command& command) {
 
 result<faults::fault_command> decode_fault_command(std::span<const std::byte> body) {
   try {
-    auto handle = msgpack::unpack(reinterpret_cast<const char*>(body.data()), body.size());
+    auto handle = tessera::bounded_unpack(reinterpret_cast<const char*>(body.data()), body.size());
     return handle.get().as<faults::fault_command>();
   } catch (const std::exception& e) {
     return make_error(errc::invalid_argument, "fault.set body is not a fault command: {}",

@@ -1,12 +1,15 @@
 #include "tests/mesh/cluster/cluster_fixture.hpp"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 
@@ -40,23 +43,48 @@ result<cluster_fixture> cluster_fixture::create(std::string tessera, std::size_t
   c.dir_ = tmpl;
   c.key_ = c.dir_ + "/cluster.key";
   if (auto k = run_command({c.tessera_, "keygen", "-o", c.key_}); !k) return k.error();
-  // Ports: a block of 10 per node from a random base; the control ports are checked free.
+  // Ports: a block of 100 (10 per node) below the kernel's ephemeral range (outgoing connections
+  // of any process take ports from it: a node once found its client port taken that way), every
+  // port checked free, and the block locked against other fixtures running at the same time.
+  std::uint16_t low = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    unsigned lo = 0, hi = 0;
+    if (range >> lo >> hi && lo > 20000 && lo < 65536) low = static_cast<std::uint16_t>(lo);
+  }
+  const unsigned blocks = std::max(1u, (low - 100u - 20000u) / 100u);
   std::mt19937 rng(std::random_device{}());
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    const auto base = static_cast<std::uint16_t>(20000 + 100 * (rng() % 400));
-    bool all = true;
-    for (std::size_t i = 0; i < 10 && all; ++i)
-      all = port_free(static_cast<std::uint16_t>(base + 10 * i));
-    if (all) {
-      c.base_port_ = base;
-      break;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const auto base = static_cast<std::uint16_t>(20000 + 100 * (rng() % blocks));
+    const auto lock_path =
+        (std::filesystem::temp_directory_path() / fmt::format("tessera-ports-{}.lock", base))
+            .string();
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      continue;
     }
+    bool all = true;
+    for (std::size_t p = 0; p < 100 && all; ++p)
+      all = port_free(static_cast<std::uint16_t>(base + p));
+    if (!all) {
+      ::close(fd);
+      continue;
+    }
+    c.base_port_ = base;
+    c.port_lock_ = port_lock(fd);
+    break;
   }
   if (c.base_port_ == 0) return make_error(errc::io, "no free port block found");
   for (std::size_t i = 0; i < n; ++i)
     c.add_node(i < hosts.size() ? hosts[i] : "127.0.0.1",
                i < namespaces.size() ? namespaces[i] : "");
   return c;
+}
+
+cluster_fixture::port_lock::~port_lock() {
+  if (fd >= 0) ::close(fd);
 }
 
 cluster_fixture::~cluster_fixture() {

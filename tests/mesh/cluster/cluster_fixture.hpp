@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -73,6 +74,19 @@ class cluster_fixture {
   std::string dir_;
   std::string key_;
   std::uint16_t base_port_ = 0;
+  /// flock on the port block's lock file, held while the fixture lives: two fixtures (ctest -j)
+  /// never share a block.
+  struct port_lock {
+    int fd = -1;
+    port_lock() = default;
+    explicit port_lock(int f) : fd(f) {}
+    port_lock(port_lock&& o) noexcept : fd(o.fd) { o.fd = -1; }
+    port_lock& operator=(port_lock&& o) noexcept {
+      std::swap(fd, o.fd);
+      return *this;
+    }
+    ~port_lock();
+  } port_lock_;
   std::vector<cluster_node> nodes_;
 };
 

@@ -4,6 +4,7 @@
 // every index exactly once and the same tokens.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -378,6 +379,87 @@ TEST_F(ServingCluster, PausedPeerMidStreamResumesElsewhereAndWakesHarmlessly) {
     ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
     EXPECT_EQ(out->tokens, ref);
   }
+}
+
+// Ten thousand hostile messages at once — garbage, one-frame messages, requests for a model
+// nobody has, and a burst of real requests beyond every queue — while an honest client asks. The
+// honest client gets complete, correct answers (it may be told no_capacity while the burst is
+// queued, and then asks again, as a client should); every peer counts the garbage and serves on.
+TEST_F(ServingCluster, AFloodOfHostileRequestsDoesNotStopHonestClients) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  const auto ref = reference(16);
+  zmq::context_t ctx;
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::sndhwm, 0);  // the flood leaves this process whole
+  for (std::size_t i = 0; i < cluster_->size(); ++i)
+    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
+  std::this_thread::sleep_for(500ms);  // PUB/SUB connect asynchronously
+  constexpr int kFlood = 10'000;
+  std::thread flood([&] {
+    std::uint64_t x = 7;
+    for (int k = 0; k < kFlood; ++k) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      std::string body;
+      switch (k % 5) {
+        case 0:
+        case 1:
+          body.resize(1 + (x >> 56) % 200);
+          for (auto& ch : body) ch = static_cast<char>(x >> ((&ch - body.data()) % 8 * 8));
+          break;
+        case 2:
+          (void)pub.send(zmq::buffer(request_topic), zmq::send_flags::none);  // one frame
+          continue;
+        case 3: {
+          auto r = greedy("flood-unknown-" + std::to_string(k), 4);
+          r.model = "no-such-model";
+          body = encode(r);
+          break;
+        }
+        default:
+          body = encode(greedy("flood-real-" + std::to_string(k), 2));
+          break;
+      }
+      (void)pub.send(zmq::buffer(request_topic), zmq::send_flags::sndmore);
+      (void)pub.send(zmq::buffer(body), zmq::send_flags::none);
+    }
+  });
+  struct joiner {
+    std::thread& t;
+    ~joiner() {
+      if (t.joinable()) t.join();
+    }
+  } join_flood{flood};
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  int refused = 0;
+  for (int k = 0; k < 3; ++k) {
+    for (int attempt = 0;; ++attempt) {
+      auto out = (*c)->ask(greedy("honest-" + std::to_string(k) + "-" + std::to_string(attempt), 16));
+      if (!out && out.error().code == errc::no_capacity && attempt < 600) {
+        ++refused;
+        std::this_thread::sleep_for(200ms);
+        continue;
+      }
+      ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+      EXPECT_EQ(out->tokens, ref);
+      break;
+    }
+  }
+  flood.join();
+  std::printf("[serving] flood of %d hostile messages: the honest client was refused %d times "
+              "(no_capacity) before its 3 answers\n",
+              kFlood, refused);
+  std::uint64_t malformed = 0;
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto s = cluster_->status(i);
+    ASSERT_TRUE(s) << "node " << i << " stopped answering\n" << cluster_->logs();
+    malformed += (*s)["serving"]["malformed"].get<std::uint64_t>();
+  }
+  EXPECT_GT(malformed, 0u);
+  auto after = (*c)->ask(greedy("after-flood", 16));
+  ASSERT_TRUE(after) << after.error().describe();
+  EXPECT_EQ(after->tokens, ref);
 }
 
 }  // namespace

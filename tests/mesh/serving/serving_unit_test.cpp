@@ -302,3 +302,34 @@ TEST(ServingClient, PeerSyntax) {
 
 }  // namespace
 }  // namespace tessera::mesh::serving
+
+namespace tessera::mesh::serving {
+namespace {
+
+// One garbage frame used to take every peer down: msgpack-c believed an array32 header claiming
+// 4 billion elements and allocated them (ASan: out-of-memory). Now the limits follow the input.
+TEST(ProtocolHostile, AHeaderClaimingBillionsOfElementsIsRefusedWithoutAllocatingThem) {
+  const std::string huge_array("\x81\xa2id\xdd\xff\xff\xff\xff", 9);   // {"id": array32(2^32-1)}
+  const std::string huge_map("\xdf\xff\xff\xff\xff", 5);                // map32(2^32-1)
+  const std::string huge_str("\x81\xa2id\xdb\xff\xff\xff\xf0", 9);     // {"id": str32(~4 GiB)}
+  std::string deep(1000, '\x91');                                      // 1000 nested arrays
+  deep += '\xc0';
+  for (const auto& bytes : {huge_array, huge_map, huge_str, deep}) {
+    auto r = decode_request(bytes);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_NE(r.error().message.find("request"), std::string::npos) << r.error().message;
+    EXPECT_FALSE(decode_response(bytes).has_value());
+  }
+  // Nothing valid is refused: a request with a long resume list still decodes.
+  request ok;
+  ok.id = "long-resume";
+  ok.model = "m";
+  ok.prompt = "p";
+  ok.resume.assign(4000, 7);
+  auto back = decode_request(encode(ok));
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  EXPECT_EQ(back->resume.size(), 4000u);
+}
+
+}  // namespace
+}  // namespace tessera::mesh::serving
