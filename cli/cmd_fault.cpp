@@ -36,6 +36,7 @@
 
 #include "cli/command.hpp"
 #include "mesh/runtime/runtime.hpp"
+#include "transport/bulk/link.hpp"
 #include "transport/control/fault_adapter.hpp"
 #include "transport/faults/fault_policy.hpp"
 
@@ -69,12 +70,6 @@ std::string read_text(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string first_line(const std::string& path) {
-  auto t = read_text(path);
-  if (auto nl = t.find('\n'); nl != std::string::npos) t.resize(nl);
-  return t;
 }
 
 result<json> status_at(const options& o, const std::string& endpoint,
@@ -428,7 +423,8 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
     return 2;
   }
   const member& t = **m;
-  const std::string here = first_line("/proc/sys/kernel/random/boot_id");
+  // The same identity the node published (boot id, or the hostname where there is none).
+  const std::string here = transport::bulk::this_host_id();
   if (t.pid <= 0 || t.host_id.empty()) {
     std::fprintf(stderr,
                  "tessera fault: %s has not published its process yet (not in the view); "
