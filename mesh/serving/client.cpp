@@ -112,7 +112,8 @@ result<std::unique_ptr<client>> client::connect(client_options options) {
   return std::unique_ptr<client>(new client(std::move(p)));
 }
 
-result<outcome> client::ask(request r, const std::function<void(const token_event&)>& on_token) {
+result<outcome> client::ask(request r, const std::function<void(const token_event&)>& on_token,
+                            const std::atomic<bool>* cancel) {
   if (auto v = validate(r); !v) return v.error();
   auto& s = *impl_;
   const std::string topic = response_topic(r.id);
@@ -158,6 +159,9 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
 
   while (true) {
     const auto now = clock_type::now();
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed))
+      return make_error(errc::cancelled, "request {}: cancelled after {} tokens", r.id,
+                        out.tokens.size());
     if (now >= deadline)
       return make_error(errc::timeout, "request {}: {} after {} ms ({} tokens received)", r.id,
                         accepted ? "the stream stalled" : "no peer accepted it", s.opt.deadline_ms,

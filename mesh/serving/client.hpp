@@ -4,6 +4,7 @@
 // every index exactly once, in order, or one explicit error.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,9 +67,12 @@ class client {
   /// here) to its outcome. `on_token` sees each index once, in order. Errors: the peer's error
   /// (errc::not_found for unknown_model, no_capacity, invalid_argument for invalid_request,
   /// overloaded) with its message; errc::timeout when no peer accepted or the stream stalled past
-  /// the deadline or the attempts.
+  /// the deadline or the attempts; errc::cancelled soon (within 50 ms) after `*cancel` turns true
+  /// (the caller lost interest: an HTTP client hung up). Cancelling stops the waiting here; the
+  /// serving peer still runs the stream to its end (the protocol has no cancel message).
   [[nodiscard]] result<outcome> ask(request r,
-                                    const std::function<void(const token_event&)>& on_token = {});
+                                    const std::function<void(const token_event&)>& on_token = {},
+                                    const std::atomic<bool>* cancel = nullptr);
 
   struct impl;
 
