@@ -82,7 +82,7 @@ result<std::string> query_status(const std::string& endpoint_text, const std::st
   std::optional<std::string> reply;
   ctl::node_config cc;
   std::mt19937_64 rng(std::random_device{}());
-  cc.node_id = fmt::format("status-{:016x}", rng());
+  cc.node_id = fmt::format("{}{:016x}", status_client_prefix, rng());
   cc.bind_endpoint = fmt::format("tcp://{}:*", *local);
   cc.keys = *keys;
   cc.accept_unknown_peers = false;

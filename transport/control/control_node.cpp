@@ -757,7 +757,10 @@ void control_node::impl::read_monitor(zmq::socket_t& mon, bool inbound, const st
 void control_node::impl::emit(peer_event_kind kind, const std::string& peer, std::string reason) {
   if (kind == peer_event_kind::up) bump(ctr.peer_up_events);
   if (kind == peer_event_kind::down) bump(ctr.peer_down_events);
-  spdlog::log(kind == peer_event_kind::down ? spdlog::level::warn : spdlog::level::info,
+  const bool transient = !cfg.transient_prefix.empty() && peer.starts_with(cfg.transient_prefix);
+  spdlog::log(transient                          ? spdlog::level::debug
+              : kind == peer_event_kind::down ? spdlog::level::warn
+                                              : spdlog::level::info,
               "control {}: peer {} {}{}{}", cfg.node_id, peer, to_string(kind),
               reason.empty() ? "" : ": ", reason);
   if (handlers.on_peer_event) handlers.on_peer_event(peer_event{kind, peer, std::move(reason)});

@@ -55,6 +55,9 @@ struct node_config {
   std::string node_id;                             ///< [A-Za-z0-9._-]{1,64}; the DEALER routing id
   std::string bind_endpoint = "tcp://127.0.0.1:*"; ///< '*' port: an ephemeral port (see endpoint())
   std::string advertise_endpoint;                  ///< sent in heartbeats; empty: the bound endpoint
+  /// Peers whose id starts with this are short-lived by design (`tessera status` clients): their
+  /// links going down is logged at debug level, not as a warning. Empty: none.
+  std::string transient_prefix;
   /// CURVE keys. nullopt = plaintext, no authentication: for tests and benchmarks only
   /// (`tessera node` always requires a cluster key).
   std::optional<cluster_keys> keys;
