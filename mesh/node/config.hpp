@@ -29,7 +29,15 @@ struct listen_config {
   std::uint16_t bulk_port = 7401;             ///< bulk plane (tcp fallback / RDMA CM)
   std::uint16_t client_request_port = 7402;   ///< clients publish requests here
   std::uint16_t client_response_port = 7403;  ///< clients subscribe to tokens here
-  std::uint16_t http_port = 7480;             ///< status / metrics over HTTP
+  std::uint16_t http_port = 7480;             ///< HTTP API, metrics, dashboard (0 = any free)
+  /// The HTTP API answers anyone who reaches it (with the key, when one is set): loopback only
+  /// unless the operator opens it on purpose.
+  std::string http_address = "127.0.0.1";
+};
+
+struct http_config {
+  bool enabled = true;
+  std::string api_key_file;  ///< the bearer token, one line; empty: no API key
 };
 
 struct discovery_config {
@@ -56,6 +64,7 @@ struct node_config {
   std::string cluster_name = "default";  ///< discovery ignores peers of other clusters
   bool reset_identity = false;           ///< discard node.id and create a new identity
   listen_config listen;
+  http_config http;
   discovery_config discovery;
   timeout_config timeouts;
   std::vector<std::string> model_paths;

@@ -15,6 +15,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -36,6 +37,7 @@
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/discovery/seed_source.hpp"
 #include "mesh/election/election.hpp"
+#include "mesh/http/gateway.hpp"
 #include "mesh/membership/membership.hpp"
 #include "mesh/node/data_dir.hpp"
 #include "mesh/node/identity_conflict.hpp"
@@ -211,6 +213,46 @@ struct node_runtime::impl {
   std::unique_ptr<bandwidth_prober> prober;
   std::vector<std::unique_ptr<discovery_source>> sources;
   std::unique_ptr<serving::engine> engine;  // client endpoints, models, token streams
+  std::unique_ptr<http::gateway> gateway;   // OpenAI API, metrics, dashboard (may be null)
+
+  // The status document as the loop thread last wrote it, for the HTTP gateway's threads (the
+  // state machines are the loop's alone; readers get a copy at most kSnapshotMs old).
+  static constexpr std::uint64_t kSnapshotMs = 250;
+  mutable std::mutex snapshot_mu;
+  std::string snapshot;  // JSON text; empty until the loop's first round
+  std::uint64_t next_snapshot_ms = 0;
+
+  [[nodiscard]] nlohmann::json status_snapshot() const {
+    std::lock_guard lock(snapshot_mu);
+    if (snapshot.empty()) return nullptr;
+    return nlohmann::json::parse(snapshot, nullptr, false);
+  }
+
+  /// Every live member's status document by node id, for the dashboard: ours from the snapshot,
+  /// the others asked over the authenticated status protocol, in parallel, 800 ms at most.
+  [[nodiscard]] nlohmann::json cluster_status() const {
+    nlohmann::json out = nlohmann::json::object();
+    const nlohmann::json self_doc = status_snapshot();
+    if (!self_doc.is_object()) return out;
+    out[hex] = self_doc;
+    if (!self_doc.contains("view") || !self_doc["view"].is_object()) return out;
+    std::vector<std::pair<std::string, std::future<result<std::string>>>> asks;
+    for (const auto& m : self_doc["view"]["members"]) {
+      const std::string id = m.value("id", "");
+      const std::string address = m.value("address", "");
+      if (id == hex || address.empty() || m.value("status", "") != "alive") continue;
+      if (asks.size() >= kMaxKnownPeers) break;
+      asks.emplace_back(
+          id, std::async(std::launch::async, [address, key = opt.config.cluster_key_file] {
+            return query_status(address, key, 800);
+          }));
+    }
+    for (auto& [id, f] : asks) {
+      auto doc = f.get();
+      out[id] = doc ? nlohmann::json::parse(*doc, nullptr, false) : nlohmann::json(nullptr);
+    }
+    return out;
+  }
 
   // --- event queue (any thread -> loop thread) ---
   struct ev_message {
@@ -260,9 +302,10 @@ struct node_runtime::impl {
   std::map<member_id, link_probe> probes;
   std::uint64_t ping_seq = 0;
   std::uint64_t undecodable = 0;
-  std::uint64_t hints_dropped = 0;  // hints refused at kMaxKnownPeers
+  std::uint64_t hints_dropped = 0;              // hints refused at kMaxKnownPeers
   std::shared_ptr<const placement::plan> plan;  // the serving plan in force (leader's or adopted)
-  std::uint64_t plans_refused = 0;                // undecodable or failing validation
+  std::uint64_t leader_changes = 0;             // leaders seen elected (a metric)
+  std::uint64_t plans_refused = 0;              // undecodable or failing validation
   std::shared_ptr<transport::faults::fault_injector> injector;  // shared with the control plane
 
   std::uint64_t now_ms() const {
@@ -387,6 +430,7 @@ struct node_runtime::impl {
     for (auto& ev : out.events) {
       if (ev.kind == election_event_kind::leader_changed) {
         spdlog::info("node {}: leader {:016x} term {}", hex, ev.leader, ev.term);
+        if (ev.leader != no_member) ++leader_changes;
         topo->on_leader(ev.term, ev.leader);
         next_report_ms = 0;  // the new leader needs our row at once
       } else if (ev.kind == election_event_kind::role_changed) {
@@ -444,8 +488,9 @@ struct node_runtime::impl {
   void adopt_plan(std::shared_ptr<const placement::plan> p) {
     std::string groups;
     for (const auto& m : p->models)
-      groups += fmt::format(" {}:{}", m.spec.name,
-                            m.groups.empty() ? std::string("none") : std::to_string(m.groups.size()));
+      groups +=
+          fmt::format(" {}:{}", m.spec.name,
+                      m.groups.empty() ? std::string("none") : std::to_string(m.groups.size()));
     spdlog::info("node {}: plan {}.{}{}", hex, p->epoch.term, p->epoch.version, groups);
     plan = std::move(p);
     hand_plan_to_engine();
@@ -467,7 +512,8 @@ struct node_runtime::impl {
   void hand_plan_to_engine() {
     if (!engine) return;
     std::vector<member_id> live{self};
-    for (member_id id : live_members()) live.push_back(id);
+    for (member_id id : live_members())
+      live.push_back(id);
     // Client endpoints of the live members as the view has them (ours even before a view).
     std::vector<std::string> endpoints{caps.client_endpoint};
     std::map<member_id, serving::peer_facts> facts;
@@ -801,6 +847,12 @@ struct node_runtime::impl {
         apply(members->step(membership_tick{}, now));
       if (election_timer && now >= *election_timer) apply(elect->step(election_tick{}, now));
       probe_round();
+      if (now >= next_snapshot_ms) {
+        std::string doc = status_json().dump();
+        std::lock_guard lock(snapshot_mu);
+        snapshot = std::move(doc);
+        next_snapshot_ms = now + kSnapshotMs;
+      }
     }
   }
 
@@ -995,9 +1047,10 @@ struct node_runtime::impl {
                              {"heads", {r.head_first, r.head_last}}});
           groups.push_back(ranks);
         }
-        models.push_back({{"name", m.spec.name},
-                          {"groups", groups},
-                          {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)}});
+        models.push_back(
+            {{"name", m.spec.name},
+             {"groups", groups},
+             {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)}});
       }
       pj["models"] = models;
       j["plan"] = pj;
@@ -1006,7 +1059,8 @@ struct node_runtime::impl {
     j["stats"] = {{"undecodable", undecodable},
                   {"dropped_events", dropped_events},
                   {"hints_dropped", hints_dropped},
-                  {"plans_refused", plans_refused}};
+                  {"plans_refused", plans_refused},
+                  {"leader_changes", leader_changes}};
     return j;
   }
 };
@@ -1015,6 +1069,8 @@ node_runtime::node_runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 node_runtime::~node_runtime() {
   if (!impl_) return;
+  // The gateway's threads read the snapshot and ask the engine's endpoints: it goes first.
+  if (impl_->gateway) impl_->gateway->stop(0);
   if (impl_->engine) impl_->engine->stop();
   {
     std::lock_guard lock(impl_->mu);
@@ -1028,6 +1084,46 @@ node_runtime::~node_runtime() {
     s->stop();
   if (impl_->control) impl_->control->stop();
 }
+
+namespace {
+
+/// The bearer token in `path`: its first line, surrounding white space trimmed. The error names
+/// the file.
+result<std::string> read_api_key(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(errc::io, "http.api_key_file {}: cannot read it", path);
+  std::string line;
+  std::getline(in, line);
+  const auto first = line.find_first_not_of(" \t\r\n");
+  const auto last = line.find_last_not_of(" \t\r\n");
+  if (first == std::string::npos)
+    return make_error(errc::invalid_argument, "http.api_key_file {}: the first line is empty",
+                      path);
+  return line.substr(first, last - first + 1);
+}
+
+/// The HTTP gateway: API requests go to this peer's own client endpoint (over loopback when it
+/// listens on every address), the status comes from the loop's snapshot.
+result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
+                                                     const std::string& adv_host) {
+  const auto& cfg = p.opt.config;
+  http::gateway_options go;
+  go.bind_address = cfg.listen.http_address;
+  go.port = cfg.listen.http_port;
+  if (!cfg.http.api_key_file.empty()) {
+    auto key = read_api_key(cfg.http.api_key_file);
+    if (!key) return key.error();
+    go.api_key = std::move(*key);
+  }
+  const std::string host = cfg.listen.address == "0.0.0.0" ? "127.0.0.1" : adv_host;
+  go.peers.push_back({host, p.engine->request_port(), p.engine->response_port()});
+  const node_runtime::impl* raw = &p;
+  go.status = [raw] { return raw->status_snapshot(); };
+  go.cluster_status = [raw] { return raw->cluster_status(); };
+  return http::gateway::start(std::move(go));
+}
+
+}  // namespace
 
 result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options options) {
   auto p = std::make_unique<impl>();
@@ -1073,6 +1169,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   // Control plane.
   ctl::node_config cc;
   cc.node_id = p->hex;
+  cc.transient_prefix = std::string(status_client_prefix);
   cc.bind_endpoint = fmt::format("tcp://{}:{}", cfg.listen.address, cfg.listen.control_port);
   std::string adv_host = cfg.listen.address;
   if (adv_host == "0.0.0.0" || adv_host == "*") {
@@ -1152,8 +1249,13 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     p->engine = std::move(*eng);
     for (const auto& m : p->engine->models())
       p->caps.model_specs.push_back(m.spec);
-    p->caps.client_endpoint = fmt::format("{}:{}:{}", adv_host, p->engine->request_port(),
-                                          p->engine->response_port());
+    p->caps.client_endpoint =
+        fmt::format("{}:{}:{}", adv_host, p->engine->request_port(), p->engine->response_port());
+  }
+  if (cfg.http.enabled) {
+    auto g = start_gateway(*p, adv_host);
+    if (!g) return g.error();
+    p->gateway = std::move(*g);
   }
 
   // State machines.
@@ -1250,6 +1352,9 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
   }
   impl_->cv.notify_all();
   if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
+  // HTTP streams running here were resumed on other peers when the engine stopped (the gateway
+  // is a pub-sub client); the mesh knows we left, so let them finish, within a bound.
+  if (impl_->gateway) impl_->gateway->stop(kHttpDrainMs);
   impl_->prober->stop();
   for (auto& s : impl_->sources)
     s->stop();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/base/result.hpp"
@@ -44,6 +45,14 @@ inline constexpr std::size_t kMaxQueuedEvents = 8192;
 /// Bound on peers learnt from discovery hints that membership has not confirmed yet plus members
 /// (2 x membership's max_members); hints for new ids beyond it are dropped (counted).
 inline constexpr std::size_t kMaxKnownPeers = 256;
+
+/// On a graceful leave, how long HTTP API streams still running may take to finish (they are
+/// served by other peers by then); beyond it their connections are closed.
+inline constexpr std::uint32_t kHttpDrainMs = 5000;
+
+/// Control-plane id prefix of status clients (`tessera status`, `tessera fault`, the dashboard's
+/// cluster view): short-lived links, logged at debug level when they go.
+inline constexpr std::string_view status_client_prefix = "status-";
 
 struct runtime_options {
   node_config config;

@@ -1,0 +1,427 @@
+#include "mesh/http/gateway.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include "mesh/http/metrics.hpp"
+#include "mesh/http/openai.hpp"
+
+namespace tessera::mesh::http {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Equal-time comparison: how long a wrong token takes to refuse says nothing about the right one.
+bool same_secret(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+/// The routes counted by name; anything else is "other" (a scanner must not grow the label set).
+std::string route_of(const std::string& path) {
+  for (const char* r : {"/", "/health", "/status", "/cluster", "/metrics", "/v1/models",
+                        "/v1/completions", "/v1/chat/completions"})
+    if (path == r) return path;
+  return "other";
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const api_error& e) {
+  send_json(res, e.status, e.to_json());
+}
+
+/// The stream of one API request, between the thread that runs its serving client and the HTTP
+/// thread that writes it out. Token bytes are appended as they come; the writer takes what is
+/// complete UTF-8.
+struct relay {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending;  // token bytes not written yet
+  std::uint32_t tokens = 0;
+  std::optional<result<serving::outcome>> end;  // set once: the outcome or the error
+  std::atomic<bool> cancel{false};
+  std::thread worker;
+  bool joined = false;
+
+  void join() {
+    cancel = true;
+    if (!joined && worker.joinable()) worker.join();
+    joined = true;
+  }
+};
+
+}  // namespace
+
+struct gateway::impl {
+  gateway_options opt;
+  httplib::Server svr;
+  std::thread listener;
+  std::uint16_t port = 0;
+  std::atomic<bool> closing{false};   // no new API requests
+  std::atomic<bool> stopping{false};  // running streams end now
+  std::atomic<std::uint32_t> in_flight{0};
+
+  std::mutex mu;  // counters, rng
+  gateway_counters counters;
+  std::mt19937_64 rng{std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)};
+
+  std::mutex cache_mu;  // cluster status cache (one refresh at a time)
+  json cluster_cache;
+  std::optional<clock_type::time_point> cluster_at;
+
+  // ------------------------------------------------------------------ plumbing
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (opt.api_key.empty()) return true;
+    const auto header = req.get_header_value("Authorization");
+    constexpr std::string_view scheme = "Bearer ";
+    api_error e;
+    e.status = 401;
+    e.type = "authentication_error";
+    e.code = "invalid_api_key";
+    if (!header.starts_with(scheme)) {
+      e.message = "this peer requires an API key: send 'Authorization: Bearer <key>'";
+      send_error(res, e);
+      return false;
+    }
+    if (!same_secret(std::string_view(header).substr(scheme.size()), opt.api_key)) {
+      e.message = "the API key is not this cluster's";
+      send_error(res, e);
+      return false;
+    }
+    return true;
+  }
+
+  std::string new_id(api_kind kind, std::uint64_t* seed) {
+    std::lock_guard lock(mu);
+    *seed = rng();
+    return fmt::format("{}-{:016x}", kind == api_kind::chat ? "chatcmpl" : "cmpl", rng());
+  }
+
+  json status_doc() const { return opt.status ? opt.status() : json(nullptr); }
+
+  json cluster_doc() {
+    std::lock_guard lock(cache_mu);
+    const auto now = clock_type::now();
+    if (!cluster_at || now - *cluster_at >= std::chrono::milliseconds(opt.cluster_cache_ms)) {
+      cluster_cache = opt.cluster_status ? opt.cluster_status() : json::object();
+      cluster_at = clock_type::now();
+    }
+    return cluster_cache;
+  }
+
+  serving::client_options client_options() const {
+    serving::client_options co;
+    co.peers = opt.peers;
+    co.deadline_ms = opt.request_timeout_s * 1000;
+    co.stall_ms = opt.stall_ms;
+    return co;
+  }
+
+  // ------------------------------------------------------------------ routes
+  void models(httplib::Response& res) {
+    // The models the cluster serves (the plan's) and those loaded here; a model that the plan
+    // cannot place still shows, with its reason, so "why is my model missing" has an answer.
+    const json s = status_doc();
+    json data = json::array();
+    std::set<std::string> seen;
+    const auto add = [&](const std::string& name, const json& extra) {
+      if (!seen.insert(name).second) return;
+      json m{{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "tessera"}};
+      m.update(extra);
+      data.push_back(m);
+    };
+    if (s.contains("plan") && s["plan"].is_object())
+      for (const auto& m : s["plan"]["models"])
+        add(m.value("name", ""),
+            {{"groups", m["groups"].size()},
+             {"no_capacity", m.contains("no_capacity") ? m["no_capacity"] : json(nullptr)}});
+    if (s.contains("serving") && s["serving"].is_object())
+      for (const auto& m : s["serving"]["models"])
+        add(m.value("name", ""), {{"groups", 0}, {"no_capacity", "no plan yet"}});
+    send_json(res, 200, {{"object", "list"}, {"data", data}});
+  }
+
+  void api(api_kind kind, const httplib::Request& req, httplib::Response& res) {
+    if (closing) {
+      api_error e;
+      e.status = 503;
+      e.type = "server_error";
+      e.code = "unavailable";
+      e.message = "this peer is leaving the mesh; ask another peer";
+      return send_error(res, e);
+    }
+    if (in_flight.fetch_add(1) >= opt.max_in_flight) {
+      in_flight.fetch_sub(1);
+      api_error e = error_of(
+          error{errc::overloaded, fmt::format("this peer's HTTP gateway is running {} requests "
+                                              "(its bound); retry, or ask another peer",
+                                              opt.max_in_flight)});
+      send_error(res, e);
+      return;
+    }
+    std::uint64_t seed = 0;
+    std::string id = new_id(kind, &seed);
+    auto parsed = parse_request(kind, req.body, std::move(id), seed);
+    if (auto* e = std::get_if<api_error>(&parsed)) {
+      in_flight.fetch_sub(1);
+      send_error(res, *e);
+      return;
+    }
+    auto r = std::make_shared<api_request>(std::move(std::get<api_request>(parsed)));
+    if (r->stream) {
+      stream(r, res);  // in_flight ends when the stream does
+      return;
+    }
+    complete(*r, res);
+    in_flight.fetch_sub(1);
+  }
+
+  void complete(const api_request& r, httplib::Response& res) {
+    auto c = serving::client::connect(client_options());
+    if (!c) return send_error(res, error_of(c.error()));
+    // Cancelled when the gateway stops: its thread pool joins this thread.
+    auto out = (*c)->ask(r.request, {}, &stopping);
+    if (!out) return send_error(res, error_of(out.error()));
+    {
+      std::lock_guard lock(mu);
+      counters.streamed_tokens += out->tokens.size();
+    }
+    send_json(res, 200, reply(r, *out, unix_now()));
+  }
+
+  void stream(const std::shared_ptr<api_request>& r, httplib::Response& res) {
+    auto rl = std::make_shared<relay>();
+    auto co = client_options();
+    rl->worker = std::thread([rl, r, co] {
+      auto c = serving::client::connect(co);
+      result<serving::outcome> out = c ? (*c)->ask(
+                                             r->request,
+                                             [&](const serving::token_event& t) {
+                                               std::lock_guard lock(rl->mu);
+                                               rl->pending.append(t.text);
+                                               ++rl->tokens;
+                                               rl->cv.notify_all();
+                                             },
+                                             &rl->cancel)
+                                       : result<serving::outcome>(c.error());
+      std::lock_guard lock(rl->mu);
+      rl->end.emplace(std::move(out));
+      rl->cv.notify_all();
+    });
+    // Wait for the first token (or the end) before the status line goes out: a request that fails
+    // before streaming anything gets its HTTP status, as the non-streaming API would.
+    {
+      std::unique_lock lock(rl->mu);
+      while (rl->tokens == 0 && !rl->end && !stopping)
+        rl->cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (rl->end && !*rl->end) {
+        const auto e = error_of(rl->end->error());
+        lock.unlock();
+        rl->join();
+        in_flight.fetch_sub(1);
+        return send_error(res, e);
+      }
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");  // a proxy in front must not hold the tokens back
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, rl, r](std::size_t, httplib::DataSink& sink) { return write_stream(*rl, *r, sink); },
+        [this, rl](bool) {
+          rl->join();
+          in_flight.fetch_sub(1);
+        });
+  }
+
+  bool write_stream(relay& rl, const api_request& r, httplib::DataSink& sink) {
+    const auto created = unix_now();
+    const auto write = [&](const std::string& s) {
+      if (sink.write(s.data(), s.size())) return true;
+      rl.cancel = true;
+      std::lock_guard lock(mu);
+      ++counters.disconnects;
+      return false;
+    };
+    if (r.kind == api_kind::chat && !write(sse(chunk(r, "", true, "", created)))) return false;
+    std::uint32_t written_tokens = 0;
+    for (;;) {
+      std::string text;
+      std::optional<result<serving::outcome>> end;
+      std::uint32_t tokens = 0;
+      {
+        std::unique_lock lock(rl.mu);
+        rl.cv.wait_for(lock, std::chrono::milliseconds(200),
+                       [&] { return !rl.pending.empty() || rl.end.has_value() || stopping; });
+        if (stopping && !rl.end) {
+          rl.cancel = true;
+          return false;  // closes the connection: the client sees the stream cut
+        }
+        const std::size_t n = rl.end ? rl.pending.size() : utf8_complete_prefix(rl.pending);
+        text = rl.pending.substr(0, n);
+        rl.pending.erase(0, n);
+        tokens = rl.tokens;
+        if (rl.end && rl.pending.empty()) end = std::move(rl.end);
+      }
+      if (!text.empty() && !write(sse(chunk(r, text, false, "", created)))) return false;
+      {
+        std::lock_guard lock(mu);
+        counters.streamed_tokens += tokens - written_tokens;
+      }
+      written_tokens = tokens;
+      if (!end) continue;
+      if (*end) {
+        const auto& out = **end;
+        if (!write(sse(chunk(r, "", false, finish_reason(out.stop), created)))) return false;
+        if (r.include_usage &&
+            !write(sse(usage_chunk(r, out.prompt_tokens,
+                                   static_cast<std::uint32_t>(out.tokens.size()), created))))
+          return false;
+      } else if (!write(sse(error_of(end->error()).to_json()))) {
+        return false;
+      }
+      if (!write(std::string(sse_done))) return false;
+      sink.done();
+      return true;
+    }
+  }
+
+  void routes() {
+    svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(dashboard_html()), "text/html; charset=utf-8");
+    });
+    svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, {{"ok", true}});
+    });
+    svr.Get("/status", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) send_json(res, 200, status_doc());
+    });
+    svr.Get("/cluster", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) send_json(res, 200, cluster_doc());
+    });
+    svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      gateway_counters c;
+      {
+        std::lock_guard lock(mu);
+        c = counters;
+      }
+      c.in_flight = in_flight.load();
+      res.set_content(render_metrics(status_doc(), c), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) models(res);
+    });
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) api(api_kind::completion, req, res);
+    });
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) api(api_kind::chat, req, res);
+    });
+    // Errors httplib raises itself (no route, body too large, ...) get the API's error shape.
+    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // a handler wrote its own error
+      api_error e;
+      e.status = res.status;
+      e.code = res.status == 404 ? "not_found" : "";
+      e.message = res.status == 404   ? fmt::format("no route {} {}", req.method, req.path)
+                  : res.status == 413 ? "the request body is too large"
+                                      : fmt::format("HTTP {}", res.status);
+      res.set_content(dump(e.to_json()), "application/json");
+    });
+    svr.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          api_error e;
+          e.status = 500;
+          e.type = "server_error";
+          try {
+            if (ep) std::rethrow_exception(ep);
+          } catch (const std::exception& x) {
+            e.message = fmt::format("internal error: {}", x.what());
+          } catch (...) {
+            e.message = "internal error";
+          }
+          send_error(res, e);
+        });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      std::lock_guard lock(mu);
+      ++counters.requests[{route_of(req.path), res.status}];
+    });
+  }
+};
+
+gateway::gateway(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+gateway::~gateway() {
+  stop();
+}
+
+result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
+  if (options.peers.empty())
+    return make_error(errc::invalid_argument, "http gateway: no client endpoint to send to");
+  auto p = std::make_unique<impl>();
+  p->opt = std::move(options);
+  const auto threads = p->opt.threads;
+  p->svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  p->svr.set_payload_max_length(p->opt.max_body_bytes);
+  p->svr.set_read_timeout(30);
+  p->svr.set_write_timeout(30);
+  p->svr.set_keep_alive_max_count(100);
+  p->routes();
+  const auto& addr = p->opt.bind_address;
+  if (p->opt.port == 0) {
+    const int port = p->svr.bind_to_any_port(addr);
+    if (port <= 0) return make_error(errc::io, "http gateway: cannot bind {}:<any port>", addr);
+    p->port = static_cast<std::uint16_t>(port);
+  } else {
+    if (!p->svr.bind_to_port(addr, p->opt.port))
+      return make_error(errc::io,
+                        "http gateway: cannot bind {}:{} (in use, or not an address of "
+                        "this machine); set listen.http_port",
+                        addr, p->opt.port);
+    p->port = p->opt.port;
+  }
+  impl* raw = p.get();
+  p->listener = std::thread([raw] { raw->svr.listen_after_bind(); });
+  spdlog::info("http gateway: http://{}:{}/ ({})", addr, p->port,
+               p->opt.api_key.empty() ? "no API key" : "API key required");
+  return std::unique_ptr<gateway>(new gateway(std::move(p)));
+}
+
+void gateway::stop(std::uint32_t drain_ms) {
+  if (!impl_ || impl_->closing.exchange(true)) return;
+  const auto end = clock_type::now() + std::chrono::milliseconds(drain_ms);
+  while (impl_->in_flight.load() > 0 && clock_type::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  impl_->stopping = true;
+  impl_->svr.stop();
+  if (impl_->listener.joinable()) impl_->listener.join();
+}
+
+std::uint16_t gateway::port() const {
+  return impl_->port;
+}
+
+}  // namespace tessera::mesh::http

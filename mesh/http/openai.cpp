@@ -1,0 +1,366 @@
+#include "mesh/http/openai.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace tessera::mesh::http {
+namespace {
+
+using json = nlohmann::json;
+
+api_error bad(std::string param, std::string message) {
+  api_error e;
+  e.status = 400;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+std::string shown(const json& v) {
+  std::string s = dump(v);
+  if (s.size() > 40) s = s.substr(0, 40) + "...";
+  return s;
+}
+
+/// A number field in [lo, hi]; absent or null leaves `out` alone.
+std::optional<api_error> number(const json& body, const char* key, double lo, double hi,
+                                float& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi))
+    return bad(key,
+               fmt::format("'{}' must be a number from {} to {}, got {}", key, lo, hi, shown(*it)));
+  out = static_cast<float>(it->get<double>());
+  return std::nullopt;
+}
+
+/// An integer field in [lo, hi]; absent or null leaves `out` alone.
+template <typename Int>
+std::optional<api_error> integer(const json& body, const char* key, std::int64_t lo,
+                                 std::int64_t hi, Int& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer() || it->get<std::int64_t>() < lo || it->get<std::int64_t>() > hi)
+    return bad(
+        key, fmt::format("'{}' must be an integer from {} to {}, got {}", key, lo, hi, shown(*it)));
+  out = static_cast<Int>(it->get<std::int64_t>());
+  return std::nullopt;
+}
+
+/// A field Tessera does not implement: accepted only when it asks for the default behaviour.
+std::optional<api_error> only_default(const json& body, const char* key, const char* what) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  const json& v = *it;
+  const bool is_default = (v.is_boolean() && !v.get<bool>()) ||
+                          (v.is_number() && v.get<double>() == 0) ||
+                          (v.is_string() && v.get<std::string>().empty()) ||
+                          ((v.is_array() || v.is_object()) && v.empty());
+  if (is_default) return std::nullopt;
+  return bad(key,
+             fmt::format("'{}' is not supported by Tessera ({}); got {}", key, what, shown(v)));
+}
+
+std::optional<api_error> parse_messages(const json& body, serving::request& r) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty())
+    return bad("messages", "'messages' must be a non-empty array of {\"role\", \"content\"}");
+  if (it->size() > serving::max_messages)
+    return bad("messages", fmt::format("'messages' holds {} messages, at most {}", it->size(),
+                                       serving::max_messages));
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return bad(where, fmt::format("'{}' must be an object", where));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      return bad(where + ".role", fmt::format("'{}.role' must be a string", where));
+    std::string role_text = role->get<std::string>();
+    if (role_text == "developer") role_text = "system";  // OpenAI's newer name for system
+    if (role_text != "system" && role_text != "user" && role_text != "assistant")
+      return bad(where + ".role", fmt::format("'{}.role' is '{}'; Tessera takes system, user, "
+                                              "assistant (or developer)",
+                                              where, role_text.substr(0, 32)));
+    std::string content;
+    auto c = m.find("content");
+    if (c == m.end() || c->is_null()) {
+      // An assistant message may have no content (OpenAI allows it with tool calls).
+    } else if (c->is_string()) {
+      content = c->get<std::string>();
+    } else if (c->is_array()) {
+      for (std::size_t k = 0; k < c->size(); ++k) {
+        const json& part = (*c)[k];
+        const std::string pw = fmt::format("{}.content[{}]", where, k);
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          return bad(pw, fmt::format("'{}' must be {{\"type\": \"text\", \"text\": ...}} (only "
+                                     "text parts are supported)",
+                                     pw));
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      return bad(where + ".content",
+                 fmt::format("'{}.content' must be a string or an array of text parts", where));
+    }
+    r.messages.push_back({std::move(role_text), std::move(content)});
+  }
+  return std::nullopt;
+}
+
+std::optional<api_error> parse_prompt(const json& body, serving::request& r) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return bad("prompt", "'prompt' is required");
+  if (it->is_string()) {
+    r.prompt = it->get<std::string>();
+  } else if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
+    r.prompt = (*it)[0].get<std::string>();
+  } else {
+    return bad("prompt",
+               "'prompt' must be a string (or an array of one string; token-id prompts and "
+               "several prompts per request are not supported)");
+  }
+  if (r.prompt.empty()) return bad("prompt", "'prompt' is empty");
+  return std::nullopt;
+}
+
+std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
+  for (auto [key, what] : {std::pair{"stop", "stop sequences"},
+                           {"logprobs", "log probabilities"},
+                           {"top_logprobs", "log probabilities"},
+                           {"echo", "echoing the prompt"},
+                           {"suffix", "insertion"},
+                           {"frequency_penalty", "use repeat_penalty"},
+                           {"presence_penalty", "use repeat_penalty"},
+                           {"logit_bias", "logit bias"},
+                           {"tools", "tool calls"},
+                           {"functions", "function calls"},
+                           {"tool_choice", "tool calls"},
+                           {"function_call", "function calls"}}) {
+    if (auto e = only_default(body, key, what)) return e;
+  }
+  for (const char* key : {"n", "best_of"}) {
+    auto it = body.find(key);
+    if (it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int>() == 1))
+      return bad(key,
+                 fmt::format("'{}' must be 1 (one choice per request), got {}", key, shown(*it)));
+  }
+  if (kind == api_kind::chat) {
+    auto it = body.find("response_format");
+    if (it != body.end() && !it->is_null() && !(it->is_object() && it->value("type", "") == "text"))
+      return bad("response_format",
+                 "'response_format' must be {\"type\": \"text\"} (structured "
+                 "output is not supported)");
+  }
+  return std::nullopt;
+}
+
+std::optional<api_error> parse_sampling(api_kind kind, const json& body, serving::request& r) {
+  // OpenAI's defaults (temperature 1, nucleus off) so a client sees the distribution it expects;
+  // top_k / min_p / repeat_penalty are llama.cpp's extensions and off unless asked for.
+  r.temperature = 1.0f;
+  r.top_p = 1.0f;
+  r.top_k = 0;
+  r.min_p = 0.0f;
+  r.repeat_penalty = 1.0f;
+  r.max_tokens = kind == api_kind::chat ? default_chat_tokens : default_completion_tokens;
+  if (auto e = number(body, "temperature", 0, 2, r.temperature)) return e;
+  if (auto e = number(body, "top_p", 0, 1, r.top_p)) return e;
+  if (auto e = number(body, "min_p", 0, 1, r.min_p)) return e;
+  if (auto e = number(body, "repeat_penalty", 0.01, 10, r.repeat_penalty)) return e;
+  if (auto e = integer(body, "top_k", 0, 1 << 20, r.top_k)) return e;
+  if (auto e = integer(body, "max_tokens", 1, serving::max_tokens_limit, r.max_tokens)) return e;
+  if (auto e = integer(body, "max_completion_tokens", 1, serving::max_tokens_limit, r.max_tokens))
+    return e;
+  if (auto e = integer(body, "seed", std::numeric_limits<std::int64_t>::min(),
+                       std::numeric_limits<std::int64_t>::max(), r.seed))
+    return e;
+  return std::nullopt;
+}
+
+}  // namespace
+
+json api_error::to_json() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+std::variant<api_request, api_error> parse_request(api_kind kind, std::string_view body_text,
+                                                   std::string id, std::uint64_t seed) {
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  api_request out;
+  out.kind = kind;
+  serving::request& r = out.request;
+  r.id = std::move(id);
+  r.seed = seed;
+  auto model = body.find("model");
+  if (model == body.end() || !model->is_string() || model->get<std::string>().empty())
+    return bad("model", "'model' must name a model (GET /v1/models lists them)");
+  r.model = model->get<std::string>();
+  if (r.model.size() > serving::max_model_bytes)
+    return bad("model", fmt::format("'model' is {} bytes, at most {}", r.model.size(),
+                                    serving::max_model_bytes));
+  if (auto e = kind == api_kind::chat ? parse_messages(body, r) : parse_prompt(body, r)) return *e;
+  if (auto e = parse_unsupported(kind, body)) return *e;
+  if (auto e = parse_sampling(kind, body, r)) return *e;
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("stream", "'stream' must be true or false");
+    out.stream = it->get<bool>();
+  }
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("stream_options", "'stream_options' must be an object");
+    if (auto u = it->find("include_usage"); u != it->end() && !u->is_null()) {
+      if (!u->is_boolean())
+        return bad("stream_options.include_usage", "'include_usage' must be true or false");
+      out.include_usage = u->get<bool>();
+    }
+  }
+  if (auto v = serving::validate(r); !v) return bad("", v.error().message);
+  return out;
+}
+
+api_error error_of(const error& e) {
+  api_error a;
+  a.message = e.message;
+  switch (e.code) {
+    case errc::invalid_argument:
+    case errc::unsupported:
+      a.status = 400;
+      break;
+    case errc::not_found:
+      a.status = 404;
+      a.param = "model";
+      a.code = "model_not_found";
+      break;
+    case errc::no_capacity:
+      a.status = 503;
+      a.type = "server_error";
+      a.code = "no_capacity";
+      break;
+    case errc::overloaded:
+      a.status = 429;
+      a.type = "server_error";
+      a.code = "overloaded";
+      break;
+    case errc::timeout:
+      a.status = 504;
+      a.type = "server_error";
+      a.code = "timeout";
+      break;
+    case errc::unauthorized:
+      a.status = 401;
+      a.type = "authentication_error";
+      a.code = "invalid_api_key";
+      break;
+    default:
+      a.status = 500;
+      a.type = "server_error";
+      a.code = "internal";
+      break;
+  }
+  return a;
+}
+
+std::string_view finish_reason(std::string_view stop) {
+  return stop == "end_of_generation" ? "stop" : "length";
+}
+
+namespace {
+
+json tessera_extension(const serving::outcome& out) {
+  return {{"nodes", out.nodes}, {"attempts", out.attempts}};
+}
+
+json usage(std::uint32_t prompt, std::uint32_t completion) {
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
+}
+
+}  // namespace
+
+json reply(const api_request& r, const serving::outcome& out, std::int64_t created_unix) {
+  json choice{{"index", 0}, {"finish_reason", finish_reason(out.stop)}, {"logprobs", nullptr}};
+  if (r.kind == api_kind::chat)
+    choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+  else
+    choice["text"] = out.text;
+  return {{"id", r.request.id},
+          {"object", r.kind == api_kind::chat ? "chat.completion" : "text_completion"},
+          {"created", created_unix},
+          {"model", r.request.model},
+          {"choices", json::array({choice})},
+          {"usage", usage(out.prompt_tokens, static_cast<std::uint32_t>(out.tokens.size()))},
+          {"tessera", tessera_extension(out)}};
+}
+
+json chunk(const api_request& r, std::string_view text, bool first, std::string_view finish,
+           std::int64_t created_unix) {
+  json choice{{"index", 0},
+              {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
+              {"logprobs", nullptr}};
+  if (r.kind == api_kind::chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && finish.empty())) delta["content"] = std::string(text);
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = std::string(text);
+  }
+  return {{"id", r.request.id},
+          {"object", r.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_unix},
+          {"model", r.request.model},
+          {"choices", json::array({choice})}};
+}
+
+json usage_chunk(const api_request& r, std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                 std::int64_t created_unix) {
+  return {{"id", r.request.id},
+          {"object", r.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_unix},
+          {"model", r.request.model},
+          {"choices", json::array()},
+          {"usage", usage(prompt_tokens, completion_tokens)}};
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse(const json& j) {
+  return "data: " + dump(j) + "\n\n";
+}
+
+std::size_t utf8_complete_prefix(std::string_view b) noexcept {
+  // Walk back over at most 3 continuation bytes to the last lead byte; if the sequence it starts
+  // is longer than what follows it, cut before it. Anything else (ASCII, a complete sequence,
+  // stray bytes) is left for the JSON dump to keep or replace.
+  const std::size_t n = b.size();
+  std::size_t i = n;
+  std::size_t back = 0;
+  while (i > 0 && back < 4) {
+    const auto c = static_cast<unsigned char>(b[i - 1]);
+    if ((c & 0xC0) != 0x80) {
+      std::size_t need = 1;
+      if ((c & 0xE0) == 0xC0)
+        need = 2;
+      else if ((c & 0xF0) == 0xE0)
+        need = 3;
+      else if ((c & 0xF8) == 0xF0)
+        need = 4;
+      return (n - (i - 1)) < need ? i - 1 : n;
+    }
+    --i;
+    ++back;
+  }
+  return n;
+}
+
+}  // namespace tessera::mesh::http

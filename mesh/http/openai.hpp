@@ -1,0 +1,93 @@
+// The OpenAI-compatible API's pure half: JSON bodies in, serving requests out; outcomes in, JSON
+// replies and server-sent-event chunks out. No sockets and no threads, so every rule here is unit
+// tested; mesh/http/gateway.cpp puts it on the wire (docs/HTTP.md).
+//
+//   POST /v1/completions       {"model", "prompt", "max_tokens", "stream", ...}
+//   POST /v1/chat/completions  {"model", "messages": [{"role", "content"}], "stream", ...}
+//
+// Fields OpenAI documents that would change the answer but that Tessera does not do (n > 1, stop
+// sequences, logprobs, echo, best_of, suffix, tools, non-zero frequency/presence penalties) are
+// refused with an error naming the field, never silently ignored: a client must not believe it got
+// something it did not. Fields that do not change the answer (user, metadata, ...) are ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/base/result.hpp"
+#include "mesh/serving/client.hpp"
+#include "mesh/serving/protocol.hpp"
+
+namespace tessera::mesh::http {
+
+enum class api_kind : std::uint8_t { completion, chat };
+
+/// Default max_tokens when the body names none: OpenAI's 16 for completions; chat has no default
+/// there (it runs to the context's end), so Tessera stops at a bound a reader can wait for.
+inline constexpr std::uint32_t default_completion_tokens = 16;
+inline constexpr std::uint32_t default_chat_tokens = 512;
+
+/// A parsed API request: the serving request to run and how to answer.
+struct api_request {
+  api_kind kind = api_kind::completion;
+  serving::request request;
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage: a last chunk with usage
+};
+
+/// An error as the API answers it: HTTP status and OpenAI's error object
+/// ({"error": {"message", "type", "param", "code"}}).
+struct api_error {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  ///< the offending field, empty when none
+  std::string code;   ///< machine-readable, empty when none
+
+  [[nodiscard]] nlohmann::json to_json() const;
+};
+
+/// Parses a body of `kind`. `id` becomes the serving request's id (unique per request; the reply
+/// carries it). `seed`: used when the body names none (a resumed stream must draw the same tokens,
+/// so a request always travels with a seed). Errors name the field.
+[[nodiscard]] std::variant<api_request, api_error> parse_request(api_kind kind,
+                                                                 std::string_view body,
+                                                                 std::string id,
+                                                                 std::uint64_t seed);
+
+/// Maps a serving failure (the client's error) to the API's status and error object.
+[[nodiscard]] api_error error_of(const error& e);
+
+/// "stop" for a natural end, "length" when max_tokens or the context ran out.
+[[nodiscard]] std::string_view finish_reason(std::string_view stop);
+
+/// The non-streaming reply.
+[[nodiscard]] nlohmann::json reply(const api_request& r, const serving::outcome& out,
+                                   std::int64_t created_unix);
+
+/// One streamed chunk. `text` must be complete UTF-8 (see utf8_complete_prefix). A chat stream's
+/// first chunk carries the role: pass `first` = true. `finish` non-empty: the final chunk.
+[[nodiscard]] nlohmann::json chunk(const api_request& r, std::string_view text, bool first,
+                                   std::string_view finish, std::int64_t created_unix);
+/// The usage chunk of a stream that asked for it (choices empty).
+[[nodiscard]] nlohmann::json usage_chunk(const api_request& r, std::uint32_t prompt_tokens,
+                                         std::uint32_t completion_tokens,
+                                         std::int64_t created_unix);
+
+/// One server-sent event: "data: <json>\n\n". Invalid UTF-8 is replaced, never thrown on.
+[[nodiscard]] std::string sse(const nlohmann::json& j);
+inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
+
+/// The longest prefix of `bytes` that does not end inside a UTF-8 sequence. A token's bytes may
+/// hold half a character; the rest comes with the next token, and a JSON string must not be cut
+/// there.
+[[nodiscard]] std::size_t utf8_complete_prefix(std::string_view bytes) noexcept;
+
+/// JSON dump that replaces invalid UTF-8 instead of throwing.
+[[nodiscard]] std::string dump(const nlohmann::json& j);
+
+}  // namespace tessera::mesh::http

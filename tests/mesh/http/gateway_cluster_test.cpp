@@ -1,0 +1,321 @@
+// The HTTP gateway of real `tessera node` processes: the OpenAI-compatible API answers like a
+// single peer (greedy text equal to `tessera run`), streams server-sent events, refuses bad input
+// with OpenAI's error shape and the right status, requires the API key when one is set, exports
+// metrics — and a stream survives the death of the peer that serves it, because the gateway goes
+// through the same pub-sub path as every other client.
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/mesh/cluster/cluster_fixture.hpp"
+#include "tests/support/child_process.hpp"
+
+namespace tessera::mesh::http {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using test::cluster_fixture;
+
+constexpr const char* kPrompt = "Once upon a time";
+constexpr const char* kKey = "sk-test-0123456789";
+
+/// A parsed event stream: the text of every chunk, the finish reason, whether [DONE] came.
+struct sse_result {
+  std::string text;
+  std::string finish;
+  bool done = false;
+  std::size_t chunks = 0;
+  std::string error;  ///< an error event's message
+};
+
+/// Feeds bytes as they arrive; calls on_chunk after each complete event.
+class sse_parser {
+ public:
+  explicit sse_parser(sse_result& out) : out_(out) {}
+  void feed(std::string_view bytes) {
+    buf_.append(bytes);
+    for (auto at = buf_.find("\n\n"); at != std::string::npos; at = buf_.find("\n\n")) {
+      const std::string event = buf_.substr(0, at);
+      buf_.erase(0, at + 2);
+      ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
+      const std::string data = event.substr(6);
+      if (data == "[DONE]") {
+        out_.done = true;
+        continue;
+      }
+      const json j = json::parse(data);
+      if (j.contains("error")) {
+        out_.error = j["error"].value("message", "?");
+        continue;
+      }
+      ++out_.chunks;
+      for (const auto& c : j["choices"]) {
+        if (c.contains("text")) out_.text += c["text"].get<std::string>();
+        if (c.contains("delta") && c["delta"].contains("content"))
+          out_.text += c["delta"]["content"].get<std::string>();
+        if (!c["finish_reason"].is_null()) out_.finish = c["finish_reason"].get<std::string>();
+      }
+    }
+  }
+
+ private:
+  sse_result& out_;
+  std::string buf_;
+};
+
+class HttpGateway : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+    ASSERT_TRUE(c) << c.error().describe();
+    cluster_.emplace(std::move(*c));
+    model_ = cluster_->dir() + "/tiny.gguf";
+    auto s = test::run_command(
+        {TESSERA_BINARY, "model", "synth", "--preset", "tiny", "--type", "q8_0", "-o", model_},
+        std::chrono::seconds(120));
+    ASSERT_TRUE(s) << s.error().describe();
+    key_file_ = cluster_->dir() + "/api.key";
+    std::FILE* f = std::fopen(key_file_.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "%s\n", kKey);
+    std::fclose(f);
+    for (std::size_t i = 0; i < cluster_->size(); ++i) {
+      auto r = cluster_->start(
+          i, {"--model", model_, "--threads", "1", "--http-api-key-file", key_file_});
+      ASSERT_TRUE(r) << r.error().describe();
+    }
+    wait_ready();
+  }
+
+  std::uint16_t http_port(std::size_t i) {
+    return static_cast<std::uint16_t>(cluster_->node(i).port + 4);
+  }
+
+  httplib::Client client(std::size_t i) {
+    httplib::Client c("127.0.0.1", http_port(i));
+    c.set_read_timeout(120, 0);
+    c.set_bearer_token_auth(kKey);
+    return c;
+  }
+
+  /// Every node's /v1/models lists "tiny" with 3 groups (one replica per peer).
+  void wait_ready() {
+    const auto end = std::chrono::steady_clock::now() + 90s;
+    while (std::chrono::steady_clock::now() < end) {
+      bool all = true;
+      for (std::size_t i = 0; i < cluster_->size() && all; ++i) {
+        auto r = client(i).Get("/v1/models");
+        all = r && r->status == 200 && [&] {
+          const json j = json::parse(r->body, nullptr, false);
+          if (!j.is_object()) return false;
+          for (const auto& m : j["data"])
+            if (m["id"] == "tiny" && m["groups"] == 3) return true;
+          return false;
+        }();
+      }
+      if (all) return;
+      std::this_thread::sleep_for(300ms);
+    }
+    FAIL() << "no node listed tiny with 3 groups\n" << cluster_->logs();
+  }
+
+  /// `tessera run --temp 0`'s text for n tokens.
+  std::string reference(int n) {
+    auto out = test::run_command({TESSERA_BINARY, "run", model_, "-p", kPrompt, "-n",
+                                  std::to_string(n), "--temp", "0", "--json"},
+                                 std::chrono::seconds(300));
+    EXPECT_TRUE(out) << out.error().describe();
+    if (!out) return {};
+    std::istringstream lines(*out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.starts_with("{")) return json::parse(line).at("text").get<std::string>();
+    ADD_FAILURE() << "no JSON line in: " << *out;
+    return {};
+  }
+
+  /// POSTs a streaming request; `on_chunk` runs after each chunk's bytes were parsed.
+  sse_result stream(std::size_t node, const std::string& path, const json& body,
+                    const std::function<void(const sse_result&)>& on_chunk = {}) {
+    sse_result out;
+    sse_parser parser(out);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.set_header("Authorization", std::string("Bearer ") + kKey);
+    req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+      parser.feed(std::string_view(data, n));
+      if (on_chunk) on_chunk(out);
+      return true;
+    };
+    auto c = client(node);
+    auto r = c.send(req);
+    EXPECT_TRUE(r) << "no reply: " << httplib::to_string(r.error());
+    if (r) {
+      EXPECT_EQ(r->status, 200);
+    }
+    return out;
+  }
+
+  std::optional<cluster_fixture> cluster_;
+  std::string model_;
+  std::string key_file_;
+};
+
+TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
+  constexpr int n = 24;
+  const std::string ref = reference(n);
+  ASSERT_FALSE(ref.empty());
+  const json body{{"model", "tiny"}, {"prompt", kPrompt}, {"max_tokens", n}, {"temperature", 0}};
+
+  // Non-streaming, through every peer's gateway: the single-peer text.
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto r = client(i).Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["choices"][0]["text"], ref) << "through node " << i;
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(j["usage"]["completion_tokens"], n);
+  }
+
+  // Streaming: the same text, chunk by chunk, then a finish reason and [DONE].
+  json sb = body;
+  sb["stream"] = true;
+  const auto s = stream(1, "/v1/completions", sb);
+  EXPECT_EQ(s.text, ref);
+  EXPECT_EQ(s.finish, "length");
+  EXPECT_TRUE(s.done);
+  EXPECT_GE(s.chunks, 2u);
+  const auto chat = stream(2, "/v1/chat/completions",
+                           {{"model", "tiny"},
+                            {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                            {"max_tokens", 6},
+                            {"temperature", 0},
+                            {"stream", true}});
+  EXPECT_TRUE(chat.done);
+  EXPECT_EQ(chat.finish, "length");
+  EXPECT_FALSE(chat.text.empty());
+
+  // Refusals: OpenAI's error object and the status that fits.
+  struct refusal {
+    std::string path;
+    std::string body;
+    int status;
+    std::string in_message;
+  };
+  const refusal refusals[] = {
+      {"/v1/completions", R"({"model":"no-such-model","prompt":"x"})", 404, "no-such-model"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"x","n":3})", 400, "'n'"},
+      {"/v1/completions", "{not json", 400, "not valid JSON"},
+      {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400, "messages"},
+      {"/v1/nothing", "{}", 404, "no route"},
+  };
+  for (const auto& f : refusals) {
+    auto r = client(0).Post(f.path, f.body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, f.status) << f.body << " -> " << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(f.in_message), std::string::npos)
+        << r->body;
+  }
+  // A streaming request that fails before its first token gets its status, not a broken stream.
+  {
+    auto r =
+        client(0).Post("/v1/completions", R"({"model":"no-such-model","prompt":"x","stream":true})",
+                       "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << r->body;
+  }
+
+  // The API key: none or a wrong one is refused; /health needs none.
+  {
+    httplib::Client anon("127.0.0.1", http_port(0));
+    auto r = anon.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    EXPECT_NE(r->body.find("invalid_api_key"), std::string::npos) << r->body;
+    anon.set_bearer_token_auth("sk-wrong");
+    r = anon.Get("/metrics");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    r = anon.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+  }
+
+  // Metrics: the API requests above were counted, and the mesh numbers are there.
+  auto m = client(0).Get("/metrics");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  EXPECT_NE(m->body.find("tessera_http_requests_total{route=\"/v1/completions\",code=\"200\"}"),
+            std::string::npos)
+      << m->body;
+  EXPECT_NE(m->body.find("tessera_election_term "), std::string::npos);
+  EXPECT_NE(m->body.find("tessera_link_rtt_seconds{"), std::string::npos);
+  // The dashboard page and the cluster document it draws from.
+  auto page = client(0).Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->body.find("<title>Tessera</title>"), std::string::npos);
+  auto cl = client(0).Get("/cluster");
+  ASSERT_TRUE(cl);
+  ASSERT_EQ(cl->status, 200);
+  const json cj = json::parse(cl->body);
+  EXPECT_EQ(cj.size(), 3u) << cl->body.substr(0, 400);
+  for (std::size_t i = 0; i < cluster_->size(); ++i)
+    EXPECT_TRUE(cj.contains(cluster_->node_id(i)) && cj[cluster_->node_id(i)].is_object());
+}
+
+TEST_F(HttpGateway, StreamSurvivesTheDeathOfItsServingPeer) {
+  constexpr int n = 120;
+  constexpr std::size_t at = 10;  // tokens' worth of text before the kill
+  const std::string ref = reference(n);
+  ASSERT_FALSE(ref.empty());
+  // The gateway is node 0's; the stream must be served by another peer to kill that one. The plan
+  // spreads ids over the replicas, so a few tries find one.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::size_t killed = cluster_->size();
+    const auto s =
+        stream(0, "/v1/completions",
+               {{"model", "tiny"},
+                {"prompt", kPrompt},
+                {"max_tokens", n},
+                {"temperature", 0},
+                {"stream", true}},
+               [&](const sse_result& so_far) {
+                 if (killed != cluster_->size() || so_far.chunks < at) return;
+                 killed = 0;  // "looked": node 0 itself or nobody found serves it
+                 for (std::size_t i = 1; i < cluster_->size(); ++i) {
+                   auto st = cluster_->status(i);
+                   if (!st || !(*st)["serving"].is_object()) continue;
+                   for (const auto& x : (*st)["serving"]["streams"])
+                     if (x.value("id", "").starts_with("cmpl-") && !x.value("queued", false)) {
+                       cluster_->kill9(i);
+                       killed = i;
+                       return;
+                     }
+                 }
+               });
+    if (killed == 0 || killed == cluster_->size()) continue;  // served by node 0: try again
+    EXPECT_TRUE(s.error.empty()) << s.error;
+    EXPECT_EQ(s.text, ref) << "the stream resumed on another peer must be the same text";
+    EXPECT_EQ(s.finish, "length");
+    EXPECT_TRUE(s.done);
+    return;
+  }
+  FAIL() << "node 0 served every try; no stream to break";
+}
+
+}  // namespace
+}  // namespace tessera::mesh::http

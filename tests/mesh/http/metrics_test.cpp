@@ -1,0 +1,87 @@
+// /metrics: the text is Prometheus' exposition format (every sample belongs to a family declared
+// by HELP and TYPE, label values escaped) and the numbers are the status document's.
+#include "mesh/http/metrics.hpp"
+
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+namespace tessera::mesh::http {
+namespace {
+
+using json = nlohmann::json;
+
+json sample_status() {
+  return json::parse(R"({
+    "node": {"id": "aa", "role": "leader", "term": 7, "leader": "aa"},
+    "membership": [{"id": "aa", "status": "alive"}, {"id": "bb", "status": "suspect"}],
+    "view": {"epoch": {"term": 7, "version": 3},
+             "members": [{"id": "aa", "memory_free_mb": 2}],
+             "links": [{"from": "aa", "to": "b\"b", "rtt_us": 250, "bandwidth_mbps": 8000,
+                        "backend": "shm"}]},
+    "serving": {"accepted": 5, "completed": 4, "rejected": 1, "tokens": 99,
+                "streams": [{"id": "r1"}, {"id": "r2", "queued": true}]},
+    "faults": {"partitions": [{}], "rules": []},
+    "stats": {"leader_changes": 2, "dropped_events": 0, "undecodable": 0}
+  })");
+}
+
+/// Parses the exposition text: sample name -> values; checks the grammar on the way.
+std::multimap<std::string, std::string> parse(const std::string& text) {
+  std::multimap<std::string, std::string> out;
+  std::set<std::string> typed;
+  const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? (\S+)$)");
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# HELP ", 0) == 0) continue;
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      std::string name, type;
+      t >> name >> type;
+      EXPECT_TRUE(type == "counter" || type == "gauge") << line;
+      typed.insert(name);
+      continue;
+    }
+    std::smatch m;
+    EXPECT_TRUE(std::regex_match(line, m, sample)) << "not a sample: " << line;
+    if (m.empty()) continue;
+    EXPECT_TRUE(typed.count(m[1].str())) << "sample before its TYPE: " << line;
+    out.emplace(line.substr(0, line.rfind(' ')), m[5].str());
+  }
+  return out;
+}
+
+TEST(Metrics, TheTextParsesAndCarriesTheStatusNumbers) {
+  gateway_counters c;
+  c.requests[{"/v1/completions", 200}] = 3;
+  c.streamed_tokens = 12;
+  const auto samples = parse(render_metrics(sample_status(), c));
+  const auto value = [&](const std::string& key) {
+    auto it = samples.find(key);
+    return it == samples.end() ? std::string("<missing>") : it->second;
+  };
+  EXPECT_EQ(value("tessera_election_term"), "7");
+  EXPECT_EQ(value("tessera_is_leader"), "1");
+  EXPECT_EQ(value("tessera_leader_changes_total"), "2");
+  EXPECT_EQ(value(R"(tessera_members{state="suspect"})"), "1");
+  EXPECT_EQ(value(R"(tessera_requests_total{outcome="completed"})"), "4");
+  EXPECT_EQ(value("tessera_tokens_generated_total"), "99");
+  EXPECT_EQ(value(R"(tessera_streams{state="queued"})"), "1");
+  EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="aa",to="b\"b",backend="shm"})"), "0.00025");
+  EXPECT_EQ(value("tessera_fault_partitions"), "1");
+  EXPECT_EQ(value(R"(tessera_http_requests_total{route="/v1/completions",code="200"})"), "3");
+  EXPECT_EQ(value("tessera_http_streamed_tokens_total"), "12");
+}
+
+TEST(Metrics, ANodeWithoutStatusStillAnswers) {
+  const auto samples = parse(render_metrics(nullptr, {}));
+  EXPECT_EQ(samples.count("tessera_http_in_flight"), 1u);
+  EXPECT_EQ(samples.count("tessera_election_term"), 0u);
+  EXPECT_EQ(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+}
+
+}  // namespace
+}  // namespace tessera::mesh::http

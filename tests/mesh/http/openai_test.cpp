@@ -1,0 +1,203 @@
+// The OpenAI-compatible API's translation rules: bodies to serving requests (defaults, every
+// refusal names its field), outcomes to replies and stream chunks, UTF-8 cut points.
+#include "mesh/http/openai.hpp"
+
+#include <gtest/gtest.h>
+
+namespace tessera::mesh::http {
+namespace {
+
+using json = nlohmann::json;
+
+api_request ok(api_kind kind, const std::string& body) {
+  auto r = parse_request(kind, body, "cmpl-1", 42);
+  if (auto* e = std::get_if<api_error>(&r)) {
+    ADD_FAILURE() << body << " -> " << e->message;
+    return {};
+  }
+  return std::get<api_request>(r);
+}
+
+api_error refused(api_kind kind, const std::string& body) {
+  auto r = parse_request(kind, body, "cmpl-1", 42);
+  if (auto* e = std::get_if<api_error>(&r)) return *e;
+  ADD_FAILURE() << body << " was accepted";
+  return {};
+}
+
+TEST(OpenAI, CompletionTakesOpenAIsDefaultsAndTheGivenSeed) {
+  auto r = ok(api_kind::completion, R"({"model":"tiny","prompt":"Once"})");
+  EXPECT_EQ(r.request.id, "cmpl-1");
+  EXPECT_EQ(r.request.model, "tiny");
+  EXPECT_EQ(r.request.prompt, "Once");
+  EXPECT_TRUE(r.request.messages.empty());
+  EXPECT_EQ(r.request.max_tokens, default_completion_tokens);
+  EXPECT_EQ(r.request.temperature, 1.0f);
+  EXPECT_EQ(r.request.top_p, 1.0f);
+  EXPECT_EQ(r.request.top_k, 0);
+  EXPECT_EQ(r.request.min_p, 0.0f);
+  EXPECT_EQ(r.request.seed, 42u);
+  EXPECT_FALSE(r.stream);
+}
+
+TEST(OpenAI, CompletionFieldsMapOntoTheRequest) {
+  auto r = ok(api_kind::completion,
+              R"({"model":"m","prompt":["p"],"max_tokens":7,"temperature":0,"top_p":0.5,
+                  "top_k":3,"min_p":0.1,"repeat_penalty":1.1,"seed":9,"stream":true,
+                  "stream_options":{"include_usage":true},"n":1,"stop":null,"user":"u"})");
+  EXPECT_EQ(r.request.prompt, "p");
+  EXPECT_EQ(r.request.max_tokens, 7u);
+  EXPECT_EQ(r.request.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(r.request.top_p, 0.5f);
+  EXPECT_EQ(r.request.top_k, 3);
+  EXPECT_FLOAT_EQ(r.request.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r.request.repeat_penalty, 1.1f);
+  EXPECT_EQ(r.request.seed, 9u);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(OpenAI, ChatTakesStringAndTextPartContentAndDeveloperRole) {
+  auto r = ok(api_kind::chat, R"({"model":"m","messages":[
+      {"role":"developer","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"hel"},{"type":"text","text":"lo"}]},
+      {"role":"assistant","content":null},
+      {"role":"user","content":"again"}],"max_completion_tokens":5})");
+  ASSERT_EQ(r.request.messages.size(), 4u);
+  EXPECT_EQ(r.request.messages[0].role, "system");
+  EXPECT_EQ(r.request.messages[1].content, "hello");
+  EXPECT_EQ(r.request.messages[2].content, "");
+  EXPECT_EQ(r.request.max_tokens, 5u);
+  EXPECT_TRUE(r.request.prompt.empty());
+  EXPECT_EQ(ok(api_kind::chat, R"({"model":"m","messages":[{"role":"user","content":"x"}]})")
+                .request.max_tokens,
+            default_chat_tokens);
+}
+
+TEST(OpenAI, EveryRefusalNamesItsField) {
+  struct row {
+    api_kind kind;
+    const char* body;
+    const char* param;
+  };
+  const row rows[] = {
+      {api_kind::completion, R"({"prompt":"x"})", "model"},
+      {api_kind::completion, R"({"model":"","prompt":"x"})", "model"},
+      {api_kind::completion, R"({"model":"m"})", "prompt"},
+      {api_kind::completion, R"({"model":"m","prompt":""})", "prompt"},
+      {api_kind::completion, R"({"model":"m","prompt":[1,2,3]})", "prompt"},
+      {api_kind::completion, R"({"model":"m","prompt":["a","b"]})", "prompt"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","max_tokens":0})", "max_tokens"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","max_tokens":100000})", "max_tokens"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","max_tokens":1.5})", "max_tokens"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","temperature":3})", "temperature"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","temperature":"hot"})", "temperature"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","top_p":-1})", "top_p"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","n":2})", "n"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","best_of":3})", "best_of"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","stop":["\n"]})", "stop"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","logprobs":5})", "logprobs"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","echo":true})", "echo"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","presence_penalty":0.5})",
+       "presence_penalty"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","stream":"yes"})", "stream"},
+      {api_kind::chat, R"({"model":"m"})", "messages"},
+      {api_kind::chat, R"({"model":"m","messages":[]})", "messages"},
+      {api_kind::chat, R"({"model":"m","messages":["hi"]})", "messages[0]"},
+      {api_kind::chat, R"({"model":"m","messages":[{"content":"x"}]})", "messages[0].role"},
+      {api_kind::chat, R"({"model":"m","messages":[{"role":"tool","content":"x"}]})",
+       "messages[0].role"},
+      {api_kind::chat,
+       R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+       "messages[0].content[0]"},
+      {api_kind::chat, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{}]})",
+       "tools"},
+      {api_kind::chat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],
+           "response_format":{"type":"json_object"}})",
+       "response_format"},
+  };
+  for (const auto& r : rows) {
+    const auto e = refused(r.kind, r.body);
+    EXPECT_EQ(e.status, 400) << r.body;
+    EXPECT_EQ(e.param, r.param) << r.body << " -> " << e.message;
+    EXPECT_NE(e.message.find(r.param), std::string::npos) << r.body << " -> " << e.message;
+  }
+}
+
+TEST(OpenAI, GarbageBodiesAreRefusedNotThrown) {
+  for (const char* body : {"", "{", "[1,2]", "null", "\"x\"", "{\"model\":", "\xff\xfe"}) {
+    const auto e = refused(api_kind::completion, body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_FALSE(e.message.empty());
+  }
+}
+
+TEST(OpenAI, ServingErrorsMapToStatusesAndCodes) {
+  EXPECT_EQ(error_of(error{errc::not_found, "x"}).status, 404);
+  EXPECT_EQ(error_of(error{errc::not_found, "x"}).code, "model_not_found");
+  EXPECT_EQ(error_of(error{errc::invalid_argument, "x"}).status, 400);
+  EXPECT_EQ(error_of(error{errc::no_capacity, "x"}).status, 503);
+  EXPECT_EQ(error_of(error{errc::overloaded, "x"}).status, 429);
+  EXPECT_EQ(error_of(error{errc::timeout, "x"}).status, 504);
+  EXPECT_EQ(error_of(error{errc::unauthorized, "x"}).status, 401);
+  EXPECT_EQ(error_of(error{errc::internal, "x"}).status, 500);
+  const json j = error_of(error{errc::not_found, "model 'q' is not served"}).to_json();
+  EXPECT_EQ(j["error"]["message"], "model 'q' is not served");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "model");
+}
+
+TEST(OpenAI, RepliesAndChunksHaveOpenAIsShape) {
+  auto chat = ok(api_kind::chat, R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
+  serving::outcome out;
+  out.text = "hello";
+  out.tokens = {1, 2};
+  out.prompt_tokens = 3;
+  out.stop = "max_tokens";
+  out.nodes = {"aa"};
+  json j = reply(chat, out, 100);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["total_tokens"], 5);
+  out.stop = "end_of_generation";
+  auto cmpl = ok(api_kind::completion, R"({"model":"m","prompt":"x"})");
+  j = reply(cmpl, out, 100);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  json first = chunk(chat, "", true, "", 1);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  json mid = chunk(chat, "lo", false, "", 1);
+  EXPECT_EQ(mid["choices"][0]["delta"]["content"], "lo");
+  EXPECT_TRUE(mid["choices"][0]["finish_reason"].is_null());
+  json last = chunk(chat, "", false, "stop", 1);
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(sse(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_TRUE(usage_chunk(chat, 3, 2, 1)["choices"].empty());
+}
+
+TEST(OpenAI, Utf8CutPointsNeverSplitACharacter) {
+  EXPECT_EQ(utf8_complete_prefix(""), 0u);
+  EXPECT_EQ(utf8_complete_prefix("abc"), 3u);
+  const std::string e_acute = "\xc3\xa9";        // é
+  const std::string euro = "\xe2\x82\xac";       // €
+  const std::string emoji = "\xf0\x9f\x98\x80";  // 😀
+  for (const auto& ch : {e_acute, euro, emoji}) {
+    const std::string s = "ab" + ch;
+    EXPECT_EQ(utf8_complete_prefix(s), s.size());
+    for (std::size_t cut = 1; cut < ch.size(); ++cut)
+      EXPECT_EQ(utf8_complete_prefix(s.substr(0, 2 + cut)), 2u) << ch.size() << "/" << cut;
+  }
+  // Stray continuation bytes are not held back for ever: the JSON dump replaces them.
+  EXPECT_EQ(utf8_complete_prefix("a\x80\x80\x80\x80"), 5u);
+  EXPECT_NE(dump(json("a\xff")).find("\xef\xbf\xbd"), std::string::npos);  // U+FFFD
+}
+
+}  // namespace
+}  // namespace tessera::mesh::http
