@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `cmake --install` into a staging root (DESTDIR): the binary runs, the systemd unit starts the
+# installed binary as a node, and the man page holds every subcommand's options.
+# Usage: install_test.sh BUILD_DIR
+set -u
+BUILD=${1:?usage: install_test.sh BUILD_DIR}
+ROOT=$(mktemp -d /tmp/tessera-install.XXXXXX) || exit 1
+trap 'rm -rf "$ROOT"' EXIT
+FAILED=0
+check() {
+  local what=$1
+  shift
+  if "$@"; then echo "  [ok] $what"; else echo "  [FAILED] $what"; FAILED=1; fi
+}
+
+DESTDIR="$ROOT" cmake --install "$BUILD" >"$ROOT.log" 2>&1 \
+  || { echo "cmake --install failed:"; cat "$ROOT.log"; rm -f "$ROOT.log"; exit 1; }
+rm -f "$ROOT.log"
+prefix=$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$BUILD/CMakeCache.txt")
+bin="$ROOT$prefix/bin/tessera"
+unit=$(find "$ROOT" -name tessera.service | head -n 1)
+man=$(find "$ROOT" -name tessera.1 | head -n 1)
+
+check "the binary is installed and runs" "$bin" --version
+check "the systemd unit is installed under lib/systemd/system" test -n "$unit" -a -f "$unit"
+check "the unit starts the installed binary as a node" \
+  grep -q "^ExecStart=$prefix/bin/tessera node --config /etc/tessera/tessera.toml" "$unit"
+check "the unit leaves gracefully on SIGTERM" grep -q "^KillSignal=SIGTERM" "$unit"
+check "the man page is installed in man1" test -n "$man" -a -f "$man"
+for cmd in node ask status run bench model fault keygen demo; do
+  check "the man page documents 'tessera $cmd'" grep -q "^\.SS \"tessera $cmd\"" "$man"
+done
+check "the man page carries the options' help (--http-api-key-file)" grep -q "http\\\\-api\\\\-key\\\\-file\|http-api-key-file" "$man"
+exit $FAILED
