@@ -1,13 +1,20 @@
 // `tessera model synth` (synthetic llama/qwen3 GGUF with a working tokenizer) and
-// `tessera model info` (summary of any GGUF file). Errors go to stderr with a non-zero exit.
+// `tessera model info` (summary of any GGUF file) and `tessera model tokenize` (token ids of a
+// text). Errors go to stderr with a non-zero exit.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "cli/command.hpp"
 #include "inference/gguf/synth.hpp"
+#include "inference/tokenizer/tokenizer.hpp"
 
 namespace tessera::cli {
 
@@ -71,6 +78,54 @@ int run_info(const std::string& path, bool json) {
   return 0;
 }
 
+struct tokenize_args {
+  std::string model;
+  std::string text;
+  std::string file;
+  bool no_special = false;
+  bool json = false;
+};
+
+/// Bound on text read from a file: tokenizing is linear, but a typo must not read a disk image.
+constexpr std::uintmax_t kMaxTokenizeBytes = 256u << 20;
+
+int run_tokenize(const tokenize_args& a) {
+  namespace inf = tessera::inference;
+  const auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "tessera model tokenize: %s\n", why.c_str());
+    return 1;
+  };
+  if (a.text.empty() == a.file.empty()) return fail("give the text or --file, not both");
+  std::string text = a.text;
+  if (!a.file.empty()) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(a.file, ec);
+    if (ec) return fail(a.file + ": " + ec.message());
+    if (size > kMaxTokenizeBytes)
+      return fail(fmt::format("{}: {} bytes, more than the {} MiB this command reads", a.file,
+                              size, kMaxTokenizeBytes >> 20));
+    std::ifstream in(a.file, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  auto f = inf::gguf::file::open(a.model, {inf::gguf::load_mode::headers_only, {}});
+  if (!f) return fail(f.error().message);
+  auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
+  if (!tok) return fail(tok.error().message);
+  const auto ids = tok->encode(text, {.add_special = !a.no_special, .parse_special = false});
+  std::string out;
+  out.reserve(ids.size() * 6 + 2);
+  out += a.json ? "[" : "";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += a.json ? "," : " ";
+    out += std::to_string(ids[i]);
+  }
+  out += a.json ? "]\n" : "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 void register_model(CLI::App& root, int& exit_code) {
@@ -101,6 +156,15 @@ void register_model(CLI::App& root, int& exit_code) {
   info->add_option("file", *info_path, "GGUF file")->required();
   info->add_flag("--json", *info_json, "machine-readable output");
   info->callback([&exit_code, info_path, info_json] { exit_code = run_info(*info_path, *info_json); });
+
+  auto tk = std::make_shared<tokenize_args>();
+  auto* tokenize = cmd->add_subcommand("tokenize", "print the token ids a model's tokenizer makes of a text");
+  tokenize->add_option("file", tk->model, "GGUF file")->required();
+  tokenize->add_option("text", tk->text, "the text (or --file)");
+  tokenize->add_option("-f,--file", tk->file, "read the text from this file (at most 256 MiB)");
+  tokenize->add_flag("--no-special", tk->no_special, "no BOS/EOS around the text");
+  tokenize->add_flag("--json", tk->json, "a JSON array instead of space-separated ids");
+  tokenize->callback([&exit_code, tk] { exit_code = run_tokenize(*tk); });
 }
 
 }  // namespace tessera::cli
