@@ -1,4 +1,5 @@
-// `tessera demo`: the product on one machine. Synthesises a small model, starts N identical
+// `tessera demo`: the product on one machine. Takes the trained demo model (or synthesises one),
+// starts N identical
 // `tessera node` processes on loopback, waits for the mesh (a leader, a view, a serving plan),
 // sends requests through the pub-sub client and prints the streamed answers and the cluster status,
 // then shuts every peer down with SIGTERM. Self-checking: exit 0 only if every step held.
@@ -92,6 +93,19 @@ bool plan_ready(const std::string& status_json, const std::string& model, std::s
 
 }  // namespace
 
+std::string find_demo_model() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("TESSERA_DEMO_MODEL"); env != nullptr && *env != '\0')
+    candidates.emplace_back(env);
+  candidates.emplace_back(TESSERA_SOURCE_DIR "/examples/demo-model/kjv.gguf");
+  candidates.emplace_back(TESSERA_DATA_DIR "/kjv.gguf");
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (fs::is_regular_file(c, ec)) return c;
+  }
+  return {};
+}
+
 int run_serving_demo(const demo_options& o) {
   bool all = true;
   auto check = [&](bool ok, const std::string& what) {
@@ -108,19 +122,29 @@ int run_serving_demo(const demo_options& o) {
   std::printf("tessera demo: %u peers on this machine, working directory %s\n\n", o.peers,
               dir.c_str());
 
-  // 1. A model the project makes itself, and a cluster secret.
-  const std::string model_name = "demo";
-  const std::string model_path = (dir / (model_name + ".gguf")).string();
-  {
+  // 1. A model the project makes itself: the one it trained (scripts/train-demo-model), else a
+  // synthesised one with random weights (it serves just as well; it prints noise).
+  std::string model_path = o.model.empty() ? find_demo_model() : o.model;
+  const bool trained = !model_path.empty();
+  if (trained) {
+    std::error_code ec;
+    if (!fs::is_regular_file(model_path, ec))
+      return std::fprintf(stderr, "tessera demo: --model %s: no such file\n", model_path.c_str()), 1;
+    std::printf("1. model %s (%s)\n", model_path.c_str(),
+                o.model.empty() ? "trained by scripts/train-demo-model on the King James Bible"
+                                : "given with --model");
+  } else {
+    model_path = (dir / "demo.gguf").string();
     auto cfg = inference::gguf::synth_preset("tiny", "llama");
     if (!cfg) return std::fprintf(stderr, "tessera demo: %s\n", cfg.error().message.c_str()), 1;
     cfg->type = inference::tensor_type::q8_0;
     auto w = inference::gguf::write_synthetic_model(*cfg, model_path);
     if (!w) return std::fprintf(stderr, "tessera demo: %s\n", w.error().message.c_str()), 1;
-    std::printf("1. synthesised %s (%.1fM parameters, %s)\n", model_path.c_str(),
-                static_cast<double>(w->params) / 1e6,
+    std::printf("1. synthesised %s (%.1fM parameters, %s; random weights: the text is noise)\n",
+                model_path.c_str(), static_cast<double>(w->params) / 1e6,
                 inference::gguf::human_bytes(w->file_bytes).c_str());
   }
+  const std::string model_name = fs::path(model_path).stem().string();
   const std::string key = (dir / "cluster.key").string();
   {
     namespace tc = transport::control;
@@ -210,14 +234,19 @@ int run_serving_demo(const demo_options& o) {
     if (!check(c.has_value(), "client connected to every peer's request and response endpoints"))
       goto shutdown;
     std::printf("\n4. streaming answers (tessera ask -m %s ...):\n", model_name.c_str());
-    const char* prompts[] = {"Once upon a time", "The mesh of peers", "A token at a time"};
+    const char* trained_prompts[] = {"And God said", "In the beginning", "The LORD is my"};
+    const char* synth_prompts[] = {"Once upon a time", "The mesh of peers", "A token at a time"};
+    const char* const* prompts = trained ? trained_prompts : synth_prompts;
     for (std::uint32_t k = 0; k < 3; ++k) {
       sv::request r;
       r.id = fmt::format("demo-{}-{}", ::getpid(), k);
       r.model = model_name;
       r.prompt = prompts[k];
-      r.max_tokens = 24;
+      r.max_tokens = trained ? 40 : 24;
       r.seed = k + 1;
+      // The trained model at a low temperature: greedy decoding of a 1.7M-parameter model loops.
+      r.temperature = 0.5f;
+      r.repeat_penalty = 1.1f;
       std::printf("   > %s\n   < ", r.prompt.c_str());
       std::fflush(stdout);
       auto out = (*c)->ask(r, [](const sv::token_event& t) {
