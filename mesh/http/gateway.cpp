@@ -267,14 +267,16 @@ struct gateway::impl {
     };
     if (r.kind == api_kind::chat && !write(sse(chunk(r, "", true, "", created)))) return false;
     std::uint32_t written_tokens = 0;
+    std::size_t held = 0;  // bytes of an unfinished UTF-8 character left in pending last round
     for (;;) {
       std::string text;
       std::optional<result<serving::outcome>> end;
       std::uint32_t tokens = 0;
       {
         std::unique_lock lock(rl.mu);
+        // Wake for new bytes, not for the held ones (or this would spin until the next token).
         rl.cv.wait_for(lock, std::chrono::milliseconds(200),
-                       [&] { return !rl.pending.empty() || rl.end.has_value() || stopping; });
+                       [&] { return rl.pending.size() > held || rl.end.has_value() || stopping; });
         if (stopping && !rl.end) {
           rl.cancel = true;
           return false;  // closes the connection: the client sees the stream cut
@@ -282,6 +284,7 @@ struct gateway::impl {
         const std::size_t n = rl.end ? rl.pending.size() : utf8_complete_prefix(rl.pending);
         text = rl.pending.substr(0, n);
         rl.pending.erase(0, n);
+        held = rl.pending.size();
         tokens = rl.tokens;
         if (rl.end && rl.pending.empty()) end = std::move(rl.end);
       }
