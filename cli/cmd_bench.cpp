@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/progress.hpp"
 #include "inference/gguf/gguf.hpp"
 #include "inference/gguf/synth.hpp"
 #include "inference/kernels/bandwidth.hpp"
@@ -113,7 +115,11 @@ struct row {
 result<row> bench_one(const bench_args& a, const std::string& path, int threads) {
   auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
   if (!f) return std::move(f).error();
-  auto m = mdl::model::load(*f);
+  mdl::load_options lo;
+  progress_bar bar(fmt::format("loading {}", std::filesystem::path(path).filename().string()));
+  lo.on_progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.update(done, total); };
+  auto m = mdl::model::load(*f, lo);
+  bar.finish();
   if (!m) return std::move(m).error();
   auto pool = inf::thread_pool::create(threads);
   if (!pool) return std::move(pool).error();

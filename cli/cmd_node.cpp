@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <string>
 
 #include "cli/command.hpp"
+#include "cli/progress.hpp"
 #include "mesh/node/options.hpp"
 #include "mesh/runtime/runtime.hpp"
 
@@ -37,7 +39,19 @@ void register_node(CLI::App& root, int& exit_code) {
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    auto rt = mesh::runtime::node_runtime::start(mesh::runtime::runtime_options{config});
+    mesh::runtime::runtime_options ro{config};
+    std::unique_ptr<progress_bar> bar;
+    std::string loading;
+    ro.on_model_load = [&](const std::string& model, std::uint64_t done, std::uint64_t total) {
+      if (model != loading) {
+        bar = std::make_unique<progress_bar>("loading model " + model);
+        loading = model;
+      }
+      bar->update(done, total);
+      if (done >= total) bar->finish();
+    };
+    auto rt = mesh::runtime::node_runtime::start(ro);
+    bar.reset();
     if (!rt) {
       std::fprintf(stderr, "tessera node: %s\n", rt.error().message.c_str());
       exit_code = 1;

@@ -1,15 +1,18 @@
 // `tessera run MODEL.gguf -p "..."`: load a GGUF model, stream the generated text to stdout, print
 // a timing summary to stderr. Errors (bad file, bad flags, context overflow) go to stderr with a
 // non-zero exit.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/command.hpp"
+#include "cli/progress.hpp"
 #include "inference/gguf/gguf.hpp"
 #include "inference/kernels/cpu.hpp"
 #include "inference/model/generator.hpp"
@@ -65,7 +68,11 @@ int run(const run_args& a) {
   if (!f) return fail(f.error().message);
   auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
   if (!tok) return fail(tok.error().message);
-  auto m = mdl::model::load(*f);
+  mdl::load_options lo;
+  progress_bar bar(fmt::format("loading {}", std::filesystem::path(a.model).filename().string()));
+  lo.on_progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.update(done, total); };
+  auto m = mdl::model::load(*f, lo);
+  bar.finish();
   if (!m) return fail(m.error().message);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 

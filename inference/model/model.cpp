@@ -413,7 +413,10 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
 
   // 3. Fill it: straight from memory when the file is loaded, else pread of each tensor's bytes.
   std::vector<float> vec;
+  std::uint64_t loaded = 0;
   for (const placement& pl : plan) {
+    if (opts.on_progress && loaded > 0) opts.on_progress(loaded, cursor);
+    loaded += pl.bytes;
     std::byte* dst = m->arena_ + pl.offset;
     const gguf::tensor_info& ti = *pl.info;
     const bool vector_slice = pl.as_f32 && ti.dims.size() == 1;
@@ -455,6 +458,8 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
       std::memcpy(dst, src, pl.bytes);
     }
   }
+
+  if (opts.on_progress) opts.on_progress(cursor, cursor);
 
   auto view = [&](std::size_t i) {
     const placement& pl = plan[i];

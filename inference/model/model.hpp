@@ -95,6 +95,9 @@ struct load_options {
   shard_spec shard{};
   /// Refuse models whose weights (this shard's) exceed this many bytes.
   std::uint64_t max_weight_bytes = std::uint64_t{64} << 30;
+  /// Called on the loading thread after each tensor: bytes of weights in place so far, of all
+  /// (a progress bar for a model that takes seconds to read). Empty: not called.
+  std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)> on_progress;
 };
 
 /// Weights and hyper-parameters. Weights are read (pread or copied) into one anonymous arena with

@@ -1240,6 +1240,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.response_port = cfg.listen.client_response_port;
     so.bulk_caps = p->bulk_caps;
     so.faults = p->injector;
+    so.on_load_progress = p->opt.on_model_load;
     ctl::control_node* cn = p->control.get();
     so.send_group_link = [cn](const std::string& peer_hex, std::string body) {
       (void)cn->send(peer_hex, static_cast<std::uint16_t>(runtime_msg::group_link), bytes_of(body));

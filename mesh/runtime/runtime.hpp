@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -58,6 +59,9 @@ struct runtime_options {
   node_config config;
   std::string version = "0.1.0";
   std::string election_state_file = "election.state";  ///< inside the data directory
+  /// Progress of loading each model at start (serving::engine_options::on_load_progress).
+  std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
+      on_model_load;
 };
 
 class node_runtime {

@@ -825,7 +825,12 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
     if (!tok) return tok.error();
     l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
     l->family = inf::tokenizer::chat_family_for(*f);
-    auto m = mdl::model::load(*f);
+    mdl::load_options lo;
+    if (p->opt.on_load_progress)
+      lo.on_progress = [&](std::uint64_t done, std::uint64_t total) {
+        p->opt.on_load_progress(l->info.name, done, total);
+      };
+    auto m = mdl::model::load(*f, lo);
     if (!m) return m.error();
     l->m = std::move(*m);
     l->file = std::make_unique<inf::gguf::file>(std::move(*f));

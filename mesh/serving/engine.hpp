@@ -49,6 +49,10 @@ struct engine_options {
   /// The node's fault layer (`tessera fault`): wraps the bulk links between the ranks of a split
   /// group, named by node hex ids like the control plane. Empty: no faults.
   std::shared_ptr<transport::faults::fault_injector> faults;
+  /// Called while start() loads each model: its name, weight bytes read so far, of all (a progress
+  /// bar in `tessera node`). Empty: not called.
+  std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
+      on_load_progress;
 };
 
 /// What the engine knows of another live member (from the view).

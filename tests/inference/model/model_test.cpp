@@ -116,6 +116,26 @@ TEST(ModelLoad, HyperParametersFromMetadata) {
   EXPECT_EQ((*m)->bytes_per_token(), 3 * per_layer + 4 * 600 * 64);
 }
 
+TEST(ModelLoad, ProgressRisesToTheTotal) {
+  model_file mf(small("llama"), "progress");
+  auto f = open(mf.path);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
+  load_options o;
+  o.on_progress = [&](std::uint64_t done, std::uint64_t total) { calls.emplace_back(done, total); };
+  auto m = model::load(f, o);
+  ASSERT_TRUE(m) << m.error().message;
+  // One call per tensor after the first, then the end: never backwards, never past the total, and
+  // the last one is done == total.
+  ASSERT_GE(calls.size(), 2u);
+  for (std::size_t i = 1; i < calls.size(); ++i) {
+    EXPECT_GE(calls[i].first, calls[i - 1].first);
+    EXPECT_EQ(calls[i].second, calls[0].second);
+    EXPECT_LE(calls[i].first, calls[i].second);
+  }
+  EXPECT_EQ(calls.back().first, calls.back().second);
+  EXPECT_GE(calls.back().second, (*m)->bytes_per_token());
+}
+
 TEST(ModelLoad, MissingTensorIsNamed) {
   model_file mf(small(), "missing");
   const std::string p = rewritten(mf.path, "missing2", {nullptr, [](std::string& n) {
