@@ -109,7 +109,7 @@ void serving_metrics(family_writer& w, const json& s) {
   w.family("tessera_requests_total", "counter",
            "Client requests this node took or answered, by outcome.");
   for (const char* k :
-       {"accepted", "completed", "rejected", "superseded", "duplicates", "malformed"})
+       {"accepted", "completed", "rejected", "superseded", "duplicates", "malformed", "cancelled"})
     w.sample(num(e, k), {{"outcome", k}});
   w.family("tessera_tokens_generated_total", "counter", "Tokens this node generated and streamed.");
   w.sample(num(e, "tokens"));

@@ -159,9 +159,16 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
 
   while (true) {
     const auto now = clock_type::now();
-    if (cancel != nullptr && cancel->load(std::memory_order_relaxed))
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      // Tell the serving peer, so that it stops generating for nobody (docs/PROTOCOL.md).
+      request c;
+      c.id = r.id;
+      c.attempt = r.attempt;
+      c.cancel = true;
+      s.publish(c);
       return make_error(errc::cancelled, "request {}: cancelled after {} tokens", r.id,
                         out.tokens.size());
+    }
     if (now >= deadline)
       return make_error(errc::timeout, "request {}: {} after {} ms ({} tokens received)", r.id,
                         accepted ? "the stream stalled" : "no peer accepted it", s.opt.deadline_ms,

@@ -68,8 +68,8 @@ class client {
   /// (errc::not_found for unknown_model, no_capacity, invalid_argument for invalid_request,
   /// overloaded) with its message; errc::timeout when no peer accepted or the stream stalled past
   /// the deadline or the attempts; errc::cancelled soon (within 50 ms) after `*cancel` turns true
-  /// (the caller lost interest: an HTTP client hung up). Cancelling stops the waiting here; the
-  /// serving peer still runs the stream to its end (the protocol has no cancel message).
+  /// (the caller lost interest: an HTTP client hung up). The serving peer is told (a cancel
+  /// message) and stops generating.
   [[nodiscard]] result<outcome> ask(request r,
                                     const std::function<void(const token_event&)>& on_token = {},
                                     const std::atomic<bool>* cancel = nullptr);

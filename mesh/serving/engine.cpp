@@ -133,7 +133,7 @@ struct engine::impl {
   std::uint64_t dropped_inbox = 0;
   // counters, written by the engine / io threads
   std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
-      tokens_out{0}, duplicates{0};
+      tokens_out{0}, duplicates{0}, cancelled{0};
   std::vector<json> active_view;  // for status (under mu)
   std::vector<json> groups_view;  // for status (under mu)
 
@@ -302,6 +302,21 @@ struct engine::impl {
     return nullptr;
   }
 
+  /// A cancel: the peer serving the id (any attempt up to the cancelled one) drops the stream and
+  /// remembers it as finished, so a re-publication still in flight does not start it again. Every
+  /// other peer has no session and does nothing.
+  void on_cancel(const request& q) {
+    if (!valid_id(q.id)) return;
+    session* s = find_session(q.id);
+    if (s == nullptr || s->req.attempt > q.attempt) return;
+    auto r = base(s->req, "error");
+    r.code = std::string(error_code::cancelled);
+    r.message = "the client cancelled the request";
+    remember(q.id, q.attempt, r);
+    drop_session(q.id);
+    ++cancelled;
+  }
+
   void drop_session(const std::string& id) {
     if (auto it = active.find(id); it != active.end()) release(*it->second);
     active.erase(id);
@@ -309,6 +324,7 @@ struct engine::impl {
   }
 
   void on_request(request q) {
+    if (q.cancel) return on_cancel(q);
     std::shared_ptr<const placement::plan> p;
     std::vector<member_id> members;
     {
@@ -949,6 +965,7 @@ json engine::status() const {
   j["rejected"] = impl_->rejected.load();
   j["superseded"] = impl_->superseded.load();
   j["duplicates"] = impl_->duplicates.load();
+  j["cancelled"] = impl_->cancelled.load();
   j["tokens"] = impl_->tokens_out.load();
   j["malformed"] = impl_->malformed.load();
   return j;

@@ -67,8 +67,11 @@ struct request {
   std::uint64_t seed = 0;
   std::uint32_t attempt = 0;
   std::vector<std::int32_t> resume;  ///< generated token ids the client already holds
+  /// The client lost interest: the peer serving `id` ends that stream (attempt <= `attempt`)
+  /// without another message and remembers it as finished. Only `v`, `id` and `attempt` matter.
+  bool cancel = false;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
-                     repeat_penalty, seed, attempt, resume);
+                     repeat_penalty, seed, attempt, resume, cancel);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };
@@ -83,6 +86,8 @@ inline constexpr std::string_view overloaded = "overloaded";
 inline constexpr std::string_view internal = "internal";
 /// The peer stopped serving the stream (it is leaving): the client resumes it elsewhere.
 inline constexpr std::string_view unavailable = "unavailable";
+/// The client cancelled the request (sent only as the remembered answer to a late re-publication).
+inline constexpr std::string_view cancelled = "cancelled";
 }  // namespace error_code
 
 /// One message of a stream. Which fields mean something depends on `kind` (docs/PROTOCOL.md).

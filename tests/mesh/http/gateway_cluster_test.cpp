@@ -277,6 +277,53 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
     EXPECT_TRUE(cj.contains(cluster_->node_id(i)) && cj[cluster_->node_id(i)].is_object());
 }
 
+TEST_F(HttpGateway, AClientThatHangsUpStopsTheGenerationOnTheServingPeer) {
+  // A long stream; the HTTP client reads a few chunks and closes the connection.
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{
+      {"model", "tiny"},
+      {"prompt", kPrompt},
+      {"max_tokens", 2000},
+      {"temperature", 0},
+      {"stream",
+       true}}.dump();
+  req.set_header("Authorization", std::string("Bearer ") + kKey);
+  std::size_t chunks = 0;
+  req.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
+    return ++chunks < 5;  // false: hang up
+  };
+  auto c = client(0);
+  (void)c.send(req);
+  ASSERT_GE(chunks, 5u) << "the stream never started";
+  // Every peer's engine: no stream of it left, and one counted as cancelled — well before 2000
+  // tokens could have been generated.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::uint64_t cancelled = 0;
+  std::size_t running = 1;
+  while (std::chrono::steady_clock::now() - t0 < 10s) {
+    cancelled = 0;
+    running = 0;
+    for (std::size_t i = 0; i < cluster_->size(); ++i) {
+      auto r = client(i).Get("/status");
+      if (!r || r->status != 200) continue;
+      const json st = json::parse(r->body, nullptr, false);
+      if (!st.is_object() || !st.contains("serving") || !st["serving"].is_object()) continue;
+      cancelled += st["serving"].value("cancelled", std::uint64_t{0});
+      for (const auto& x : st["serving"]["streams"])
+        if (x.value("id", "").starts_with("cmpl-")) ++running;
+    }
+    if (cancelled >= 1 && running == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(running, 0u) << "the serving peer still generates for a client that left";
+  EXPECT_GE(cancelled, 1u);
+  auto m = client(0).Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("tessera_http_disconnects_total 1"), std::string::npos) << m->body;
+}
+
 TEST_F(HttpGateway, StreamSurvivesTheDeathOfItsServingPeer) {
   // Long enough that a release build is still streaming when the serving peer is found and killed
   // (the status it is found by is up to ~0.5 s old).
