@@ -97,18 +97,14 @@ struct gateway::impl {
     if (opt.api_key.empty()) return true;
     const auto header = req.get_header_value("Authorization");
     constexpr std::string_view scheme = "Bearer ";
-    api_error e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.code = "invalid_api_key";
     if (!header.starts_with(scheme)) {
-      e.message = "this peer requires an API key: send 'Authorization: Bearer <key>'";
-      send_error(res, e);
+      send_error(res, error_of(error{errc::unauthorized,
+                                     "this peer requires an API key: send "
+                                     "'Authorization: Bearer <key>'"}));
       return false;
     }
     if (!same_secret(std::string_view(header).substr(scheme.size()), opt.api_key)) {
-      e.message = "the API key is not this cluster's";
-      send_error(res, e);
+      send_error(res, error_of(error{errc::unauthorized, "the API key is not this cluster's"}));
       return false;
     }
     return true;
@@ -166,12 +162,8 @@ struct gateway::impl {
 
   void api(api_kind kind, const httplib::Request& req, httplib::Response& res) {
     if (closing) {
-      api_error e;
-      e.status = 503;
-      e.type = "server_error";
-      e.code = "unavailable";
-      e.message = "this peer is leaving the mesh; ask another peer";
-      return send_error(res, e);
+      return send_error(
+          res, error_of(error{errc::closed, "this peer is leaving the mesh; ask another peer"}));
     }
     if (in_flight.fetch_add(1) >= opt.max_in_flight) {
       in_flight.fetch_sub(1);

@@ -248,6 +248,11 @@ api_error error_of(const error& e) {
       a.type = "server_error";
       a.code = "overloaded";
       break;
+    case errc::closed:
+      a.status = 503;
+      a.type = "server_error";
+      a.code = "unavailable";
+      break;
     case errc::timeout:
       a.status = 504;
       a.type = "server_error";

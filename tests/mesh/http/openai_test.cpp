@@ -140,6 +140,10 @@ TEST(OpenAI, ServingErrorsMapToStatusesAndCodes) {
   EXPECT_EQ(error_of(error{errc::no_capacity, "x"}).status, 503);
   EXPECT_EQ(error_of(error{errc::overloaded, "x"}).status, 429);
   EXPECT_EQ(error_of(error{errc::timeout, "x"}).status, 504);
+  EXPECT_EQ(error_of(error{errc::closed, "x"}).status, 503);
+  EXPECT_EQ(error_of(error{errc::closed, "x"}).code, "unavailable");
+  EXPECT_EQ(error_of(error{errc::unauthorized, "x"}).type, "authentication_error");
+  EXPECT_EQ(error_of(error{errc::unauthorized, "x"}).code, "invalid_api_key");
   EXPECT_EQ(error_of(error{errc::unauthorized, "x"}).status, 401);
   EXPECT_EQ(error_of(error{errc::internal, "x"}).status, 500);
   const json j = error_of(error{errc::not_found, "model 'q' is not served"}).to_json();
