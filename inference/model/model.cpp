@@ -518,6 +518,48 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
 
 context::~context() = default;
 
+result<std::unique_ptr<workspace>> workspace::create(const model& m, std::int64_t max_tokens,
+                                                     std::int64_t n_ctx, int threads) {
+  if (max_tokens < 1 || max_tokens > 4096)
+    return make_error(errc::invalid_argument, "workspace: max_tokens {} is outside [1, 4096]",
+                      max_tokens);
+  if (n_ctx < 1 || n_ctx > (std::int64_t{1} << 20))
+    return make_error(errc::invalid_argument, "workspace: n_ctx {} is outside [1, {}]", n_ctx,
+                      std::int64_t{1} << 20);
+  if (threads < 1 || threads > 1024)
+    return make_error(errc::invalid_argument, "workspace: {} threads is outside [1, 1024]", threads);
+  const hparams& H = m.local();
+  std::unique_ptr<workspace> w(new workspace());
+  w->m_ = &m;
+  w->max_tokens_ = max_tokens;
+  w->n_ctx_ = n_ctx;
+  w->threads_ = threads;
+  const auto B = static_cast<std::size_t>(max_tokens);
+  w->x_.resize(B * static_cast<std::size_t>(H.dim));
+  w->h_.resize(B * static_cast<std::size_t>(H.dim));
+  w->tmp_.resize(B * static_cast<std::size_t>(H.dim));
+  // q, k, v are produced by one fused mat-mul when the types agree: one buffer [B][q + 2 kv].
+  w->q_.resize(B * static_cast<std::size_t>(H.q_dim() + 2 * H.kv_dim()));
+  w->k_.resize(B * static_cast<std::size_t>(H.kv_dim()));
+  w->v_.resize(B * static_cast<std::size_t>(H.kv_dim()));
+  w->att_.resize(B * static_cast<std::size_t>(H.q_dim()));
+  w->gate_.resize(B * static_cast<std::size_t>(2 * H.ffn));
+  w->up_.resize(B * static_cast<std::size_t>(H.ffn));
+  const std::int64_t half = H.head_dim / 2;
+  w->inv_freq_.resize(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    w->inv_freq_[static_cast<std::size_t>(i)] =
+        std::pow(static_cast<double>(H.rope_base),
+                 -2.0 * static_cast<double>(i) / static_cast<double>(H.head_dim));
+  w->rope_cos_.resize(B * static_cast<std::size_t>(half));
+  w->rope_sin_.resize(B * static_cast<std::size_t>(half));
+  w->scores_.resize(static_cast<std::size_t>(threads) * static_cast<std::size_t>(n_ctx) *
+                    static_cast<std::size_t>(H.n_head / H.n_head_kv));
+  w->row_ctx_.resize(B);
+  w->row_pos_.resize(B);
+  return w;
+}
+
 result<std::unique_ptr<context>> context::create(const model& m, const context_options& opts) {
   const hparams& H = m.local();
   if (m.is_tensor_parallel() && !opts.reduce)
@@ -537,32 +579,13 @@ result<std::unique_ptr<context>> context::create(const model& m, const context_o
   if (m.is_tensor_parallel()) c->reduce_ = opts.reduce;
   c->n_ctx_ = opts.n_ctx;
   c->max_batch_ = std::min(opts.max_batch, opts.n_ctx);
-  const auto B = static_cast<std::size_t>(c->max_batch_);
   const auto cache = static_cast<std::size_t>(m.n_local_layers()) *
                      static_cast<std::size_t>(opts.n_ctx) * static_cast<std::size_t>(H.kv_dim());
   c->k_cache_.assign(cache, 0);
   c->v_cache_.assign(cache, 0);
-  c->x_.resize(B * static_cast<std::size_t>(H.dim));
-  c->h_.resize(B * static_cast<std::size_t>(H.dim));
-  c->tmp_.resize(B * static_cast<std::size_t>(H.dim));
-  // q, k, v are produced by one fused mat-mul when the types agree: one buffer [B][q + 2 kv].
-  c->q_.resize(B * static_cast<std::size_t>(H.q_dim() + 2 * H.kv_dim()));
-  c->k_.resize(B * static_cast<std::size_t>(H.kv_dim()));
-  c->v_.resize(B * static_cast<std::size_t>(H.kv_dim()));
-  c->att_.resize(B * static_cast<std::size_t>(H.q_dim()));
-  c->gate_.resize(B * static_cast<std::size_t>(2 * H.ffn));
-  c->up_.resize(B * static_cast<std::size_t>(H.ffn));
-  const std::int64_t half = H.head_dim / 2;
-  c->inv_freq_.resize(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i)
-    c->inv_freq_[static_cast<std::size_t>(i)] =
-        std::pow(static_cast<double>(H.rope_base),
-                 -2.0 * static_cast<double>(i) / static_cast<double>(H.head_dim));
-  c->rope_cos_.resize(B * static_cast<std::size_t>(half));
-  c->rope_sin_.resize(B * static_cast<std::size_t>(half));
-  const int threads = opts.pool ? opts.pool->size() : 1;
-  c->scores_.resize(static_cast<std::size_t>(threads) * static_cast<std::size_t>(opts.n_ctx) *
-                    static_cast<std::size_t>(H.n_head / H.n_head_kv));
+  auto ws = workspace::create(m, c->max_batch_, opts.n_ctx, opts.pool ? opts.pool->size() : 1);
+  if (!ws) return ws.error();
+  c->ws_ = std::move(*ws);
   return c;
 }
 
@@ -592,6 +615,17 @@ result<void> context::check_batch(std::int64_t n, logits_mode mode, std::size_t 
   return ok();
 }
 
+namespace {
+result<void> check_tokens(std::span<const token_id> tokens, std::int64_t n_vocab,
+                          const char* what) {
+  for (const token_id t : tokens)
+    if (t < 0 || t >= n_vocab)
+      return make_error(errc::invalid_argument, "{}: token id {} is outside the vocabulary [0, {})",
+                        what, t, n_vocab);
+  return ok();
+}
+}  // namespace
+
 result<void> context::eval(std::span<const token_id> tokens, logits_mode mode,
                            std::span<float> logits, std::span<float> hidden_out) {
   const hparams& H = m_->params();
@@ -604,11 +638,7 @@ result<void> context::eval(std::span<const token_id> tokens, logits_mode mode,
   if (!hidden_out.empty() && hidden_out.size() < static_cast<std::size_t>(n * H.dim))
     return make_error(errc::invalid_argument, "eval: hidden_out of {} floats, {} needed",
                       hidden_out.size(), n * H.dim);
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (tokens[static_cast<std::size_t>(i)] < 0 || tokens[static_cast<std::size_t>(i)] >= H.n_vocab)
-      return make_error(errc::invalid_argument, "eval: token id {} is outside the vocabulary [0, {})",
-                        tokens[static_cast<std::size_t>(i)], H.n_vocab);
-  }
+  TESSERA_TRY(check_tokens(tokens, H.n_vocab, "eval"));
   for (std::int64_t done = 0; done < n;) {
     const std::int64_t chunk = std::min(max_batch_, n - done);
     logits_mode m = mode;
@@ -651,59 +681,129 @@ result<void> context::eval_hidden(std::span<float> hidden, std::int64_t n, logit
   return ok();
 }
 
+result<void> context::eval_batch(std::span<const batch_item> items, workspace& ws,
+                                 thread_pool* pool) {
+  if (items.empty()) return make_error(errc::invalid_argument, "eval_batch: no sequences");
+  const model* m = items.front().ctx != nullptr ? items.front().ctx->m_ : nullptr;
+  if (m == nullptr) return make_error(errc::invalid_argument, "eval_batch: item 0 has no context");
+  const hparams& H = m->params();
+  if (ws.m_ != m)
+    return make_error(errc::invalid_argument, "eval_batch: the workspace belongs to another model");
+  if (m->is_tensor_parallel() || !m->has_embedding())
+    return make_error(errc::invalid_argument,
+                      "eval_batch: model '{}' here is a shard (layers [{}, {}), heads [{}, {})); "
+                      "only whole models are batched",
+                      m->name(), m->shard().first_layer, m->shard().last_layer,
+                      m->shard().head_begin, m->shard().head_end);
+  if (pool != nullptr && pool->size() > ws.threads_)
+    return make_error(errc::invalid_argument,
+                      "eval_batch: the pool has {} threads, the workspace scratch for {}",
+                      pool->size(), ws.threads_);
+  std::int64_t total = 0, want = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const batch_item& it = items[i];
+    if (it.ctx == nullptr)
+      return make_error(errc::invalid_argument, "eval_batch: item {} has no context", i);
+    if (it.ctx->m_ != m)
+      return make_error(errc::invalid_argument,
+                        "eval_batch: item {} is a context of another model", i);
+    for (std::size_t j = 0; j < i; ++j)
+      if (items[j].ctx == it.ctx)
+        return make_error(errc::invalid_argument,
+                          "eval_batch: items {} and {} are one context (its tokens go in one item)",
+                          j, i);
+    if (it.ctx->n_ctx_ > ws.n_ctx_)
+      return make_error(errc::invalid_argument,
+                        "eval_batch: item {} has a context of {} positions, the workspace "
+                        "scratch for {}",
+                        i, it.ctx->n_ctx_, ws.n_ctx_);
+    const auto n = static_cast<std::int64_t>(it.tokens.size());
+    TESSERA_TRY(it.ctx->check_batch(n, it.logits.empty() ? logits_mode::none : logits_mode::last,
+                                    it.logits.size(), "eval_batch"));
+    TESSERA_TRY(check_tokens(it.tokens, H.n_vocab, "eval_batch"));
+    total += n;
+    if (!it.logits.empty()) ++want;
+  }
+  if (total > ws.max_tokens_)
+    return make_error(errc::invalid_argument,
+                      "eval_batch: {} tokens in all exceed the workspace's {}", total,
+                      ws.max_tokens_);
+
+  // Rows in item order; each token at its own sequence's next position.
+  std::vector<token_id>& tokens = ws.tokens_;
+  tokens.clear();
+  std::int64_t row = 0;
+  for (const batch_item& it : items)
+    for (std::size_t t = 0; t < it.tokens.size(); ++t, ++row) {
+      tokens.push_back(it.tokens[t]);
+      ws.row_ctx_[static_cast<std::size_t>(row)] = it.ctx;
+      ws.row_pos_[static_cast<std::size_t>(row)] = it.ctx->pos_ + static_cast<std::int64_t>(t);
+    }
+  TESSERA_TRY(pass(*m, ws, pool, reduce_fn{}, nullptr, tokens.data(), nullptr, total));
+  for (const batch_item& it : items)
+    it.ctx->pos_ += static_cast<std::int64_t>(it.tokens.size());
+
+  // The output projection of every row that wants logits, in one mat-mul.
+  if (want > 0) {
+    const std::int64_t dim = H.dim;
+    std::int64_t k = 0;
+    row = 0;
+    for (const batch_item& it : items) {
+      row += static_cast<std::int64_t>(it.tokens.size());
+      if (it.logits.empty()) continue;
+      rmsnorm(ws.x_.data() + (row - 1) * dim, m->output_norm(), ws.h_.data() + k * dim, dim,
+              H.rms_eps);
+      ++k;
+    }
+    ws.logits_.resize(static_cast<std::size_t>(want * H.n_vocab));
+    TESSERA_TRY(matmul(m->output(), ws.h_.data(), want, ws.logits_.data(), pool));
+    k = 0;
+    for (const batch_item& it : items) {
+      if (it.logits.empty()) continue;
+      std::memcpy(it.logits.data(), ws.logits_.data() + k * H.n_vocab,
+                  static_cast<std::size_t>(H.n_vocab) * sizeof(float));
+      ++k;
+    }
+  }
+  return ok();
+}
+
 result<void> context::forward_chunk(const token_id* tokens, const float* hidden_in,
                                     float* hidden_out, std::int64_t n, logits_mode mode,
                                     float* logits) {
   const hparams& H = m_->params();
   const std::int64_t dim = H.dim;
-  auto t0 = std::chrono::steady_clock::now();
-  if (tokens != nullptr) {
-    const weight_view& e = m_->token_embedding();
-    const std::size_t row = *row_bytes(e.type, e.cols);
-    for (std::int64_t t = 0; t < n; ++t) {
-      const auto* src = static_cast<const std::byte*>(e.data) + static_cast<std::size_t>(tokens[t]) * row;
-      TESSERA_TRY(dequantize_row(e.type, src, x_.data() + t * dim, dim));
-    }
-  } else {
-    std::memcpy(x_.data(), hidden_in, static_cast<std::size_t>(n * dim) * sizeof(float));
-  }
-  const std::int64_t half = H.head_dim / 2;
+  workspace& ws = *ws_;
   for (std::int64_t t = 0; t < n; ++t) {
-    for (std::int64_t i = 0; i < half; ++i) {
-      // As ops.hpp's rope(): the angle in double, its cos/sin rounded to float.
-      const double theta = static_cast<double>(pos_ + t) * inv_freq_[static_cast<std::size_t>(i)];
-      rope_cos_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(theta));
-      rope_sin_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(theta));
-    }
+    ws.row_ctx_[static_cast<std::size_t>(t)] = this;
+    ws.row_pos_[static_cast<std::size_t>(t)] = pos_ + t;
   }
-  if (profile_) times_.embed_s += seconds_since(t0);
-
-  for (std::int64_t il = m_->shard().first_layer; il < m_->shard().last_layer; ++il) {
-    TESSERA_TRY(layer_forward(il, n));
-  }
+  TESSERA_TRY(pass(*m_, ws, pool_, reduce_, profile_ ? &times_ : nullptr, tokens, hidden_in, n));
   pos_ += n;
 
   if (hidden_out != nullptr) {
-    std::memcpy(hidden_out, x_.data(), static_cast<std::size_t>(n * dim) * sizeof(float));
+    std::memcpy(hidden_out, ws.x_.data(), static_cast<std::size_t>(n * dim) * sizeof(float));
   }
   if (mode != logits_mode::none) {
-    t0 = std::chrono::steady_clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t first = mode == logits_mode::last ? n - 1 : 0;
     const std::int64_t count = n - first;
     for (std::int64_t t = 0; t < count; ++t)
-      rmsnorm(x_.data() + (first + t) * dim, m_->output_norm(), h_.data() + t * dim, dim, H.rms_eps);
-    TESSERA_TRY(matmul(m_->output(), h_.data(), count, logits, pool_));
+      rmsnorm(ws.x_.data() + (first + t) * dim, m_->output_norm(), ws.h_.data() + t * dim, dim,
+              H.rms_eps);
+    TESSERA_TRY(matmul(m_->output(), ws.h_.data(), count, logits, pool_));
     if (profile_) times_.output_s += seconds_since(t0);
   }
   return ok();
 }
 
+namespace {
+// Element-wise work of a pass is split by tokens over the pool; for a few tokens the hand-off would
+// cost more than the work.
 template <class Fn>
-void context::per_token(std::int64_t n, Fn&& fn) {
-  // Element-wise work of a prefill chunk is split by tokens over the pool; for a few tokens the
-  // hand-off would cost more than the work.
-  if (pool_ != nullptr && pool_->size() > 1 && n >= 8) {
-    pool_->run([&](int index, int size) {
+void per_token(thread_pool* pool, std::int64_t n, Fn&& fn) {
+  if (pool != nullptr && pool->size() > 1 && n >= 8) {
+    pool->run([&](int index, int size) {
       const std::int64_t per = (n + size - 1) / size;
       const std::int64_t b = std::min(n, index * per), e = std::min(n, b + per);
       for (std::int64_t t = b; t < e; ++t) fn(t);
@@ -712,31 +812,68 @@ void context::per_token(std::int64_t n, Fn&& fn) {
     for (std::int64_t t = 0; t < n; ++t) fn(t);
   }
 }
+}  // namespace
 
-result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
-  const hparams& H = m_->local();
-  const layer_weights& L = m_->layer(il);
+result<void> context::pass(const model& m, workspace& ws, thread_pool* pool,
+                           const reduce_fn& reduce, stage_times* times, const token_id* tokens,
+                           const float* hidden_in, std::int64_t n) {
+  const hparams& H = m.params();
+  const std::int64_t dim = H.dim;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (tokens != nullptr) {
+    const weight_view& e = m.token_embedding();
+    const std::size_t row = *row_bytes(e.type, e.cols);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const auto* src = static_cast<const std::byte*>(e.data) + static_cast<std::size_t>(tokens[t]) * row;
+      TESSERA_TRY(dequantize_row(e.type, src, ws.x_.data() + t * dim, dim));
+    }
+  } else {
+    std::memcpy(ws.x_.data(), hidden_in, static_cast<std::size_t>(n * dim) * sizeof(float));
+  }
+  const std::int64_t half = H.head_dim / 2;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const auto p = static_cast<double>(ws.row_pos_[static_cast<std::size_t>(t)]);
+    for (std::int64_t i = 0; i < half; ++i) {
+      // As ops.hpp's rope(): the angle in double, its cos/sin rounded to float.
+      const double theta = p * ws.inv_freq_[static_cast<std::size_t>(i)];
+      ws.rope_cos_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(theta));
+      ws.rope_sin_[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(theta));
+    }
+  }
+  if (times != nullptr) times->embed_s += seconds_since(t0);
+
+  for (std::int64_t il = m.shard().first_layer; il < m.shard().last_layer; ++il) {
+    TESSERA_TRY(layer_forward(m, ws, pool, reduce, times, il, n));
+  }
+  return ok();
+}
+
+result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* pool,
+                                    const reduce_fn& reduce, stage_times* times, std::int64_t il,
+                                    std::int64_t n) {
+  const hparams& H = m.local();
+  const layer_weights& L = m.layer(il);
   const std::int64_t dim = H.dim, qd = H.q_dim(), kvd = H.kv_dim(), hd = H.head_dim;
-  float* x = x_.data();
-  float* h = h_.data();
+  float* x = ws.x_.data();
+  float* h = ws.h_.data();
   auto t0 = std::chrono::steady_clock::now();
-  auto lap = [&](double& acc) {
-    if (!profile_) return;
+  auto lap = [&](double stage_times::*acc) {
+    if (times == nullptr) return;
     auto now = std::chrono::steady_clock::now();
-    acc += std::chrono::duration<double>(now - t0).count();
+    times->*acc += std::chrono::duration<double>(now - t0).count();
     t0 = now;
   };
 
-  per_token(n, [&](std::int64_t t) {
+  per_token(pool, n, [&](std::int64_t t) {
     rmsnorm(x + t * dim, L.attn_norm_f, h + t * dim, dim, H.rms_eps);
   });
-  lap(times_.norm_s);
+  lap(&stage_times::norm_s);
 
   // q, k, v. The weights sit back to back in the arena; with one type they form one [q+2kv] x dim
   // matrix and one mat-mul (one activation quantization, one thread hand-off).
-  float* q = q_.data();
-  float* k = k_.data();
-  float* v = v_.data();
+  float* q = ws.q_.data();
+  float* k = ws.k_.data();
+  float* v = ws.v_.data();
   const bool fused = L.wq.type == L.wk.type && L.wk.type == L.wv.type &&
                      static_cast<const std::byte*>(L.wk.data) ==
                          static_cast<const std::byte*>(L.wq.data) + inference::weight_bytes(L.wq) &&
@@ -746,21 +883,30 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
   if (fused) {
     weight_view w = L.wq;
     w.rows = qd + 2 * kvd;
-    TESSERA_TRY(matmul(w, h, n, q, pool_));
+    TESSERA_TRY(matmul(w, h, n, q, pool));
     k = q + qd;
     v = q + qd + kvd;
     q_stride = kv_stride = qd + 2 * kvd;
   } else {
-    TESSERA_TRY(matmul(L.wq, h, n, q, pool_));
-    TESSERA_TRY(matmul(L.wk, h, n, k, pool_));
-    TESSERA_TRY(matmul(L.wv, h, n, v, pool_));
+    TESSERA_TRY(matmul(L.wq, h, n, q, pool));
+    TESSERA_TRY(matmul(L.wk, h, n, k, pool));
+    TESSERA_TRY(matmul(L.wv, h, n, v, pool));
   }
-  lap(times_.qkv_s);
+  lap(&stage_times::qkv_s);
 
-  const std::int64_t local = il - m_->shard().first_layer;
-  std::uint16_t* kc = k_cache_.data() + static_cast<std::size_t>(local * n_ctx_ * kvd);
-  std::uint16_t* vc = v_cache_.data() + static_cast<std::size_t>(local * n_ctx_ * kvd);
-  per_token(n, [&](std::int64_t t) {
+  // Each row's KV cache: its own sequence's, at this layer.
+  const std::int64_t local = il - m.shard().first_layer;
+  auto k_cache = [&](std::int64_t t) {
+    context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
+    return c->k_cache_.data() +
+           static_cast<std::size_t>(local * c->n_ctx_ * kvd);
+  };
+  auto v_cache = [&](std::int64_t t) {
+    context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
+    return c->v_cache_.data() +
+           static_cast<std::size_t>(local * c->n_ctx_ * kvd);
+  };
+  per_token(pool, n, [&](std::int64_t t) {
     float* qt = q + t * q_stride;
     float* kt = k + t * kv_stride;
     float* vt = v + t * kv_stride;
@@ -771,27 +917,32 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
       for (std::int64_t hh = 0; hh < H.n_head; ++hh) rmsnorm(qt + hh * hd, L.q_norm, qt + hh * hd, hd, H.rms_eps);
       for (std::int64_t hh = 0; hh < H.n_head_kv; ++hh) rmsnorm(kt + hh * hd, L.k_norm, kt + hh * hd, hd, H.rms_eps);
     }
-    const float* cs = rope_cos_.data() + t * (hd / 2);
-    const float* sn = rope_sin_.data() + t * (hd / 2);
+    const float* cs = ws.rope_cos_.data() + t * (hd / 2);
+    const float* sn = ws.rope_sin_.data() + t * (hd / 2);
     apply_rope(qt, H.n_head, hd, cs, sn, H.rope);
     apply_rope(kt, H.n_head_kv, hd, cs, sn, H.rope);
-    fp32_to_fp16_row(kt, kc + (pos_ + t) * kvd, kvd);
-    fp32_to_fp16_row(vt, vc + (pos_ + t) * kvd, kvd);
+    const std::int64_t p = ws.row_pos_[static_cast<std::size_t>(t)];
+    fp32_to_fp16_row(kt, k_cache(t) + p * kvd, kvd);
+    fp32_to_fp16_row(vt, v_cache(t) + p * kvd, kvd);
   });
-  lap(times_.rope_s);
+  lap(&stage_times::rope_s);
 
   // Attention: work items are (token, KV head) pairs; the query heads of a group share the keys.
+  // Every row has been written to its cache above, so a row also sees the rows before it of its
+  // own sequence in this pass (causal), and never another sequence's.
   {
     const std::int64_t group = H.n_head / H.n_head_kv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    float* att = att_.data();
+    float* att = ws.att_.data();
     const bool simd = active_isa() != isa::scalar;
     auto work = [&](int index, int size) {
-      float* scores = scores_.data() + static_cast<std::size_t>(index) *
-                                           static_cast<std::size_t>(n_ctx_ * group);
+      float* scores = ws.scores_.data() + static_cast<std::size_t>(index) *
+                                              static_cast<std::size_t>(ws.n_ctx_ * group);
       for (std::int64_t item = index; item < n * H.n_head_kv; item += size) {
         const std::int64_t t = item / H.n_head_kv, g = item % H.n_head_kv;
-        const std::int64_t n_att = pos_ + t + 1;  // causal: positions 0..pos_+t
+        const std::int64_t n_att = ws.row_pos_[static_cast<std::size_t>(t)] + 1;
+        const std::uint16_t* kc = k_cache(t);
+        const std::uint16_t* vc = v_cache(t);
         attention_scores_f16(q + t * q_stride + g * group * hd, group, hd, kc + g * hd, kvd, n_att,
                              hd, scale, scores);
         for (std::int64_t i = 0; i < group; ++i) {
@@ -805,52 +956,53 @@ result<void> context::layer_forward(std::int64_t il, std::int64_t n) {
         }
       }
     };
-    if (pool_ != nullptr && pool_->size() > 1) {
-      pool_->run(work);
+    if (pool != nullptr && pool->size() > 1) {
+      pool->run(work);
     } else {
       work(0, 1);
     }
   }
-  lap(times_.attention_s);
+  lap(&stage_times::attention_s);
 
-  TESSERA_TRY(matmul(L.wo, att_.data(), n, tmp_.data(), pool_));
-  if (reduce_) TESSERA_TRY(reduce_(std::span<float>(tmp_.data(), static_cast<std::size_t>(n * dim))));
-  lap(times_.wo_s);
+  TESSERA_TRY(matmul(L.wo, ws.att_.data(), n, ws.tmp_.data(), pool));
+  if (reduce) TESSERA_TRY(reduce(std::span<float>(ws.tmp_.data(), static_cast<std::size_t>(n * dim))));
+  lap(&stage_times::wo_s);
 
-  per_token(n, [&](std::int64_t t) {
-    const float* a = tmp_.data() + t * dim;
+  per_token(pool, n, [&](std::int64_t t) {
+    const float* a = ws.tmp_.data() + t * dim;
     float* xt = x + t * dim;
     add(xt, a, xt, dim);  // the attention output's residual
     rmsnorm(xt, L.ffn_norm_f, h + t * dim, dim, H.rms_eps);
   });
-  lap(times_.norm_s);
+  lap(&stage_times::norm_s);
 
   const std::int64_t ffn = H.ffn;
   const bool fused_ffn = L.w_gate.type == L.w_up.type &&
                          static_cast<const std::byte*>(L.w_up.data) ==
                              static_cast<const std::byte*>(L.w_gate.data) +
                                  inference::weight_bytes(L.w_gate);
-  float* gate = gate_.data();
+  float* gate = ws.gate_.data();
+  float* up = ws.up_.data();
   if (fused_ffn) {
     weight_view w = L.w_gate;
     w.rows = 2 * ffn;
-    TESSERA_TRY(matmul(w, h, n, gate, pool_));
+    TESSERA_TRY(matmul(w, h, n, gate, pool));
     // gate_ rows are [gate | up] per token: combine in place into the first ffn floats of each row,
     // then compact so the down projection reads packed [n][ffn].
-    per_token(n, [&](std::int64_t t) {
+    per_token(pool, n, [&](std::int64_t t) {
       float* row = gate + t * 2 * ffn;
-      swiglu(row, row + ffn, up_.data() + t * ffn, ffn);
+      swiglu(row, row + ffn, up + t * ffn, ffn);
     });
   } else {
-    TESSERA_TRY(matmul(L.w_gate, h, n, gate, pool_));
-    TESSERA_TRY(matmul(L.w_up, h, n, up_.data(), pool_));
-    swiglu(gate, up_.data(), up_.data(), n * ffn);
+    TESSERA_TRY(matmul(L.w_gate, h, n, gate, pool));
+    TESSERA_TRY(matmul(L.w_up, h, n, up, pool));
+    swiglu(gate, up, up, n * ffn);
   }
-  lap(times_.ffn_up_s);
-  TESSERA_TRY(matmul(L.w_down, up_.data(), n, tmp_.data(), pool_));
-  if (reduce_) TESSERA_TRY(reduce_(std::span<float>(tmp_.data(), static_cast<std::size_t>(n * dim))));
-  add(x, tmp_.data(), x, n * dim);
-  lap(times_.ffn_down_s);
+  lap(&stage_times::ffn_up_s);
+  TESSERA_TRY(matmul(L.w_down, up, n, ws.tmp_.data(), pool));
+  if (reduce) TESSERA_TRY(reduce(std::span<float>(ws.tmp_.data(), static_cast<std::size_t>(n * dim))));
+  add(x, ws.tmp_.data(), x, n * dim);
+  lap(&stage_times::ffn_down_s);
   return ok();
 }
 

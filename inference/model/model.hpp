@@ -182,6 +182,46 @@ struct stage_times {
   }
 };
 
+class context;
+
+/// Scratch of a forward pass: activations for up to `max_tokens` tokens, attention scores over up
+/// to `n_ctx` positions for each of `threads` threads. A context owns one for its own evals; the
+/// serving engine holds one per model for eval_batch(), sized for a whole round of sessions.
+class workspace {
+ public:
+  static result<std::unique_ptr<workspace>> create(const model& m, std::int64_t max_tokens,
+                                                   std::int64_t n_ctx, int threads);
+  [[nodiscard]] std::int64_t max_tokens() const noexcept { return max_tokens_; }
+  [[nodiscard]] std::int64_t n_ctx() const noexcept { return n_ctx_; }
+  [[nodiscard]] int threads() const noexcept { return threads_; }
+
+ private:
+  friend class context;
+  workspace() = default;
+  const model* m_ = nullptr;
+  std::int64_t max_tokens_ = 0, n_ctx_ = 0;
+  int threads_ = 1;
+  std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_;
+  std::vector<float> scores_;  // per thread: n_ctx * (n_head / n_head_kv) floats
+  // RoPE cos/sin for the positions of the current pass, [n][head_dim / 2] each: computed once per
+  // pass rather than once per layer and per q/k.
+  std::vector<double> inv_freq_;
+  std::vector<float> rope_cos_, rope_sin_;
+  // Row t of a pass belongs to sequence row_ctx_[t] at position row_pos_[t]: one pass may hold the
+  // tokens of several sequences (continuous batching), each attending over its own KV cache.
+  std::vector<context*> row_ctx_;
+  std::vector<std::int64_t> row_pos_;
+  std::vector<float> logits_;     // eval_batch: the rows that want logits, [k][n_vocab]
+  std::vector<token_id> tokens_;  // eval_batch: every item's tokens, in row order
+};
+
+/// One sequence's share of a batched forward pass (eval_batch).
+struct batch_item {
+  context* ctx = nullptr;
+  std::span<const token_id> tokens;  ///< fed at positions [ctx->pos(), ctx->pos() + n)
+  std::span<float> logits;           ///< empty: none; else n_vocab floats (its last token's)
+};
+
 /// One sequence's state: KV cache (F16, n_ctx positions) and scratch, allocated at creation.
 class context {
  public:
@@ -200,6 +240,16 @@ class context {
   /// A shard that ends the model may also produce logits (as eval()).
   result<void> eval_hidden(std::span<float> hidden, std::int64_t n,
                            logits_mode mode = logits_mode::none, std::span<float> logits = {});
+
+  /// Continuous batching: feeds several sequences of one whole (not tensor-parallel) model in ONE
+  /// forward pass — every weight is streamed once for all their tokens instead of once per
+  /// sequence, which is what bounds decoding — each token attending over its own sequence's cache.
+  /// Every item's result equals its own eval() up to the mat-muls' summation order. All tokens
+  /// together fit `ws` (max_tokens; every context's n_ctx <= ws.n_ctx(); pool threads <=
+  /// ws.threads()). Errors (nothing is changed): as eval(), naming the item; two items of one
+  /// context; contexts of different models.
+  static result<void> eval_batch(std::span<const batch_item> items, workspace& ws,
+                                 thread_pool* pool);
 
   [[nodiscard]] std::int64_t pos() const noexcept { return pos_; }
   [[nodiscard]] std::int64_t n_ctx() const noexcept { return n_ctx_; }
@@ -221,9 +271,14 @@ class context {
                            const char* what) const;
   result<void> forward_chunk(const token_id* tokens, const float* hidden_in, float* hidden_out,
                              std::int64_t n, logits_mode mode, float* logits);
-  result<void> layer_forward(std::int64_t il, std::int64_t n);
-  template <class Fn>
-  void per_token(std::int64_t n, Fn&& fn);
+  /// The layers over ws's first n rows (row_ctx_/row_pos_ set): embedding or hidden input in,
+  /// the last layer's hidden states left in ws.x_.
+  static result<void> pass(const model& m, workspace& ws, thread_pool* pool,
+                           const reduce_fn& reduce, stage_times* times, const token_id* tokens,
+                           const float* hidden_in, std::int64_t n);
+  static result<void> layer_forward(const model& m, workspace& ws, thread_pool* pool,
+                                    const reduce_fn& reduce, stage_times* times, std::int64_t il,
+                                    std::int64_t n);
 
   const model* m_;
   thread_pool* pool_ = nullptr;
@@ -235,13 +290,7 @@ class context {
   stage_times times_;
   // KV cache: per local layer, [n_ctx][kv_dim] F16 for keys and for values.
   std::vector<std::uint16_t> k_cache_, v_cache_;
-  // Scratch, sized for max_batch tokens.
-  std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_;
-  std::vector<float> scores_;  // per thread: n_ctx * (n_head / n_head_kv) floats
-  // RoPE cos/sin for the positions of the current chunk, [n][head_dim / 2] each: computed once per
-  // chunk rather than once per layer and per q/k.
-  std::vector<double> inv_freq_;
-  std::vector<float> rope_cos_, rope_sin_;
+  std::unique_ptr<workspace> ws_;
 };
 
 }  // namespace tessera::inference::model

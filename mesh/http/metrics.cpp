@@ -113,6 +113,12 @@ void serving_metrics(family_writer& w, const json& s) {
     w.sample(num(e, k), {{"outcome", k}});
   w.family("tessera_tokens_generated_total", "counter", "Tokens this node generated and streamed.");
   w.sample(num(e, "tokens"));
+  w.family("tessera_forward_passes_total", "counter",
+           "Forward passes over this node's local streams (continuous batching: one per round).");
+  w.sample(num(e, "passes"));
+  w.family("tessera_pass_streams_total", "counter",
+           "Stream units those passes carried; divided by the passes, the mean batch.");
+  w.sample(num(e, "pass_streams"));
   std::size_t running = 0, queued = 0;
   if (e.contains("streams") && e["streams"].is_array())
     for (const auto& st : e["streams"])

@@ -69,6 +69,8 @@ struct node_config {
   timeout_config timeouts;
   std::vector<std::string> model_paths;
   std::uint32_t threads = 0;  ///< compute threads; 0 = one per core
+  /// Continuous batching: most local streams of one model sharing a forward pass (1 = none).
+  std::uint32_t max_batch_streams = 8;
   /// Memory (MiB) the planner may give this peer's shards; 0 = what the machine has free.
   std::uint32_t memory_limit_mb = 0;
   /// Most tensor-parallel ranks in one pipeline stage of a plan (1 = pipeline parallelism only).

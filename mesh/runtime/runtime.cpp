@@ -1235,6 +1235,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.self = p->self;
     so.model_paths = cfg.model_paths;
     so.threads = cfg.threads != 0 ? cfg.threads : std::max(1u, std::thread::hardware_concurrency());
+    so.max_batch_streams = cfg.max_batch_streams;
     so.bind_address = cfg.listen.address;
     so.request_port = cfg.listen.client_request_port;
     so.response_port = cfg.listen.client_response_port;

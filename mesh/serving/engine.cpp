@@ -82,6 +82,7 @@ struct loaded {
   std::unique_ptr<inf::tokenizer::tokenizer> tok;
   std::unique_ptr<mdl::model> m;
   inf::tokenizer::chat_family family{};
+  std::unique_ptr<mdl::workspace> ws;  // scratch of the batched passes over local streams
 };
 
 struct session {
@@ -134,6 +135,9 @@ struct engine::impl {
   // counters, written by the engine / io threads
   std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
       tokens_out{0}, duplicates{0}, cancelled{0};
+  // Forward passes over local streams, and the stream-units they carried (their ratio is the mean
+  // batch); written by the engine thread.
+  std::atomic<std::uint64_t> passes{0}, pass_streams{0};
   std::vector<json> active_view;  // for status (under mu)
   std::vector<json> groups_view;  // for status (under mu)
 
@@ -494,18 +498,87 @@ struct engine::impl {
     send(r);
   }
 
+  /// A local stream's unit of this round, evaluated with the others of its model in one pass.
+  struct unit {
+    session* s;
+    std::span<const mdl::token_id> tokens;  // into s->history: unchanged until the pass ran
+    bool logits;
+  };
+
   /// Evaluates tokens for `s` on its local context or its group; the logits of the last one when
-  /// asked. A group that fails is marked failed and the stream ends "unavailable" (the client
-  /// resumes it elsewhere once the plan moves on).
-  result<void> eval(session& s, std::span<const mdl::token_id> tokens, bool want_logits) {
-    if (s.host == nullptr)
+  /// asked. A local stream's tokens join `round` (evaluated by run_round) when it is given. A group
+  /// that fails is marked failed and the stream ends "unavailable" (the client resumes it
+  /// elsewhere once the plan moves on).
+  result<void> eval(session& s, std::span<const mdl::token_id> tokens, bool want_logits,
+                    std::vector<unit>* round) {
+    if (s.host == nullptr) {
+      if (round != nullptr && opt.max_batch_streams > 1) {
+        round->push_back({&s, tokens, want_logits});
+        return ok();
+      }
+      ++passes;
+      ++pass_streams;
       return s.ctx->eval(tokens, want_logits ? mdl::logits_mode::last : mdl::logits_mode::none,
                          s.logits);
+    }
     auto* ru = s.host->runner();
     if (ru == nullptr) return make_error(errc::closed, "its group failed: {}", s.host->failure());
     auto r = ru->eval(s.seq, tokens, want_logits ? std::span<float>(s.logits) : std::span<float>{});
     if (!r) s.host->fail(r.error().describe());
     return r;
+  }
+
+  /// Evaluates the round's local units: per model, passes of at most max_batch_streams streams
+  /// and the workspace's tokens. A pass that fails is retried stream by stream so that only the
+  /// stream at fault ends. Returns the sessions that failed (their streams got their error).
+  std::vector<session*> run_round(std::vector<unit>& round) {
+    std::vector<session*> failed;
+    std::stable_sort(round.begin(), round.end(),
+                     [](const unit& a, const unit& b) { return a.s->model < b.s->model; });
+    std::vector<mdl::batch_item> items;
+    std::vector<session*> who;
+    auto flush = [&](loaded& lm) {
+      if (items.empty()) return;
+      ++passes;
+      pass_streams += items.size();
+      auto r = mdl::context::eval_batch(items, *lm.ws, pool.get());
+      if (!r) {
+        spdlog::warn("serving: a batched pass of model '{}' failed ({}); its {} streams run alone",
+                     lm.info.name, r.error().message, items.size());
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          auto e = who[i]->ctx->eval(items[i].tokens,
+                                     items[i].logits.empty() ? mdl::logits_mode::none
+                                                             : mdl::logits_mode::last,
+                                     who[i]->logits);
+          if (!e) {
+            fail_stream(*who[i], e.error());
+            failed.push_back(who[i]);
+          }
+        }
+      }
+      items.clear();
+      who.clear();
+    };
+    std::int64_t tokens = 0;
+    for (std::size_t i = 0; i < round.size(); ++i) {
+      unit& u = round[i];
+      loaded& lm = *u.s->model;
+      const auto n = static_cast<std::int64_t>(u.tokens.size());
+      if (items.size() >= opt.max_batch_streams || tokens + n > lm.ws->max_tokens()) {
+        flush(lm);
+        tokens = 0;
+      }
+      items.push_back({u.s->ctx.get(), u.tokens,
+                       u.logits ? std::span<float>(u.s->logits) : std::span<float>{}});
+      who.push_back(u.s);
+      tokens += n;
+      if (i + 1 == round.size() || round[i + 1].s->model != u.s->model) {
+        flush(lm);
+        tokens = 0;
+      }
+    }
+    round.clear();
+    return failed;
   }
 
   /// Frees what a session holds on its group (the runner's sequence slot).
@@ -521,14 +594,15 @@ struct engine::impl {
                e.message);
   }
 
-  /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended.
-  bool step(session& s) {
+  /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended. A
+  /// local stream's evaluation joins `round` (the caller runs it); its state advances as if done.
+  bool step(session& s, std::vector<unit>& round) {
     // The prompt plus the tokens the client already has (a resumed stream re-prefills them).
     const std::size_t feed_size = s.history.size();
     if (s.fed < feed_size) {
       const std::size_t n = std::min<std::size_t>(opt.prefill_chunk, feed_size - s.fed);
       const bool last = s.fed + n == feed_size;
-      auto r = eval(s, std::span(s.history).subspan(s.fed, n), last);
+      auto r = eval(s, std::span(s.history).subspan(s.fed, n), last, &round);
       if (!r) {
         fail_stream(s, r.error());
         return false;
@@ -568,8 +642,7 @@ struct engine::impl {
       finish(s, "context_full");
       return false;
     }
-    const mdl::token_id one[1] = {t};
-    if (auto e = eval(s, one, true); !e) {
+    if (auto e = eval(s, std::span(s.history).last(1), true, &round); !e) {
       fail_stream(s, e.error());
       return false;
     }
@@ -610,6 +683,7 @@ struct engine::impl {
 
   void engine_loop() {
     auto last_view = clock_type::now();
+    std::vector<unit> round;
     while (true) {
       std::deque<request> batch;
       {
@@ -648,15 +722,22 @@ struct engine::impl {
         active[id] = std::move(s);
       }
       // One round: every active session advances by one unit. A session quiet for keepalive_ms
-      // says it is alive first, so a slow round never looks like a dead peer to its client.
+      // says it is alive first, so a slow round never looks like a dead peer to its client. The
+      // local streams' units then run together, a forward pass per model (continuous batching):
+      // a long prompt's prefill chunk and the other streams' next tokens share one pass.
       for (auto it = active.begin(); it != active.end();) {
         keepalive(*it->second);
-        if (!step(*it->second)) {
+        if (!step(*it->second, round)) {
           release(*it->second);
           it = active.erase(it);
         } else {
           ++it;
         }
+      }
+      for (session* s : run_round(round)) {
+        const std::string id = s->req.id;
+        release(*s);
+        active.erase(id);
       }
       const auto now = clock_type::now();
       for (auto& s : queued)
@@ -816,8 +897,9 @@ engine::~engine() {
 result<std::unique_ptr<engine>> engine::start(engine_options options) {
   auto p = std::make_unique<impl>();
   p->opt = std::move(options);
-  if (p->opt.max_active == 0 || p->opt.prefill_chunk == 0)
-    return make_error(errc::invalid_argument, "serving: max_active and prefill_chunk must be > 0");
+  if (p->opt.max_active == 0 || p->opt.prefill_chunk == 0 || p->opt.max_batch_streams == 0)
+    return make_error(errc::invalid_argument,
+                      "serving: max_active, prefill_chunk and max_batch_streams must be > 0");
   auto pool =
       inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)), {.pin = false});
   if (!pool) return pool.error();
@@ -849,6 +931,15 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
     auto m = mdl::model::load(*f, lo);
     if (!m) return m.error();
     l->m = std::move(*m);
+    // A pass holds one stream's prefill chunk and the others' next tokens (more prefill chunks in
+    // one round take more passes: prefill is bound by compute, not by streaming the weights).
+    auto ws = mdl::workspace::create(
+        *l->m,
+        std::min<std::int64_t>(4096, std::int64_t{p->opt.prefill_chunk} + p->opt.max_batch_streams),
+        std::min<std::int64_t>(l->m->params().n_ctx_train, p->opt.max_context),
+        p->pool->size());
+    if (!ws) return ws.error();
+    l->ws = std::move(*ws);
     l->file = std::make_unique<inf::gguf::file>(std::move(*f));
     spdlog::info("serving: model '{}' loaded from {} ({} layers, {} MiB)", l->info.name, path,
                  l->info.spec.n_layers, l->info.file_bytes >> 20);
@@ -968,6 +1059,8 @@ json engine::status() const {
   j["cancelled"] = impl_->cancelled.load();
   j["tokens"] = impl_->tokens_out.load();
   j["malformed"] = impl_->malformed.load();
+  j["passes"] = impl_->passes.load();
+  j["pass_streams"] = impl_->pass_streams.load();
   return j;
 }
 

@@ -40,6 +40,9 @@ struct engine_options {
   std::uint32_t max_queued = 64;       ///< accepted requests waiting for a session slot
   std::uint32_t max_inbox = 1024;      ///< requests waiting for intake; beyond: dropped (counted)
   std::uint32_t prefill_chunk = 64;    ///< prompt tokens per round per session
+  /// Continuous batching: the local streams of one model advance together, up to this many in one
+  /// forward pass (decode tokens and prefill chunks alike). 1: one pass per stream.
+  std::uint32_t max_batch_streams = 8;
   std::uint32_t keepalive_ms = 500;    ///< a session silent this long re-sends "accepted"
   std::uint32_t max_context = 4096;    ///< KV positions per session, at most the model's
   /// Ships a group_link message (msgpack bytes) to a peer's node (hex id) over the control plane;

@@ -343,6 +343,123 @@ TEST(ModelContext, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
   }
 }
 
+// Continuous batching: three sequences in one forward pass per step — one prefilling a prompt
+// while the others decode, then all decoding — get exactly the logits each gets alone (the
+// mat-muls are row-independent), on one thread and on two.
+TEST(ModelContext, BatchedSequencesGetTheLogitsTheyGetAlone) {
+  for (auto type : {tensor_type::f16, tensor_type::q8_0}) {
+    model_file mf(small("qwen3", type), "batch");
+    auto f = open(mf.path);
+    auto m = model::load(f);
+    ASSERT_TRUE(m) << m.error().message;
+    const auto V = static_cast<std::size_t>((*m)->params().n_vocab);
+    const std::vector<std::vector<token_id>> prompts = {{1, 17, 300}, {45}, {599, 2, 88, 88, 7, 9}};
+    // Each sequence alone: its prompt, then the tokens 10, 11, ... one at a time.
+    std::vector<std::vector<std::vector<float>>> alone(prompts.size());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      auto c = context::create(**m, {32, 8, nullptr});
+      ASSERT_TRUE(c);
+      std::vector<float> l(V);
+      ASSERT_TRUE((*c)->eval(prompts[i], logits_mode::last, l));
+      alone[i].push_back(l);
+      for (token_id t = 10; t < 14; ++t) {
+        const token_id one[1] = {t};
+        ASSERT_TRUE((*c)->eval(one, logits_mode::last, l));
+        alone[i].push_back(l);
+      }
+    }
+    for (int threads : {1, 2}) {
+      auto pool = thread_pool::create(threads);
+      ASSERT_TRUE(pool);
+      auto ws = workspace::create(**m, 16, 32, threads);
+      ASSERT_TRUE(ws);
+      std::vector<std::unique_ptr<context>> ctx;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        auto c = context::create(**m, {32, 8, pool->get()});
+        ASSERT_TRUE(c);
+        ctx.push_back(std::move(*c));
+      }
+      std::vector<std::vector<float>> l(prompts.size(), std::vector<float>(V));
+      // Step 0: sequences 0 and 1 prefill; step 1: 0 and 1 decode while 2 prefills; then all decode.
+      std::vector<std::size_t> step_of(prompts.size(), 0);
+      for (int round = 0; round < 6; ++round) {
+        std::vector<batch_item> items;
+        std::vector<std::vector<token_id>> feed(prompts.size());
+        for (std::size_t i = 0; i < prompts.size(); ++i) {
+          if (i == 2 && round == 0) continue;
+          if (step_of[i] > 4) continue;
+          feed[i] = step_of[i] == 0 ? prompts[i]
+                                    : std::vector<token_id>{static_cast<token_id>(9 + step_of[i])};
+          items.push_back({ctx[i].get(), feed[i], l[i]});
+        }
+        if (items.empty()) break;
+        auto r = context::eval_batch(items, **ws, pool->get());
+        ASSERT_TRUE(r) << r.error().message;
+        for (std::size_t i = 0; i < prompts.size(); ++i) {
+          if (feed[i].empty()) continue;
+          EXPECT_EQ(l[i], alone[i][step_of[i]])
+              << "sequence " << i << " step " << step_of[i] << ", " << threads << " threads";
+          ++step_of[i];
+        }
+      }
+      for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(step_of[i], 5u) << i;
+    }
+  }
+}
+
+TEST(ModelContext, BatchErrorsNameTheItemAndChangeNothing) {
+  model_file mf(small(), "batcherr");
+  auto f = open(mf.path);
+  auto m = model::load(f);
+  auto other = model::load(f);
+  ASSERT_TRUE(m && other);
+  auto ws = workspace::create(**m, 6, 8, 1);
+  ASSERT_TRUE(ws);
+  auto a = context::create(**m, {8, 4, nullptr});
+  auto b = context::create(**m, {4, 4, nullptr});
+  auto big = context::create(**m, {16, 4, nullptr});
+  auto o = context::create(**other, {8, 4, nullptr});
+  ASSERT_TRUE(a && b && big && o);
+  std::vector<float> la(600), lb(600);
+  const std::vector<token_id> three = {1, 2, 3}, two = {4, 5}, bad = {600};
+  ASSERT_TRUE(context::eval_batch(std::vector<batch_item>{{a->get(), two, la}, {b->get(), three, lb}},
+                                  **ws, nullptr));
+  EXPECT_EQ((*a)->pos(), 2);
+  EXPECT_EQ((*b)->pos(), 3);
+  auto expect_error = [&](const std::vector<batch_item>& items, std::string_view what) {
+    auto r = context::eval_batch(items, **ws, nullptr);
+    ASSERT_FALSE(r) << what;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+    EXPECT_EQ((*a)->pos(), 2) << what;  // nothing evaluated
+    EXPECT_EQ((*b)->pos(), 3) << what;
+  };
+  expect_error({{a->get(), two, la}, {b->get(), two, lb}}, "KV cache full");
+  expect_error({{a->get(), three, la}, {b->get(), two, {}}}, "KV cache full");
+  expect_error({{a->get(), two, la}, {a->get(), two, la}}, "one context");
+  expect_error({{a->get(), bad, la}}, "token id 600");
+  expect_error({{a->get(), three, la}, {o->get(), two, lb}}, "another model");
+  expect_error({{big->get(), two, la}}, "16 positions");
+  std::vector<float> small_buf(10);
+  expect_error({{a->get(), two, small_buf}}, "logits buffer");
+  expect_error({}, "no sequences");
+  auto w2 = workspace::create(**other, 4, 8, 1);
+  ASSERT_TRUE(w2);
+  auto r = context::eval_batch(std::vector<batch_item>{{a->get(), two, la}}, **w2, nullptr);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("another model"), std::string::npos) << r.error().message;
+  std::vector<token_id> five = {1, 2, 3, 4, 5};
+  auto c = context::create(**m, {8, 8, nullptr});
+  ASSERT_TRUE(c);
+  auto w4 = workspace::create(**m, 4, 8, 1);
+  ASSERT_TRUE(w4);
+  r = context::eval_batch(std::vector<batch_item>{{c->get(), five, {}}}, **w4, nullptr);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("5 tokens in all exceed the workspace's 4"), std::string::npos)
+      << r.error().message;
+  EXPECT_EQ((*c)->pos(), 0);
+  EXPECT_FALSE(workspace::create(**m, 0, 8, 1));
+}
+
 // Two tensor-parallel shards (half the heads and half the FFN columns each) on two threads, their
 // partial outputs added by a small in-process all-reduce, give the full model's logits (up to the
 // order of the f32 additions, and for q8_0 the activation rounding that order can flip).

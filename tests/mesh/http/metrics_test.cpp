@@ -22,7 +22,8 @@ json sample_status() {
              "members": [{"id": "aa", "memory_free_mb": 2}],
              "links": [{"from": "aa", "to": "b\"b", "rtt_us": 250, "bandwidth_mbps": 8000,
                         "backend": "shm"}]},
-    "serving": {"accepted": 5, "completed": 4, "rejected": 1, "tokens": 99,
+    "serving": {"accepted": 5, "completed": 4, "rejected": 1, "tokens": 99, "passes": 30,
+                "pass_streams": 75,
                 "streams": [{"id": "r1"}, {"id": "r2", "queued": true}]},
     "faults": {"partitions": [{}], "rules": []},
     "stats": {"leader_changes": 2, "dropped_events": 0, "undecodable": 0}
@@ -110,6 +111,8 @@ TEST(Metrics, TheTextParsesAndCarriesTheStatusNumbers) {
   EXPECT_EQ(value(R"(tessera_members{state="suspect"})"), "1");
   EXPECT_EQ(value(R"(tessera_requests_total{outcome="completed"})"), "4");
   EXPECT_EQ(value("tessera_tokens_generated_total"), "99");
+  EXPECT_EQ(value("tessera_forward_passes_total"), "30");
+  EXPECT_EQ(value("tessera_pass_streams_total"), "75");
   EXPECT_EQ(value(R"(tessera_streams{state="queued"})"), "1");
   EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="aa",to="b\"b",backend="shm"})"), "0.00025");
   EXPECT_EQ(value("tessera_fault_partitions"), "1");
