@@ -52,8 +52,11 @@ struct discovery_config {
 
 struct timeout_config {
   std::uint32_t heartbeat_interval_ms = 100;
-  std::uint32_t suspect_timeout_ms = 500;  ///< silent this long -> suspect
-  std::uint32_t dead_timeout_ms = 2000;    ///< suspect this long without refuting -> dead
+  /// A peer that misses its probe (heartbeat interval x 2/5, then indirect probes) is suspected; it
+  /// has this long to refute (a higher incarnation) before it is declared dead.
+  std::uint32_t suspect_timeout_ms = 500;
+  /// A dead peer stays in the election's committed member set this long before it is removed.
+  std::uint32_t dead_timeout_ms = 2000;
   std::uint32_t election_timeout_min_ms = 300;
   std::uint32_t election_timeout_max_ms = 600;
 };

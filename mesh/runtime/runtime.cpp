@@ -160,8 +160,8 @@ topology::capabilities local_caps(const node_config& cfg, const std::string& hex
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   c.hostname = host;
-  // Device and GID listing needs the rdma backend's list_devices(), which is only linked where
-  // libibverbs is; has_rdma says whether an active device exists.
+  // Each active port with the GID its links would use (empty without the rdma backend).
+  c.rdma_devices = transport::bulk::describe_rdma_ports();
   for (const auto& m : cfg.model_paths)
     c.models.push_back(fs::path(m).filename().string());
   return c;
@@ -265,7 +265,12 @@ struct node_runtime::impl {
     peer_hint hint;
   };
   struct ev_leave {};
-  using event = std::variant<ev_message, ev_peer, ev_hint, ev_leave>;
+  struct ev_subscribe {
+    actors::actor_system* system;  // null: unsubscribe
+    actors::actor_ref who;
+  };
+  using event = std::variant<ev_message, ev_peer, ev_hint, ev_leave, ev_subscribe>;
+  std::size_t member_subscriptions = 0;  // subscribed or on their way (under mu)
   mutable std::mutex mu;
   std::condition_variable cv;
   std::deque<event> queue;
@@ -305,6 +310,13 @@ struct node_runtime::impl {
   std::uint64_t hints_dropped = 0;              // hints refused at kMaxKnownPeers
   std::shared_ptr<const placement::plan> plan;  // the serving plan in force (leader's or adopted)
   std::uint64_t leader_changes = 0;             // leaders seen elected (a metric)
+  struct member_subscriber {
+    actors::actor_system* system;
+    actors::actor_ref who;
+  };
+  std::vector<member_subscriber> member_subscribers;  // bounded by kMaxMemberSubscribers
+  std::uint64_t member_events_sent = 0, member_events_dropped = 0;
+  std::uint32_t link_dead_after_ms = 0;  // control links: silence before down (set at start)
   std::uint64_t plans_refused = 0;              // undecodable or failing validation
   std::shared_ptr<transport::faults::fault_injector> injector;  // shared with the control plane
 
@@ -408,6 +420,7 @@ struct node_runtime::impl {
       spdlog::info("node {}: member {:016x} {} (incarnation {})", hex, ev.id, to_string(ev.status),
                    ev.incarnation);
       if (elect) apply(elect->step(peer_status_changed{ev.id, ev.status}, now_ms()));
+      deliver(changed_of(ev.id, ev.status, ev.incarnation, ev.address, false));
     }
     if (!out.events.empty()) {
       refresh_topology_members();
@@ -438,6 +451,75 @@ struct node_runtime::impl {
       }
     }
     publish_if_leader();
+  }
+
+  // ------------------------------------------------------------------ membership subscribers
+  member_changed changed_of(member_id id, member_status st, std::uint64_t incarnation,
+                            const std::string& address, bool initial) const {
+    member_changed m;
+    m.member = fmt::format("{:016x}", id);
+    if (id == self) {
+      m.node = hex;
+    } else if (auto it = known.find(id); it != known.end()) {
+      m.node = it->second.hex;
+    }
+    m.status = std::string(to_string(st));
+    m.incarnation = incarnation;
+    m.address = address;
+    m.initial = initial;
+    return m;
+  }
+
+  /// Sends to one subscriber; false when it is gone for good (stopped, or its system is closed).
+  bool send_change(const member_subscriber& s, member_changed m) {
+    auto r = s.system->send(s.who, std::move(m));
+    if (r) {
+      ++member_events_sent;
+      return true;
+    }
+    if (r.error().code == errc::not_found || r.error().code == errc::closed) {
+      spdlog::debug("node {}: membership subscriber {} dropped: {}", hex, s.who.id(),
+                    r.error().describe());
+      return false;
+    }
+    ++member_events_dropped;  // a full mailbox: this change is missed, the next ones still go
+    return true;
+  }
+
+  void deliver(const member_changed& m) {
+    std::size_t gone = 0;
+    std::erase_if(member_subscribers, [&](const member_subscriber& s) {
+      const bool keep = send_change(s, m);
+      gone += keep ? 0 : 1;
+      return !keep;
+    });
+    if (gone > 0) {
+      std::lock_guard lock(mu);
+      member_subscriptions -= gone;
+    }
+  }
+
+  void on_subscribe(const ev_subscribe& e) {
+    if (e.system == nullptr) {
+      const auto n = std::erase_if(member_subscribers,
+                                   [&](const member_subscriber& s) { return s.who == e.who; });
+      std::lock_guard lock(mu);
+      member_subscriptions -= n;
+      return;
+    }
+    member_subscriber s{e.system, e.who};
+    bool alive = send_change(s, changed_of(self, member_status::alive, members->incarnation(),
+                                           self_address, true));
+    for (const auto& [id, m] : members->members()) {
+      if (!alive) break;
+      alive = send_change(s, changed_of(id, m.status, m.incarnation, m.address, true));
+    }
+    if (alive) {
+      member_subscribers.push_back(std::move(s));
+    } else {
+      std::lock_guard lock(mu);
+      --member_subscriptions;
+    }
   }
 
   void refresh_topology_members() {
@@ -830,6 +912,8 @@ struct node_runtime::impl {
           on_peer(p->ev);
         } else if (auto* h = std::get_if<ev_hint>(&e)) {
           on_hint(h->hint);
+        } else if (auto* sub = std::get_if<ev_subscribe>(&e)) {
+          on_subscribe(*sub);
         } else {
           const auto now = now_ms();
           apply(elect->step(election_leave{}, now));
@@ -971,7 +1055,8 @@ struct node_runtime::impl {
                  {"config_members", elect->config().members.size()},
                  {"pid", caps.pid},
                  {"hostname", caps.hostname},
-                 {"host_id", caps.host_id}};
+                 {"host_id", caps.host_id},
+                 {"link_dead_after_ms", link_dead_after_ms}};
     j["faults"] = faults_json();
     json ms = json::array();
     ms.push_back({{"id", hex},
@@ -1060,7 +1145,10 @@ struct node_runtime::impl {
                   {"dropped_events", dropped_events},
                   {"hints_dropped", hints_dropped},
                   {"plans_refused", plans_refused},
-                  {"leader_changes", leader_changes}};
+                  {"leader_changes", leader_changes},
+                  {"member_subscribers", member_subscribers.size()},
+                  {"member_events_sent", member_events_sent},
+                  {"member_events_dropped", member_events_dropped}};
     return j;
   }
 };
@@ -1195,8 +1283,13 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     };
     cc.faults = std::move(hooks);
   }
+  // A control link is declared down (and redialled) after this much silence: never sooner than a
+  // suspected peer may still refute (the suspicion timeout), so that clusters configured with long
+  // timeouts (slow or lossy networks, sanitizer builds) do not redial links to peers membership
+  // still counts; 1 s at least, the link's own liveness floor.
   cc.timing.heartbeat_interval_ms = 100;
-  cc.timing.dead_after_ms = 1000;
+  cc.timing.dead_after_ms = std::max<std::uint32_t>(1000, cfg.timeouts.suspect_timeout_ms);
+  p->link_dead_after_ms = cc.timing.dead_after_ms;
   cc.timing.backoff_max_ms = 1000;
   impl* raw = p.get();
   ctl::node_handlers handlers;
@@ -1381,6 +1474,25 @@ bool node_runtime::failed() const {
 std::string node_runtime::fatal_error() const {
   std::lock_guard lock(impl_->mu);
   return impl_->fatal;
+}
+
+result<void> node_runtime::subscribe_members(actors::actor_system& system,
+                                             const actors::actor_ref& subscriber) {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stop_loop)
+      return make_error(errc::closed, "node {}: the runtime has stopped", impl_->hex);
+    if (impl_->member_subscriptions >= kMaxMemberSubscribers)
+      return make_error(errc::overloaded, "node {}: {} membership subscriptions already (the bound)",
+                        impl_->hex, kMaxMemberSubscribers);
+    ++impl_->member_subscriptions;
+  }
+  impl_->push(impl::ev_subscribe{&system, subscriber}, false);
+  return ok();
+}
+
+void node_runtime::unsubscribe_members(const actors::actor_ref& subscriber) {
+  impl_->push(impl::ev_subscribe{nullptr, subscriber}, false);
 }
 
 std::string node_runtime::node_id() const {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "actors/base/result.hpp"
+#include "actors/system.hpp"
 #include "mesh/node/config.hpp"
 
 namespace tessera::mesh::runtime {
@@ -55,6 +56,22 @@ inline constexpr std::uint32_t kHttpDrainMs = 5000;
 /// cluster view): short-lived links, logged at debug level when they go.
 inline constexpr std::string_view status_client_prefix = "status-";
 
+/// Bound on actors subscribed to membership changes (node_runtime::subscribe_members).
+inline constexpr std::size_t kMaxMemberSubscribers = 64;
+
+/// A membership change (alive, suspect, dead, left), as delivered to subscribing actors. Also a
+/// wire message: an actor on another node may subscribe through its ref.
+struct member_changed {
+  TESSERA_MESSAGE("tessera.mesh.member_changed");
+  std::string member;             ///< the member id, 16 hex digits
+  std::string node;               ///< its node id (32 hex digits); "" until its address is known
+  std::string status;             ///< "alive", "suspect", "dead" or "left"
+  std::uint64_t incarnation = 0;  ///< SWIM incarnation: a refuted suspicion raises it
+  std::string address;            ///< its control endpoint
+  bool initial = false;           ///< part of the snapshot a subscription starts with
+  MSGPACK_DEFINE_MAP(member, node, status, incarnation, address, initial);
+};
+
 struct runtime_options {
   node_config config;
   std::string version = "0.1.0";
@@ -79,6 +96,17 @@ class node_runtime {
   /// True once the runtime stopped on its own (fatal condition); `fatal_error()` says why.
   [[nodiscard]] bool failed() const;
   [[nodiscard]] std::string fatal_error() const;
+  /// Delivers every membership change this node learns to `subscriber`, an actor of `system`,
+  /// starting with one `initial` message per member it knows (itself included, alive). Messages
+  /// come from the runtime's loop thread, in the order the changes happened. A subscriber that
+  /// stopped is dropped at its next delivery; one whose mailbox refuses a message misses it
+  /// (counted in status stats.member_events_dropped). `system` must outlive the subscription
+  /// (unsubscribe, or stop this runtime, first). Errors: overloaded (kMaxMemberSubscribers
+  /// subscriptions), closed (the runtime stopped).
+  result<void> subscribe_members(actors::actor_system& system, const actors::actor_ref& subscriber);
+  /// Ends a subscription (no message is delivered after the loop thread handles it).
+  void unsubscribe_members(const actors::actor_ref& subscriber);
+
   /// "hexid", the control endpoint actually bound.
   [[nodiscard]] std::string node_id() const;
   [[nodiscard]] std::string endpoint() const;

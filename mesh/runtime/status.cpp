@@ -170,6 +170,12 @@ result<std::string> format_status(const std::string& json_text) {
             m.at("memory_free_mb").get<std::uint64_t>(),
             m.at("has_rdma").get<bool>() ? "yes" : "no", models.empty() ? "-" : models);
       }
+      // RDMA ports and the GIDs links use, where a member has any.
+      for (const auto& m : v.at("members"))
+        if (m.contains("rdma_devices") && m["rdma_devices"].is_array())
+          for (const auto& d : m["rdma_devices"])
+            if (d.is_string())
+              out += fmt::format("{:<14} rdma port {}\n", short_id(m.at("id")), d.get<std::string>());
       out += fmt::format("\n{:<14} {:<14} {:>10} {:>12} {}\n", "FROM", "TO", "RTT us", "BW MB/s",
                          "BACKEND");
       for (const auto& l : v.at("links")) {

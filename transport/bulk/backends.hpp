@@ -17,5 +17,7 @@ namespace tessera::transport::bulk::detail {
 [[nodiscard]] result<std::unique_ptr<link_setup>> prepare_rdma_link(const link_options& options);
 /// True when an RDMA device with an active port is present (rdma.cpp).
 [[nodiscard]] bool rdma_device_available();
+/// Active ports with the GID a link would use (rdma.cpp; see describe_rdma_ports()).
+[[nodiscard]] std::vector<std::string> rdma_port_descriptions();
 
 }  // namespace tessera::transport::bulk::detail

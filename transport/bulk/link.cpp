@@ -103,6 +103,14 @@ local_capabilities probe_capabilities() {
   return caps;
 }
 
+std::vector<std::string> describe_rdma_ports() {
+#ifdef TESSERA_BULK_HAVE_RDMA
+  return detail::rdma_port_descriptions();
+#else
+  return {};
+#endif
+}
+
 backend_kind choose_backend(const local_capabilities& a, const local_capabilities& b,
                             std::optional<backend_kind> forced, bool exclude_rdma) {
   if (forced) return *forced;

@@ -248,6 +248,10 @@ struct local_capabilities {
 [[nodiscard]] std::string this_host_id();
 /// Capabilities of this process (probes RDMA devices once).
 [[nodiscard]] local_capabilities probe_capabilities();
+/// This host's active RDMA ports, each with the GID a link would use, as text for capability
+/// exchange and status: "rxe0/1 ::ffff:10.0.2.15 (RoCE v2, GID index 1)". Empty where there is no
+/// device, or the build has no rdma backend.
+[[nodiscard]] std::vector<std::string> describe_rdma_ports();
 
 /// The backend a link between `a` and `b` should use: rdma when both have a device, else shm when
 /// both are on one host, else tcp. `forced` (configuration) overrides the choice. Both ends

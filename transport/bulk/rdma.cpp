@@ -1235,5 +1235,29 @@ bool rdma_device_available() {
   return false;
 }
 
+std::vector<std::string> rdma_port_descriptions() {
+  std::vector<std::string> out;
+  auto devices = rdma::list_devices();
+  if (!devices) return out;
+  for (const auto& d : *devices)
+    for (const auto& p : d.ports) {
+      if (!p.active) continue;
+      auto pick = rdma::pick_gid(p.gids, p.ethernet);
+      if (!pick) {
+        out.push_back(fmt::format("{}/{} (no usable GID)", d.name, p.port));
+        continue;
+      }
+      for (const auto& g : p.gids) {
+        if (g.index != *pick) continue;
+        const char* type = g.type == rdma::gid_type_roce_v2   ? "RoCE v2"
+                           : g.type == rdma::gid_type_roce_v1 ? "RoCE v1"
+                                                              : "IB";
+        out.push_back(fmt::format("{}/{} {} ({}, GID index {})", d.name, p.port,
+                                  rdma::format_gid(g.gid), type, g.index));
+      }
+    }
+  return out;
+}
+
 }  // namespace detail
 }  // namespace tessera::transport::bulk

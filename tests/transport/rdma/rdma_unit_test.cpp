@@ -118,6 +118,11 @@ TEST(rdma_devices, listing_never_fails_without_hardware) {
   auto devices = list_devices();
   ASSERT_TRUE(devices) << devices.error().describe();
   for (const auto& d : *devices) EXPECT_FALSE(d.name.empty());
+  // One description per active port (none on a host without RDMA).
+  std::size_t active = 0;
+  for (const auto& d : *devices)
+    for (const auto& p : d.ports) active += p.active ? 1 : 0;
+  EXPECT_EQ(bulk::describe_rdma_ports().size(), active);
 }
 
 }  // namespace

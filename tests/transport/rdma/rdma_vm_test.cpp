@@ -108,6 +108,18 @@ TEST(rdma_vm, discovers_rxe_with_an_ipv4_mapped_roce_v2_gid) {
   EXPECT_TRUE(probe_capabilities().has_rdma);
 }
 
+// What a node puts in its capabilities (and `tessera status` shows): the rxe port with the
+// IPv4-mapped RoCE v2 GID its links use.
+TEST(rdma_vm, ports_are_described_with_the_gid_links_use) {
+  const auto ports = describe_rdma_ports();
+  ASSERT_FALSE(ports.empty());
+  bool found = false;
+  for (const auto& p : ports)
+    if (p.find("/1 ::ffff:") != std::string::npos && p.find("(RoCE v2, GID index ") != std::string::npos)
+      found = true;
+  EXPECT_TRUE(found) << ports.front();
+}
+
 TEST(rdma_vm, malformed_or_foreign_params_are_refused) {
   auto setup = prepare_link(backend_kind::rdma, vm_options());
   ASSERT_TRUE(setup);

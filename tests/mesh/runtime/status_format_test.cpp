@@ -1,0 +1,34 @@
+// `tessera status` as a person reads it: format_status over a status document.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "mesh/runtime/runtime.hpp"
+
+namespace tessera::mesh::runtime {
+namespace {
+
+std::string doc(const std::string& rdma_devices) {
+  return R"({"node": {"id": "0123456789abcdef0123456789abcdef", "endpoint": "tcp://127.0.0.1:7400",
+             "role": "leader", "term": 2, "leader": "0123456789abcdef0123456789abcdef"},
+    "view": {"epoch": {"term": 2, "version": 5}, "leader": "0123456789abcdef0123456789abcdef",
+      "members": [{"id": "0123456789abcdef0123456789abcdef", "status": "alive",
+                   "address": "tcp://10.0.2.15:7400", "cores": 4, "memory_total_mb": 8000,
+                   "memory_free_mb": 6000, "has_rdma": true, "rdma_devices": )" +
+         rdma_devices + R"(, "models": ["tiny.gguf"]}],
+      "links": []}})";
+}
+
+TEST(StatusFormat, RdmaPortsAndTheirGidsAreShown) {
+  auto text = format_status(doc(R"j(["rxe0/1 ::ffff:10.0.2.15 (RoCE v2, GID index 1)"])j"));
+  ASSERT_TRUE(text) << text.error().describe();
+  EXPECT_NE(text->find("rdma port rxe0/1 ::ffff:10.0.2.15 (RoCE v2, GID index 1)"),
+            std::string::npos)
+      << *text;
+  auto none = format_status(doc("[]"));
+  ASSERT_TRUE(none) << none.error().describe();
+  EXPECT_EQ(none->find("rdma port"), std::string::npos) << *none;
+}
+
+}  // namespace
+}  // namespace tessera::mesh::runtime
