@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "cli/command.hpp"
@@ -40,18 +41,24 @@ void register_node(CLI::App& root, int& exit_code) {
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     mesh::runtime::runtime_options ro{config};
+    // Weights load on the engine's loader threads, whenever the plan gives this peer a replica:
+    // one bar per load, drawn under a mutex (two models may load at once).
+    std::mutex bar_mu;
     std::unique_ptr<progress_bar> bar;
     std::string loading;
     ro.on_model_load = [&](const std::string& model, std::uint64_t done, std::uint64_t total) {
-      if (model != loading) {
+      std::lock_guard lock(bar_mu);
+      if (!bar || model != loading) {
         bar = std::make_unique<progress_bar>("loading model " + model);
         loading = model;
       }
       bar->update(done, total);
-      if (done >= total) bar->finish();
+      if (done >= total) {
+        bar->finish();
+        bar.reset();
+      }
     };
     auto rt = mesh::runtime::node_runtime::start(ro);
-    bar.reset();
     if (!rt) {
       std::fprintf(stderr, "tessera node: %s\n", rt.error().message.c_str());
       exit_code = 1;

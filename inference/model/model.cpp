@@ -240,6 +240,17 @@ std::uint64_t model::bytes_per_token() const noexcept {
 }
 
 result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_options& opts) {
+  return load_or_check(f, opts, false);
+}
+
+result<std::uint64_t> model::check(const gguf::file& f, const load_options& opts) {
+  auto m = load_or_check(f, opts, true);
+  if (!m) return std::move(m).error();
+  return (*m)->arena_bytes_;
+}
+
+result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const load_options& opts,
+                                                    bool check_only) {
   auto hp = read_hparams(f);
   if (!hp) return std::move(hp).error();
   shard_spec s = opts.shard;
@@ -396,6 +407,10 @@ result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_optio
   if (cursor > opts.max_weight_bytes)
     return make_error(errc::no_capacity, "{}: the shard's weights ({}) exceed the limit of {}",
                       f.name(), gguf::human_bytes(cursor), gguf::human_bytes(opts.max_weight_bytes));
+  if (check_only) {
+    m->arena_bytes_ = cursor;  // a model without weights, never handed out (check() reads this)
+    return m;
+  }
 
   // 2. One anonymous arena, huge pages requested (see the class comment).
   constexpr std::size_t huge = std::size_t{2} << 20;

@@ -108,6 +108,10 @@ class model {
   /// Loads the shard `opts.shard` of `f` (any load mode: in headers_only mode only the shard's byte
   /// ranges are read). Errors name the file and the tensor (missing, wrong shape, wrong type).
   static result<std::unique_ptr<model>> load(const gguf::file& f, const load_options& opts = {});
+  /// What load() checks before it reads any weight — hyper-parameters, the shard, every tensor the
+  /// shard needs present with its shape and a supported type, the size limit — with the same
+  /// errors, and no weights read. Returns the bytes the shard's weights would take.
+  static result<std::uint64_t> check(const gguf::file& f, const load_options& opts = {});
 
   ~model();
   model(const model&) = delete;
@@ -144,6 +148,8 @@ class model {
 
  private:
   model() = default;
+  static result<std::unique_ptr<model>> load_or_check(const gguf::file& f,
+                                                      const load_options& opts, bool check_only);
 
   hparams hp_;
   hparams local_;

@@ -76,7 +76,8 @@ struct runtime_options {
   node_config config;
   std::string version = "0.1.0";
   std::string election_state_file = "election.state";  ///< inside the data directory
-  /// Progress of loading each model at start (serving::engine_options::on_load_progress).
+  /// Progress of loading a model's whole weights, when the plan gives this peer a replica of it
+  /// (serving::engine_options::on_load_progress; called on the engine's loader thread).
   std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
       on_model_load;
 };

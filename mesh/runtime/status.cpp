@@ -216,6 +216,17 @@ result<std::string> format_status(const std::string& json_text) {
       for (const auto& m : s.at("models")) {
         if (!models.empty()) models += ", ";
         models += m.at("name").get<std::string>();
+        // Whole-model weights: held for a replica here, loading (with progress), or not held.
+        const std::string w = m.value("weights", "");
+        if (w == "loading") {
+          const auto total = m.value("weights_bytes", std::uint64_t{0});
+          const auto done = m.value("weights_loaded_bytes", std::uint64_t{0});
+          models += fmt::format(" (loading {}%)", total == 0 ? 0 : done * 100 / total);
+        } else if (w == "ready") {
+          models += " (replica loaded)";
+        } else if (w == "failed") {
+          models += " (did not load)";
+        }
       }
       out += fmt::format(
           "serving models {}  client ports {}/{}  streams {}  accepted {}  completed {}  "

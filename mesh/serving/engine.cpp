@@ -76,14 +76,53 @@ result<placement::model_spec> spec_of_gguf(const std::string& path, const std::s
 
 namespace {
 
+/// A model this peer has the file of. Its tokenizer and hyper-parameters are read at start (and its
+/// tensors checked); its weights are loaded only while the plan gives this peer a group of its own
+/// for it (a replica), on a loader thread, and dropped when the plan moves it elsewhere: a peer that
+/// serves a slice of the model holds only the slice (in its group_host).
 struct loaded {
+  enum class weights : std::uint8_t { none, loading, ready, failed };
+
   local_model info;
-  std::unique_ptr<inf::gguf::file> file;
+  std::unique_ptr<inf::gguf::file> file;  // headers only: the loader reads the tensors' ranges
   std::unique_ptr<inf::tokenizer::tokenizer> tok;
-  std::unique_ptr<mdl::model> m;
+  mdl::hparams hp;
   inf::tokenizer::chat_family family{};
+  // --- engine thread ---
+  weights state = weights::none;
+  bool wanted = false;                 // the plan gives this peer a replica of it
+  std::unique_ptr<mdl::model> m;       // state == ready
   std::unique_ptr<mdl::workspace> ws;  // scratch of the batched passes over local streams
+  std::string failure;                 // state == failed: why
+  std::thread loader;
+  // --- written by the loader thread, read by the engine thread and status() ---
+  std::atomic<bool> load_finished{false};
+  std::unique_ptr<mdl::model> loaded_model;  // valid once load_finished
+  std::string load_error;                    // valid once load_finished
+  std::atomic<std::uint64_t> loaded_bytes{0}, total_bytes{0};
+  std::atomic<std::uint8_t> shown_state{0};  // `state` for status()
+
+  loaded() = default;
+  loaded(const loaded&) = delete;
+  loaded& operator=(const loaded&) = delete;
+  ~loaded() {
+    if (loader.joinable()) loader.join();
+  }
+  void set_state(weights w) {
+    state = w;
+    shown_state = static_cast<std::uint8_t>(w);
+  }
 };
+
+const char* weights_name(std::uint8_t w) {
+  switch (static_cast<loaded::weights>(w)) {
+    case loaded::weights::none: return "none";
+    case loaded::weights::loading: return "loading";
+    case loaded::weights::ready: return "ready";
+    case loaded::weights::failed: return "failed";
+  }
+  return "?";
+}
 
 struct session {
   request req;
@@ -418,7 +457,7 @@ struct engine::impl {
     } else {
       s->prompt = tok.encode(q.prompt, {true, false});
     }
-    const auto n_vocab = static_cast<std::int32_t>(lm->m->params().n_vocab);
+    const auto n_vocab = static_cast<std::int32_t>(lm->hp.n_vocab);
     for (auto t : q.resume)
       if (t >= n_vocab) {
         send_error(q, error_code::invalid_request,
@@ -426,7 +465,7 @@ struct engine::impl {
                                t, q.model, n_vocab));
         return nullptr;
       }
-    const std::int64_t cap = std::min<std::int64_t>(lm->m->params().n_ctx_train, opt.max_context);
+    const std::int64_t cap = std::min<std::int64_t>(lm->hp.n_ctx_train, opt.max_context);
     if (static_cast<std::int64_t>(s->prompt.size() + q.resume.size()) >= cap) {
       send_error(q, error_code::invalid_request,
                  fmt::format("the prompt has {} tokens (+{} resumed); model '{}' holds {} here",
@@ -456,10 +495,10 @@ struct engine::impl {
   /// Allocates the KV cache when a session gets a slot (queued sessions hold none).
   result<void> activate(session& s) {
     const std::int64_t cap =
-        std::min<std::int64_t>(s.model->m->params().n_ctx_train, opt.max_context);
+        std::min<std::int64_t>(s.model->hp.n_ctx_train, opt.max_context);
     const std::int64_t n_ctx =
         std::min<std::int64_t>(cap, static_cast<std::int64_t>(s.prompt.size()) + s.req.max_tokens);
-    s.logits.resize(static_cast<std::size_t>(s.model->m->params().n_vocab));
+    s.logits.resize(static_cast<std::size_t>(s.model->hp.n_vocab));
     if (s.host != nullptr) {
       auto* ru = s.host->runner();
       if (ru == nullptr)
@@ -688,9 +727,17 @@ struct engine::impl {
       std::deque<request> batch;
       {
         std::unique_lock lock(mu);
-        if (active.empty() && queued.empty())
-          cv.wait_for(lock, std::chrono::milliseconds(200),
-                      [&] { return stopping.load() || !inbox.empty() || !link_inbox.empty(); });
+        // Idle: no stream runs, and the queued ones (if any) wait for weights being loaded.
+        if (active.empty() && std::all_of(queued.begin(), queued.end(), [](const auto& q) {
+              return q->host == nullptr && q->model->state != loaded::weights::ready &&
+                     q->model->state != loaded::weights::failed;
+            }))
+          cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
+            return stopping.load() || !inbox.empty() || !link_inbox.empty() ||
+                   std::any_of(models.begin(), models.end(), [](const auto& m) {
+                     return m->state == loaded::weights::loading && m->load_finished.load();
+                   });
+          });
         batch.swap(inbox);
       }
       if (stopping.load()) break;
@@ -710,10 +757,32 @@ struct engine::impl {
       ping_groups();
       for (auto& q : batch)
         on_request(std::move(q));
-      // Admit waiting sessions into free slots.
-      while (active.size() < opt.max_active && !queued.empty()) {
-        auto s = std::move(queued.front());
-        queued.pop_front();
+      tend_weights();
+      // Admit waiting sessions into free slots, in order; a local stream whose model is still
+      // loading waits (with keepalives) and lets the ones behind it go first.
+      for (auto q = queued.begin(); active.size() < opt.max_active && q != queued.end();) {
+        session& w = **q;
+        if (w.host == nullptr && w.model->state != loaded::weights::ready) {
+          const bool coming = w.model->state == loaded::weights::loading ||
+                              (w.model->state == loaded::weights::none && w.model->wanted);
+          if (coming) {
+            ++q;
+            continue;
+          }
+          if (w.model->state == loaded::weights::failed) {
+            send_error(w.req, error_code::no_capacity,
+                       fmt::format("model '{}' did not load on peer {}: {}", w.req.model,
+                                   opt.node_hex, w.model->failure));
+          } else {
+            send_error(w.req, error_code::unavailable,
+                       fmt::format("the plan no longer serves model '{}' on peer {}; resume",
+                                   w.req.model, opt.node_hex));
+          }
+          q = queued.erase(q);
+          continue;
+        }
+        auto s = std::move(*q);
+        q = queued.erase(q);
         if (auto a = activate(*s); !a) {
           send_error(s->req, error_code::no_capacity, a.error().message);
           continue;
@@ -762,6 +831,8 @@ struct engine::impl {
     active.clear();
     queued.clear();
     hosts.clear();  // rank 0 hosts tell their followers; links close
+    for (auto& lm : models)
+      if (lm->loader.joinable()) lm->loader.join();  // a load in progress finishes first
   }
 
   // ------------------------------------------------------------------ groups over several peers
@@ -769,6 +840,16 @@ struct engine::impl {
   /// peers including this one, and drops the hosts the plan no longer has (their streams end
   /// "unavailable" and resume elsewhere).
   void reconcile(const placement::plan* p) {
+    // Replicas: the models the plan gives this peer a group of its own for get their weights.
+    for (auto& lm : models) {
+      lm->wanted = false;
+      if (p != nullptr)
+        for (const auto& mp : p->models)
+          if (mp.spec.name == lm->info.name)
+            for (const auto& g : mp.groups)
+              if (g.ranks.size() == 1 && g.ranks[0].node == opt.self) lm->wanted = true;
+      if (lm->wanted && lm->state == loaded::weights::none) start_load(*lm);
+    }
     std::map<member_id, peer_facts> facts;
     {
       std::lock_guard lock(mu);
@@ -857,6 +938,81 @@ struct engine::impl {
     }
   }
 
+  // ------------------------------------------------------------------ whole-model weights
+  void start_load(loaded& lm) {
+    lm.set_state(loaded::weights::loading);
+    lm.loaded_bytes = 0;
+    lm.load_finished = false;
+    spdlog::info("serving {}: loading model '{}' ({} MiB of weights) for a replica here",
+                 opt.node_hex, lm.info.name, lm.total_bytes.load() >> 20);
+    lm.loader = std::thread([this, &lm] {
+      mdl::load_options lo;
+      lo.on_progress = [this, &lm](std::uint64_t done, std::uint64_t total) {
+        lm.loaded_bytes = done;
+        lm.total_bytes = total;
+        if (opt.on_load_progress) opt.on_load_progress(lm.info.name, done, total);
+      };
+      auto m = mdl::model::load(*lm.file, lo);
+      if (m) {
+        lm.loaded_model = std::move(*m);
+      } else {
+        lm.load_error = m.error().describe();
+      }
+      {
+        std::lock_guard lock(mu);  // the engine thread checks load_finished under mu
+        lm.load_finished = true;
+      }
+      cv.notify_all();
+    });
+  }
+
+  /// Takes finished loads in, and drops the weights of models the plan no longer gives this peer
+  /// a replica of once no stream uses them.
+  void tend_weights() {
+    for (auto& lm : models) {
+      if (lm->state == loaded::weights::loading && lm->load_finished) {
+        lm->loader.join();
+        if (lm->loaded_model) {
+          // A pass holds one stream's prefill chunk and the others' next tokens (more prefill
+          // chunks in one round take more passes: prefill is bound by compute, not by streaming
+          // the weights).
+          auto ws = mdl::workspace::create(
+              *lm->loaded_model,
+              std::min<std::int64_t>(4096, std::int64_t{opt.prefill_chunk} + opt.max_batch_streams),
+              std::min<std::int64_t>(lm->hp.n_ctx_train, opt.max_context), pool->size());
+          if (ws) {
+            lm->m = std::move(lm->loaded_model);
+            lm->ws = std::move(*ws);
+            lm->set_state(loaded::weights::ready);
+            spdlog::info("serving {}: model '{}' loaded", opt.node_hex, lm->info.name);
+          } else {
+            lm->loaded_model.reset();
+            lm->load_error = ws.error().describe();
+          }
+        }
+        if (lm->state != loaded::weights::ready) {
+          lm->failure = lm->load_error;
+          lm->set_state(loaded::weights::failed);
+          spdlog::error("serving {}: model '{}' did not load: {}", opt.node_hex, lm->info.name,
+                        lm->failure);
+        }
+      }
+      if (lm->state == loaded::weights::ready && !lm->wanted) {
+        const auto uses = [&](const session& s) { return s.model == lm.get() && s.host == nullptr; };
+        bool used = std::any_of(active.begin(), active.end(),
+                                [&](const auto& a) { return uses(*a.second); }) ||
+                    std::any_of(queued.begin(), queued.end(), [&](const auto& q) { return uses(*q); });
+        if (!used) {
+          lm->ws.reset();
+          lm->m.reset();
+          lm->set_state(loaded::weights::none);
+          spdlog::info("serving {}: model '{}' unloaded (the plan serves it elsewhere)",
+                       opt.node_hex, lm->info.name);
+        }
+      }
+    }
+  }
+
   void route_links() {
     std::deque<group_link_message> batch;
     {
@@ -923,26 +1079,17 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
     if (!tok) return tok.error();
     l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
     l->family = inf::tokenizer::chat_family_for(*f);
-    mdl::load_options lo;
-    if (p->opt.on_load_progress)
-      lo.on_progress = [&](std::uint64_t done, std::uint64_t total) {
-        p->opt.on_load_progress(l->info.name, done, total);
-      };
-    auto m = mdl::model::load(*f, lo);
-    if (!m) return m.error();
-    l->m = std::move(*m);
-    // A pass holds one stream's prefill chunk and the others' next tokens (more prefill chunks in
-    // one round take more passes: prefill is bound by compute, not by streaming the weights).
-    auto ws = mdl::workspace::create(
-        *l->m,
-        std::min<std::int64_t>(4096, std::int64_t{p->opt.prefill_chunk} + p->opt.max_batch_streams),
-        std::min<std::int64_t>(l->m->params().n_ctx_train, p->opt.max_context),
-        p->pool->size());
-    if (!ws) return ws.error();
-    l->ws = std::move(*ws);
+    auto hp = mdl::read_hparams(*f);
+    if (!hp) return hp.error();
+    l->hp = *hp;
+    // Every tensor present with its shape and type: a broken file stops the node now, naming the
+    // tensor, rather than when a plan first asks this peer for a replica.
+    auto bytes = mdl::model::check(*f);
+    if (!bytes) return bytes.error();
+    l->total_bytes = *bytes;
     l->file = std::make_unique<inf::gguf::file>(std::move(*f));
-    spdlog::info("serving: model '{}' loaded from {} ({} layers, {} MiB)", l->info.name, path,
-                 l->info.spec.n_layers, l->info.file_bytes >> 20);
+    spdlog::info("serving: model '{}' from {} ({} layers, {} MiB; weights loaded when planned here)",
+                 l->info.name, path, l->info.spec.n_layers, l->info.file_bytes >> 20);
     p->infos.push_back(l->info);
     p->model_names.push_back(l->info.name);
     p->models.push_back(std::move(l));
@@ -1036,12 +1183,17 @@ void engine::on_group_link(std::string_view body) {
 json engine::status() const {
   json j;
   json ms = json::array();
-  for (const auto& m : impl_->infos)
+  for (const auto& l : impl_->models) {
+    const auto& m = l->info;
     ms.push_back({{"name", m.name},
                   {"path", m.path},
                   {"bytes", m.file_bytes},
                   {"layers", m.spec.n_layers},
-                  {"heads", m.spec.n_heads}});
+                  {"heads", m.spec.n_heads},
+                  {"weights", weights_name(l->shown_state.load())},
+                  {"weights_loaded_bytes", l->loaded_bytes.load()},
+                  {"weights_bytes", l->total_bytes.load()}});
+  }
   j["models"] = ms;
   j["request_port"] = impl_->req_port;
   j["response_port"] = impl_->resp_port;

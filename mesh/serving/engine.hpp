@@ -52,8 +52,9 @@ struct engine_options {
   /// The node's fault layer (`tessera fault`): wraps the bulk links between the ranks of a split
   /// group, named by node hex ids like the control plane. Empty: no faults.
   std::shared_ptr<transport::faults::fault_injector> faults;
-  /// Called while start() loads each model: its name, weight bytes read so far, of all (a progress
-  /// bar in `tessera node`). Empty: not called.
+  /// Called while a model's whole weights load (when the plan gives this peer a replica; on the
+  /// loader thread): its name, weight bytes read so far, of all (a progress bar in `tessera node`).
+  /// Empty: not called.
   std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
       on_load_progress;
 };

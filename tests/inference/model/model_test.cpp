@@ -146,6 +146,32 @@ TEST(ModelLoad, MissingTensorIsNamed) {
   EXPECT_NE(e.find("blk.1.ffn_up.weight"), std::string::npos) << e;
 }
 
+// check() finds what load() finds before reading weights, and reads none: a peer validates a model
+// at start without holding it (it loads the weights only when the plan gives it a replica).
+TEST(ModelLoad, CheckFindsWhatLoadFindsWithoutTheWeights) {
+  model_file mf(small("llama", tensor_type::q8_0), "check");
+  auto f = open(mf.path);
+  auto bytes = model::check(f);
+  ASSERT_TRUE(bytes) << bytes.error().message;
+  auto m = model::load(f);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(*bytes, (*m)->weight_bytes_total());
+  auto half = model::check(f, {shard_spec::layers(0, 1)});
+  ASSERT_TRUE(half);
+  EXPECT_LT(*half, *bytes);
+  const std::string p = rewritten(mf.path, "check2", {nullptr, [](std::string& n) {
+                                                        return n != "blk.2.attn_v.weight";
+                                                      }});
+  auto broken = open(p);
+  auto c = model::check(broken);
+  auto l = model::load(broken);
+  std::filesystem::remove(p);
+  ASSERT_FALSE(c);
+  ASSERT_FALSE(l);
+  EXPECT_EQ(c.error().message, l.error().message);
+  EXPECT_NE(c.error().message.find("blk.2.attn_v.weight"), std::string::npos) << c.error().message;
+}
+
 TEST(ModelLoad, WrongShapeIsNamed) {
   model_file mf(small(), "shape");
   // attn_q (64x64) stored under the name attn_k (expected 64x32), and attn_k dropped.

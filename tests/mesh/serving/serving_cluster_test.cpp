@@ -185,6 +185,14 @@ TEST_F(ServingCluster, ReplicasAnswerLikeOnePeerAndErrorsAreExplicit) {
     servers.insert(out->nodes.back());
   }
   EXPECT_GE(servers.size(), 2u) << "rendezvous hashing sent every request to one replica";
+  // Each replica loaded the whole model when the plan made it one.
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st);
+    EXPECT_EQ((*st)["serving"]["models"][0]["weights"], "ready") << "node " << i;
+    EXPECT_EQ((*st)["serving"]["models"][0]["weights_loaded_bytes"],
+              (*st)["serving"]["models"][0]["weights_bytes"]);
+  }
 
   // A client that knows one peer learns the others from its peer list, so requests routed to
   // any replica reach it.
@@ -284,6 +292,12 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
   ASSERT_TRUE(first) << first.error().describe() << "\n" << cluster_->logs();
   EXPECT_EQ(first->tokens, std::vector<std::int32_t>(ref.begin(), ref.begin() + 16));
   EXPECT_EQ(first->nodes.back(), groups[0][0]) << "rank 0 of the group streams";
+  // No peer holds the whole model: the ranks hold their slices, the spare nothing.
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st);
+    EXPECT_EQ((*st)["serving"]["models"][0]["weights"], "none") << "node " << i;
+  }
 
   std::vector<std::uint32_t> indexes;
   bool killed = false;
