@@ -697,18 +697,18 @@ result<void> context::eval_hidden(std::span<float> hidden, std::int64_t n, logit
 }
 
 result<void> context::eval_batch(std::span<const batch_item> items, workspace& ws,
-                                 thread_pool* pool) {
+                                 thread_pool* pool, std::span<float> hidden,
+                                 const reduce_fn& reduce) {
   if (items.empty()) return make_error(errc::invalid_argument, "eval_batch: no sequences");
   const model* m = items.front().ctx != nullptr ? items.front().ctx->m_ : nullptr;
   if (m == nullptr) return make_error(errc::invalid_argument, "eval_batch: item 0 has no context");
   const hparams& H = m->params();
   if (ws.m_ != m)
     return make_error(errc::invalid_argument, "eval_batch: the workspace belongs to another model");
-  if (m->is_tensor_parallel() || !m->has_embedding())
+  if (m->is_tensor_parallel() && !reduce)
     return make_error(errc::invalid_argument,
-                      "eval_batch: model '{}' here is a shard (layers [{}, {}), heads [{}, {})); "
-                      "only whole models are batched",
-                      m->name(), m->shard().first_layer, m->shard().last_layer,
+                      "eval_batch: a tensor-parallel shard (heads [{}, {})) needs its group's "
+                      "reduce function",
                       m->shard().head_begin, m->shard().head_end);
   if (pool != nullptr && pool->size() > ws.threads_)
     return make_error(errc::invalid_argument,
@@ -732,7 +732,14 @@ result<void> context::eval_batch(std::span<const batch_item> items, workspace& w
                         "eval_batch: item {} has a context of {} positions, the workspace "
                         "scratch for {}",
                         i, it.ctx->n_ctx_, ws.n_ctx_);
-    const auto n = static_cast<std::int64_t>(it.tokens.size());
+    if (m->has_embedding() && it.tokens.empty())
+      return make_error(errc::invalid_argument, "eval_batch: item {} has no tokens", i);
+    if (!m->has_embedding() && (!it.tokens.empty() || it.n <= 0))
+      return make_error(errc::invalid_argument,
+                        "eval_batch: item {}: this shard (layers [{}, {})) has no embedding: it "
+                        "takes n > 0 hidden rows, not tokens",
+                        i, m->shard().first_layer, m->shard().last_layer);
+    const std::int64_t n = it.rows();
     TESSERA_TRY(it.ctx->check_batch(n, it.logits.empty() ? logits_mode::none : logits_mode::last,
                                     it.logits.size(), "eval_batch"));
     TESSERA_TRY(check_tokens(it.tokens, H.n_vocab, "eval_batch"));
@@ -743,28 +750,37 @@ result<void> context::eval_batch(std::span<const batch_item> items, workspace& w
     return make_error(errc::invalid_argument,
                       "eval_batch: {} tokens in all exceed the workspace's {}", total,
                       ws.max_tokens_);
+  const std::int64_t dim = H.dim;
+  if (!m->has_embedding() || !hidden.empty()) {
+    if (hidden.size() < static_cast<std::size_t>(total * dim))
+      return make_error(errc::invalid_argument,
+                        "eval_batch: {} rows need {} floats of hidden states, got {}", total,
+                        total * dim, hidden.size());
+  }
 
   // Rows in item order; each token at its own sequence's next position.
   std::vector<token_id>& tokens = ws.tokens_;
   tokens.clear();
   std::int64_t row = 0;
   for (const batch_item& it : items)
-    for (std::size_t t = 0; t < it.tokens.size(); ++t, ++row) {
-      tokens.push_back(it.tokens[t]);
+    for (std::int64_t t = 0; t < it.rows(); ++t, ++row) {
+      if (!it.tokens.empty()) tokens.push_back(it.tokens[static_cast<std::size_t>(t)]);
       ws.row_ctx_[static_cast<std::size_t>(row)] = it.ctx;
-      ws.row_pos_[static_cast<std::size_t>(row)] = it.ctx->pos_ + static_cast<std::int64_t>(t);
+      ws.row_pos_[static_cast<std::size_t>(row)] = it.ctx->pos_ + t;
     }
-  TESSERA_TRY(pass(*m, ws, pool, reduce_fn{}, nullptr, tokens.data(), nullptr, total));
+  TESSERA_TRY(pass(*m, ws, pool, reduce, nullptr, m->has_embedding() ? tokens.data() : nullptr,
+                   m->has_embedding() ? nullptr : hidden.data(), total));
   for (const batch_item& it : items)
-    it.ctx->pos_ += static_cast<std::int64_t>(it.tokens.size());
+    it.ctx->pos_ += it.rows();
+  if (!hidden.empty())
+    std::memcpy(hidden.data(), ws.x_.data(), static_cast<std::size_t>(total * dim) * sizeof(float));
 
   // The output projection of every row that wants logits, in one mat-mul.
   if (want > 0) {
-    const std::int64_t dim = H.dim;
     std::int64_t k = 0;
     row = 0;
     for (const batch_item& it : items) {
-      row += static_cast<std::int64_t>(it.tokens.size());
+      row += it.rows();
       if (it.logits.empty()) continue;
       rmsnorm(ws.x_.data() + (row - 1) * dim, m->output_norm(), ws.h_.data() + k * dim, dim,
               H.rms_eps);

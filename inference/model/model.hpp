@@ -224,8 +224,14 @@ class workspace {
 /// One sequence's share of a batched forward pass (eval_batch).
 struct batch_item {
   context* ctx = nullptr;
-  std::span<const token_id> tokens;  ///< fed at positions [ctx->pos(), ctx->pos() + n)
-  std::span<float> logits;           ///< empty: none; else n_vocab floats (its last token's)
+  /// Fed at positions [ctx->pos(), ctx->pos() + n) by a shard with the embedding; a shard without
+  /// it takes `n` rows of hidden states instead (tokens empty).
+  std::span<const token_id> tokens;
+  std::span<float> logits;  ///< empty: none; else n_vocab floats (its last token's)
+  std::int64_t n = 0;       ///< rows of hidden input (shards without the embedding only)
+  [[nodiscard]] std::int64_t rows() const noexcept {
+    return tokens.empty() ? n : static_cast<std::int64_t>(tokens.size());
+  }
 };
 
 /// One sequence's state: KV cache (F16, n_ctx positions) and scratch, allocated at creation.
@@ -247,15 +253,21 @@ class context {
   result<void> eval_hidden(std::span<float> hidden, std::int64_t n,
                            logits_mode mode = logits_mode::none, std::span<float> logits = {});
 
-  /// Continuous batching: feeds several sequences of one whole (not tensor-parallel) model in ONE
-  /// forward pass — every weight is streamed once for all their tokens instead of once per
-  /// sequence, which is what bounds decoding — each token attending over its own sequence's cache.
-  /// Every item's result equals its own eval() up to the mat-muls' summation order. All tokens
-  /// together fit `ws` (max_tokens; every context's n_ctx <= ws.n_ctx(); pool threads <=
-  /// ws.threads()). Errors (nothing is changed): as eval(), naming the item; two items of one
-  /// context; contexts of different models.
+  /// Continuous batching: feeds several sequences of one model (or shard) in ONE forward pass —
+  /// every weight is streamed once for all their tokens instead of once per sequence, which is
+  /// what bounds decoding — each token attending over its own sequence's cache. Every item's
+  /// result equals its own eval() / eval_hidden() (the mat-muls are row-independent). Rows are in
+  /// item order. `hidden` (total rows x dim floats): a shard with the embedding writes its output
+  /// hidden states there when it is not empty; a shard without the embedding reads its input rows
+  /// from it and overwrites them with its output (as eval_hidden). Logits only from a shard with
+  /// the output layer. A tensor-parallel slice needs `reduce` (its group's all-reduce, called
+  /// twice per layer over all rows: every rank of the group must batch the same items in the same
+  /// order). All rows together fit `ws` (max_tokens; every context's n_ctx <= ws.n_ctx(); pool
+  /// threads <= ws.threads()). Errors (nothing is changed): as eval(), naming the item; two items
+  /// of one context; contexts of different models.
   static result<void> eval_batch(std::span<const batch_item> items, workspace& ws,
-                                 thread_pool* pool);
+                                 thread_pool* pool, std::span<float> hidden = {},
+                                 const reduce_fn& reduce = {});
 
   [[nodiscard]] std::int64_t pos() const noexcept { return pos_; }
   [[nodiscard]] std::int64_t n_ctx() const noexcept { return n_ctx_; }

@@ -10,7 +10,10 @@
 // when idle (ping()), so followers can bound their waits: a silent rank 0 is a dead rank 0.
 //
 // Sequences: up to max_sequences at once, each a KV context on every rank; a command carries at
-// most max_chunk tokens (longer prompts are evaluated in several commands).
+// most max_chunk tokens (longer prompts are evaluated in several commands). eval_batch runs several
+// sequences' tokens in one forward pass on every rank (continuous batching: the ranks stream their
+// weights once for all of them; one hidden-state message per stage, or one all-reduce per layer
+// half, for the whole batch).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,13 @@ enum class layout : std::uint8_t { pipeline, tensor };
 
 inline constexpr std::uint32_t max_sequences = 64;
 inline constexpr std::uint32_t max_chunk = 64;
+
+/// One sequence's share of runner::eval_batch.
+struct batch_request {
+  std::uint32_t seq = 0;
+  std::span<const model::token_id> tokens;  ///< at least one
+  std::span<float> logits;                  ///< empty: none; else n_vocab floats (last token's)
+};
 
 class runner {
  public:
@@ -49,6 +59,11 @@ class runner {
   /// non-empty `logits` (n_vocab floats) it receives the last token's logits.
   [[nodiscard]] result<void> eval(std::uint32_t seq, std::span<const model::token_id> tokens,
                                   std::span<float> logits);
+  /// Evaluates several open sequences in one pass per rank: each request's tokens after what its
+  /// sequence holds, the last token's logits where asked. At most max_chunk tokens in all, each
+  /// sequence once. Errors before anything is sent: a sequence not open or repeated, a context
+  /// that would overflow (no_capacity), too many tokens, a short logits buffer.
+  [[nodiscard]] result<void> eval_batch(std::span<const batch_request> requests);
   [[nodiscard]] result<void> close(std::uint32_t seq);
   /// Tells the followers rank 0 is alive (call when idle, well within the group's timeout).
   [[nodiscard]] result<void> ping();
@@ -68,6 +83,12 @@ class runner {
   result<void> do_open(std::uint32_t seq, std::int64_t n_ctx);
   result<void> do_eval(std::uint32_t seq, std::span<const model::token_id> tokens, bool want_logits,
                        std::span<float> logits);
+  /// Every rank's part of eval_batch; `logits` (rank 0 only) per request, empty elsewhere.
+  result<void> do_eval_batch(std::span<const std::uint32_t> seqs,
+                             std::span<const std::uint32_t> counts,
+                             std::span<const std::uint8_t> want,
+                             std::span<const model::token_id> tokens,
+                             std::span<const std::span<float>> logits);
 
   const model::model* m_;
   collectives::group* g_;
@@ -75,6 +96,7 @@ class runner {
   thread_pool* pool_;
   std::map<std::uint32_t, std::unique_ptr<model::context>> seqs_;
   std::vector<float> hidden_, logits_;
+  std::unique_ptr<model::workspace> ws_;  // eval_batch's scratch, sized for the longest context
 };
 
 }  // namespace tessera::inference::sharded

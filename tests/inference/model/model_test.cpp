@@ -433,6 +433,55 @@ TEST(ModelContext, BatchedSequencesGetTheLogitsTheyGetAlone) {
   }
 }
 
+// Batching across pipeline shards: the first shard batches tokens into hidden rows, the second
+// takes those rows and gives each sequence the logits the whole model gives it alone.
+TEST(ModelContext, BatchedPipelineShardsGiveTheWholeModelsLogits) {
+  model_file mf(small("llama", tensor_type::q8_0), "batchpp");
+  auto f = open(mf.path);
+  auto whole = model::load(f);
+  auto a = model::load(f, {shard_spec::layers(0, 1)});
+  auto b = model::load(f, {shard_spec::layers(1, -1)});
+  ASSERT_TRUE(whole && a && b);
+  const auto V = static_cast<std::size_t>((*whole)->params().n_vocab);
+  const std::vector<std::vector<token_id>> feed = {{1, 17, 300}, {45}, {599, 2}};
+  std::vector<std::vector<float>> alone;
+  for (const auto& tokens : feed) {
+    auto c = context::create(**whole, {16, 8, nullptr});
+    ASSERT_TRUE(c);
+    std::vector<float> l(V);
+    ASSERT_TRUE((*c)->eval(tokens, logits_mode::last, l));
+    alone.push_back(l);
+  }
+  auto wa = workspace::create(**a, 8, 16, 1);
+  auto wb = workspace::create(**b, 8, 16, 1);
+  ASSERT_TRUE(wa && wb);
+  std::vector<std::unique_ptr<context>> ca, cb;
+  for (std::size_t i = 0; i < feed.size(); ++i) {
+    ca.push_back(std::move(*context::create(**a, {16, 8, nullptr})));
+    cb.push_back(std::move(*context::create(**b, {16, 8, nullptr})));
+  }
+  std::vector<float> hidden(6 * 64);
+  std::vector<batch_item> first, second;
+  std::vector<std::vector<float>> l(feed.size(), std::vector<float>(V));
+  for (std::size_t i = 0; i < feed.size(); ++i) {
+    first.push_back({ca[i].get(), feed[i], {}});
+    second.push_back({cb[i].get(), {}, l[i], static_cast<std::int64_t>(feed[i].size())});
+  }
+  auto r1 = context::eval_batch(first, **wa, nullptr, hidden);
+  ASSERT_TRUE(r1) << r1.error().message;
+  auto r2 = context::eval_batch(second, **wb, nullptr, hidden);
+  ASSERT_TRUE(r2) << r2.error().message;
+  for (std::size_t i = 0; i < feed.size(); ++i) EXPECT_EQ(l[i], alone[i]) << "sequence " << i;
+  // The second shard takes rows, not tokens; it needs the hidden input.
+  auto bad = context::eval_batch(std::vector<batch_item>{{cb[0].get(), feed[0], {}}}, **wb, nullptr,
+                                 hidden);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("no embedding"), std::string::npos) << bad.error().message;
+  auto none = context::eval_batch(std::vector<batch_item>{{cb[0].get(), {}, {}, 2}}, **wb, nullptr);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message.find("hidden states"), std::string::npos) << none.error().message;
+}
+
 TEST(ModelContext, BatchErrorsNameTheItemAndChangeNothing) {
   model_file mf(small(), "batcherr");
   auto f = open(mf.path);

@@ -166,6 +166,65 @@ void run_case(const std::string& path, layout kind, std::uint32_t n, bulk::backe
   EXPECT_TRUE((*lead)->ping());
   EXPECT_TRUE((*lead)->close(3));
   EXPECT_FALSE((*lead)->eval(3, feed, logits));  // closed
+
+  // Continuous batching: two sequences in one pass per step — the second starts (its prompt's
+  // prefill) while the first decodes — each with the logits it gets alone.
+  {
+    const std::vector<token_id> prompt2 = {5, 1999, 64, 64, 3};
+    std::vector<std::vector<float>> want2_logits;
+    const auto want2 = argmax_run(**full, prompt2, want2_logits);
+    ASSERT_TRUE((*lead)->open(5, 256));
+    ASSERT_TRUE((*lead)->open(6, 256));
+    const std::vector<const std::vector<std::vector<float>>*> refs = {&want_logits, &want2_logits};
+    std::vector<std::vector<token_id>> feeds = {prompt, prompt2};
+    std::vector<std::vector<float>> outs(2, std::vector<float>(logits.size()));
+    std::vector<std::size_t> step(2, 0);
+    double worst_batch = 0;
+    for (int round = 0; round <= kSteps; ++round) {
+      std::vector<batch_request> reqs;
+      std::vector<std::size_t> who;
+      for (std::size_t q = 0; q < 2; ++q) {
+        if (q == 1 && round == 0) continue;  // starts one round later
+        if (step[q] >= static_cast<std::size_t>(kSteps)) continue;
+        reqs.push_back({static_cast<std::uint32_t>(5 + q), feeds[q], outs[q]});
+        who.push_back(q);
+      }
+      if (reqs.empty()) break;
+      auto r = (*lead)->eval_batch(reqs);
+      ASSERT_TRUE(r) << r.error().describe();
+      for (auto q : who) {
+        const auto& w = (*refs[q])[step[q]];
+        if (kind == layout::pipeline) {
+          EXPECT_EQ(outs[q], w) << "batched sequence " << q << " step " << step[q];
+        } else {
+          double num = 0, den = 0;
+          for (std::size_t i = 0; i < w.size(); ++i) {
+            num += (outs[q][i] - w[i]) * (outs[q][i] - w[i]);
+            den += w[i] * w[i];
+          }
+          worst_batch = std::max(worst_batch, std::sqrt(num / den));
+        }
+        const auto t = static_cast<token_id>(std::max_element(outs[q].begin(), outs[q].end()) -
+                                             outs[q].begin());
+        EXPECT_EQ(static_cast<float>(t), (q == 0 ? want : want2)[step[q]]) << "sequence " << q;
+        feeds[q] = {t};
+        ++step[q];
+      }
+    }
+    EXPECT_LT(worst_batch, 1e-2);
+    EXPECT_EQ(step[0], static_cast<std::size_t>(kSteps));
+    EXPECT_EQ(step[1], static_cast<std::size_t>(kSteps));
+    // Refused before anything is sent: a repeated or closed sequence, too many tokens.
+    std::vector<batch_request> twice = {{5, feeds[0], {}}, {5, feeds[0], {}}};
+    EXPECT_FALSE((*lead)->eval_batch(twice));
+    std::vector<batch_request> closed = {{3, feeds[0], {}}};
+    EXPECT_FALSE((*lead)->eval_batch(closed));
+    const std::vector<token_id> many(max_chunk + 1, 7);
+    std::vector<batch_request> big = {{5, many, {}}};
+    EXPECT_FALSE((*lead)->eval_batch(big));
+    EXPECT_TRUE((*lead)->close(5));
+    EXPECT_TRUE((*lead)->close(6));
+  }
   ASSERT_TRUE((*lead)->shutdown());
   for (auto& t : followers)
     t.join();

@@ -164,6 +164,39 @@ class ServingCluster : public ::testing::Test {
     EXPECT_NE(out->nodes.back(), cluster_->node_id(stopped));
   }
 
+  /// Asks `reqs` at once, one client (thread) each; the tokens of each, or the test fails.
+  std::vector<std::vector<std::int32_t>> ask_at_once(const std::vector<request>& reqs) {
+    std::vector<std::vector<std::int32_t>> got(reqs.size());
+    std::vector<std::string> errors(reqs.size());
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < reqs.size(); ++k)
+      threads.emplace_back([&, k] {
+        auto c = client::connect(options());
+        if (!c) {
+          errors[k] = c.error().describe();
+          return;
+        }
+        auto out = (*c)->ask(reqs[k]);
+        if (!out) {
+          errors[k] = out.error().describe();
+          return;
+        }
+        got[k] = out->tokens;
+      });
+    for (auto& t : threads) t.join();
+    for (std::size_t k = 0; k < reqs.size(); ++k)
+      EXPECT_EQ(errors[k], "") << "request " << k << "\n" << cluster_->logs();
+    return got;
+  }
+
+  /// Stream-units per forward pass node `i` ran so far (its status counters).
+  double mean_batch(std::size_t i) {
+    auto st = cluster_->status(i);
+    if (!st) return 0;
+    const double passes = (*st)["serving"]["passes"].get<double>();
+    return passes > 0 ? (*st)["serving"]["pass_streams"].get<double>() / passes : 0;
+  }
+
   std::optional<cluster_fixture> cluster_;
   std::string model_;
 };
@@ -298,6 +331,15 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
     ASSERT_TRUE(st);
     EXPECT_EQ((*st)["serving"]["models"][0]["weights"], "none") << "node " << i;
   }
+  // Concurrent streams on the group share its forward passes (one hidden-state message per stage
+  // for all of them), each with the tokens of one process.
+  {
+    std::vector<request> reqs;
+    // As long as the reference: the streams overlap whatever the clients' start-up times.
+    for (int k = 0; k < 4; ++k) reqs.push_back(greedy("split-batch-" + std::to_string(k), n));
+    for (const auto& g : ask_at_once(reqs)) EXPECT_EQ(g, ref);
+    EXPECT_GT(mean_batch(head), 1.5) << "the group ran its concurrent streams one pass each";
+  }
 
   std::vector<std::uint32_t> indexes;
   bool killed = false;
@@ -350,6 +392,15 @@ TEST_F(ServingCluster, TensorParallelGroupServes) {
   auto b = (*c)->ask(greedy("tp-2", 40));
   ASSERT_TRUE(b) << b.error().describe();
   EXPECT_EQ(b->tokens, a->tokens) << "the group's reduction order is fixed";
+  // Batched on the group (one all-reduce per layer half for all rows): the same tokens each.
+  std::vector<request> reqs;
+  // Long enough that the streams overlap whatever the clients' start-up times.
+  for (int k = 0; k < 3; ++k) reqs.push_back(greedy("tp-batch-" + std::to_string(k), 200));
+  for (const auto& g : ask_at_once(reqs)) {
+    ASSERT_EQ(g.size(), 200u);
+    EXPECT_EQ(std::vector<std::int32_t>(g.begin(), g.begin() + 40), a->tokens);
+  }
+  EXPECT_GT(mean_batch(index_of(groups[0][0])), 1.3);
   auto st = cluster_->status(index_of(groups[0][0]));
   ASSERT_TRUE(st);
   ASSERT_EQ((*st)["serving"]["groups"].size(), 1u);
