@@ -265,11 +265,10 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
     return make_error(errc::invalid_argument,
                       "{}: shard heads [{}, {}) / FFN columns [{}, {}) are not inside [0, {}) / [0, {})",
                       f.name(), s.head_begin, s.head_end, s.ffn_begin, s.ffn_end, hp->n_head, hp->ffn);
+  // GQA: query head h reads KV head h / group. A slice of query heads [hb, he) holds the KV heads
+  // [hb / group, ceil(he / group)): a group straddling two slices has its KV head (its k/v rows and
+  // its cache) in both, each computing it locally (docs/design/010-placement.md, rule 5).
   const std::int64_t group = hp->n_head / hp->n_head_kv;
-  if (s.head_begin % group != 0 || s.head_end % group != 0)
-    return make_error(errc::invalid_argument,
-                      "{}: shard heads [{}, {}) must be whole GQA groups of {} query heads",
-                      f.name(), s.head_begin, s.head_end, group);
   std::unique_ptr<model> m(new model());
   m->hp_ = *hp;
   m->shard_ = s;
@@ -277,10 +276,14 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
   const hparams& H = m->hp_;
   m->local_ = H;
   m->local_.n_head = s.head_end - s.head_begin;
-  m->local_.n_head_kv = m->local_.n_head / group;
+  m->kv_group_ = group;
+  m->kv_first_ = s.head_begin / group;
+  m->local_.n_head_kv = (s.head_end + group - 1) / group - m->kv_first_;
   m->local_.ffn = s.ffn_end - s.ffn_begin;
   const hparams& LH = m->local_;
   const bool tp = LH.n_head != H.n_head || LH.ffn != H.ffn;
+  // Every local query head has its KV head in the slice (local kv_dim follows n_head_kv).
+  TESSERA_ASSERT(m->local_.n_head_kv >= 1, "a slice of {} heads holds no KV head", LH.n_head);
 
   // 1. Find and check every tensor the shard needs, and lay it out in the arena.
   std::vector<placement> plan;
@@ -569,7 +572,7 @@ result<std::unique_ptr<workspace>> workspace::create(const model& m, std::int64_
   w->rope_cos_.resize(B * static_cast<std::size_t>(half));
   w->rope_sin_.resize(B * static_cast<std::size_t>(half));
   w->scores_.resize(static_cast<std::size_t>(threads) * static_cast<std::size_t>(n_ctx) *
-                    static_cast<std::size_t>(H.n_head / H.n_head_kv));
+                    static_cast<std::size_t>(m.kv_group()));  // query heads per KV head
   w->row_ctx_.resize(B);
   w->row_pos_.resize(B);
   return w;
@@ -960,9 +963,12 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
 
   // Attention: work items are (token, KV head) pairs; the query heads of a group share the keys.
   // Every row has been written to its cache above, so a row also sees the rows before it of its
-  // own sequence in this pass (causal), and never another sequence's.
+  // own sequence in this pass (causal), and never another sequence's. In a tensor-parallel slice
+  // whose ends cut a GQA group, the first and last KV heads serve only the slice's part of their
+  // query heads.
   {
-    const std::int64_t group = H.n_head / H.n_head_kv;
+    const std::int64_t group = m.kv_group();
+    const std::int64_t q_first = m.shard().head_begin, q_end = q_first + H.n_head;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* att = ws.att_.data();
     const bool simd = active_isa() != isa::scalar;
@@ -971,19 +977,22 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
                                               static_cast<std::size_t>(ws.n_ctx_ * group);
       for (std::int64_t item = index; item < n * H.n_head_kv; item += size) {
         const std::int64_t t = item / H.n_head_kv, g = item % H.n_head_kv;
+        const std::int64_t kv = m.kv_first() + g;  // global KV head
+        const std::int64_t h0 = std::max(q_first, kv * group) - q_first;  // local query heads
+        const std::int64_t hn = std::min(q_end, (kv + 1) * group) - q_first - h0;
         const std::int64_t n_att = ws.row_pos_[static_cast<std::size_t>(t)] + 1;
         const std::uint16_t* kc = k_cache(t);
         const std::uint16_t* vc = v_cache(t);
-        attention_scores_f16(q + t * q_stride + g * group * hd, group, hd, kc + g * hd, kvd, n_att,
-                             hd, scale, scores);
-        for (std::int64_t i = 0; i < group; ++i) {
+        attention_scores_f16(q + t * q_stride + h0 * hd, hn, hd, kc + g * hd, kvd, n_att, hd,
+                             scale, scores);
+        for (std::int64_t i = 0; i < hn; ++i) {
           if (simd) {
             softmax_avx2(scores + i * n_att, n_att);
           } else {
             softmax(scores + i * n_att, n_att);
           }
           attention_values_f16(scores + i * n_att, n_att, vc + g * hd, kvd, hd,
-                               att + t * qd + (g * group + i) * hd);
+                               att + t * qd + (h0 + i) * hd);
         }
       }
     };

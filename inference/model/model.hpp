@@ -14,7 +14,8 @@
 // peer that serves layers 8..15 never touches the rest. The first shard owns the embedding, the
 // last the output norm and projection; a context of a middle shard takes and returns hidden states
 // (`eval_hidden`). A head/FFN-column slice holds the rows of q/k/v/gate/up and the columns of
-// attn_output/ffn_down for its heads (whole GQA groups) and FFN columns; its attention and FFN
+// attn_output/ffn_down for its heads (a GQA group cut by the slice's ends has its KV head in both
+// slices) and FFN columns; its attention and FFN
 // outputs are partial sums, added up across the shards by a caller-supplied all-reduce
 // (context_options::reduce) before the residual: two synchronisations per layer.
 #pragma once
@@ -127,6 +128,11 @@ class model {
     return local_.n_head != hp_.n_head || local_.ffn != hp_.ffn;
   }
   [[nodiscard]] const shard_spec& shard() const noexcept { return shard_; }
+  /// Query heads per KV head (GQA), and the first KV head this shard holds: local KV head j is
+  /// global KV head kv_first() + j, read by the shard's query heads in [(kv_first()+j)·group,
+  /// (kv_first()+j+1)·group) ∩ [head_begin, head_end).
+  [[nodiscard]] std::int64_t kv_group() const noexcept { return kv_group_; }
+  [[nodiscard]] std::int64_t kv_first() const noexcept { return kv_first_; }
   [[nodiscard]] bool has_embedding() const noexcept { return shard_.first_layer == 0; }
   [[nodiscard]] bool has_output() const noexcept { return shard_.last_layer == hp_.n_layer; }
   [[nodiscard]] std::int64_t n_local_layers() const noexcept {
@@ -154,6 +160,7 @@ class model {
   hparams hp_;
   hparams local_;
   shard_spec shard_;
+  std::int64_t kv_group_ = 1, kv_first_ = 0;
   std::string name_;
   std::byte* arena_ = nullptr;
   std::size_t arena_size_ = 0;

@@ -74,9 +74,10 @@ model::shard_spec shard_for(layout kind, std::uint32_t rank, std::uint32_t n) {
     const auto* b = n == 2 ? bounds2 : bounds3;
     return model::shard_spec::layers(b[rank], b[rank + 1]);
   }
-  // 6 query heads in 3 GQA groups of 2 (the model splits whole groups) and 256 FFN columns in
-  // blocks of 32; uneven for 2 ranks (heads) and 3 ranks (FFN).
-  const std::int64_t heads2[] = {0, 2, 6}, heads3[] = {0, 2, 4, 6};
+  // 6 query heads in 3 GQA groups of 2 and 256 FFN columns in blocks of 32; uneven for 2 ranks
+  // (heads: 3 + 3 cuts the middle GQA group, whose KV head both ranks hold; 3 + 2 + 1 cuts two)
+  // and 3 ranks (FFN).
+  const std::int64_t heads2[] = {0, 3, 6}, heads3[] = {0, 3, 5, 6};
   const std::int64_t ffn2[] = {0, 128, 256}, ffn3[] = {0, 96, 192, 256};
   s.head_begin = (n == 2 ? heads2 : heads3)[rank];
   s.head_end = (n == 2 ? heads2 : heads3)[rank + 1];

@@ -459,6 +459,43 @@ TEST_F(ServingCluster, ConcurrentStreamsShareForwardPassesAndAnswerAsAlone) {
   EXPECT_EQ(alone->tokens, got[0]) << "a sampled stream batched with others draws what it draws alone";
 }
 
+// Three tensor-parallel ranks of a model with 8 query heads over 4 KV heads: heads 3/3/2, so
+// two GQA groups straddle ranks and both neighbours hold (and compute) their KV head. The group
+// forms and serves, deterministically.
+TEST_F(ServingCluster, TensorParallelGroupOfThreeSplitsGqaGroups) {
+  start_all({"--memory-limit-mb", "30"});
+  std::vector<std::vector<std::string>> groups;
+  const auto end = std::chrono::steady_clock::now() + 90s;
+  while (std::chrono::steady_clock::now() < end) {
+    groups = groups_of(0);
+    if (groups.size() == 1 && groups[0].size() == 3) break;
+    std::this_thread::sleep_for(300ms);
+  }
+  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+  ASSERT_EQ(groups[0].size(), 3u) << cluster_->logs();
+  auto st = cluster_->status(0);
+  ASSERT_TRUE(st);
+  std::vector<std::pair<int, int>> heads;
+  for (const auto& m : (*st)["plan"]["models"])
+    for (const auto& r : m["groups"][0])
+      heads.emplace_back(r["heads"][0].get<int>(), r["heads"][1].get<int>());
+  ASSERT_EQ(heads.size(), 3u);
+  bool straddles = false;
+  for (const auto& [hf, hl] : heads) straddles |= hf % 2 != 0 || hl % 2 != 0;
+  EXPECT_TRUE(straddles) << "the plan kept every GQA group whole; this test wants it cut";
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  auto a = (*c)->ask(greedy("tp3-1", 40));
+  ASSERT_TRUE(a) << a.error().describe() << "\n" << cluster_->logs();
+  ASSERT_EQ(a->tokens.size(), 40u);
+  auto b = (*c)->ask(greedy("tp3-2", 40));
+  ASSERT_TRUE(b) << b.error().describe();
+  EXPECT_EQ(b->tokens, a->tokens);
+  // Not compared with one process's tokens: tensor-parallel logits differ in the order of
+  // additions (within 1e-2, checked with cut GQA groups by ShardedRunner and ModelContext), and
+  // this random model's top logits are close enough for that to change a greedy token.
+}
+
 TEST_F(ServingCluster, KilledPeerMidStreamResumesElsewhere) {
   resume_after([&](std::size_t i) { cluster_->kill9(i); }, "kill-9");
 }
