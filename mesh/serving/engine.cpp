@@ -537,7 +537,8 @@ struct engine::impl {
     send(r);
   }
 
-  /// A local stream's unit of this round, evaluated with the others of its model in one pass.
+  /// A stream's unit of this round, evaluated in one pass with the others of its model (local
+  /// streams) or of its split group.
   struct unit {
     session* s;
     std::span<const mdl::token_id> tokens;  // into s->history: unchanged until the pass ran
@@ -545,7 +546,7 @@ struct engine::impl {
   };
 
   /// Evaluates tokens for `s` on its local context or its group; the logits of the last one when
-  /// asked. A local stream's tokens join `round` (evaluated by run_round) when it is given. A group
+  /// asked. The tokens join `round` (evaluated by run_round) when it is given. A group
   /// that fails is marked failed and the stream ends "unavailable" (the client resumes it
   /// elsewhere once the plan moves on).
   result<void> eval(session& s, std::span<const mdl::token_id> tokens, bool want_logits,
