@@ -228,14 +228,20 @@ result<std::string> format_status(const std::string& json_text) {
           models += " (did not load)";
         }
       }
+      // Continuous batching: stream units per forward pass so far (older peers send no counters).
+      const auto passes = s.value("passes", std::uint64_t{0});
+      const std::string batch =
+          passes == 0 ? std::string("-")
+                      : fmt::format("{:.2f}", static_cast<double>(s.value("pass_streams", std::uint64_t{0})) /
+                                                  static_cast<double>(passes));
       out += fmt::format(
           "serving models {}  client ports {}/{}  streams {}  accepted {}  completed {}  "
-          "tokens {}  rejected {}  malformed {}\n",
+          "tokens {}  rejected {}  malformed {}  mean batch {}\n",
           models.empty() ? "-" : models, s.at("request_port").get<int>(),
           s.at("response_port").get<int>(), s.at("streams").size(),
           s.at("accepted").get<std::uint64_t>(), s.at("completed").get<std::uint64_t>(),
           s.at("tokens").get<std::uint64_t>(), s.at("rejected").get<std::uint64_t>(),
-          s.at("malformed").get<std::uint64_t>());
+          s.at("malformed").get<std::uint64_t>(), batch);
     }
     return out;
   } catch (const std::exception& e) {

@@ -16,7 +16,12 @@ std::string doc(const std::string& rdma_devices) {
                    "address": "tcp://10.0.2.15:7400", "cores": 4, "memory_total_mb": 8000,
                    "memory_free_mb": 6000, "has_rdma": true, "rdma_devices": )" +
          rdma_devices + R"(, "models": ["tiny.gguf"]}],
-      "links": []}})";
+      "links": []},
+    "serving": {"models": [{"name": "tiny", "weights": "loading", "weights_loaded_bytes": 30,
+                            "weights_bytes": 120}],
+                "request_port": 7402, "response_port": 7403, "streams": [], "accepted": 4,
+                "completed": 3, "tokens": 99, "rejected": 0, "malformed": 0, "passes": 40,
+                "pass_streams": 130}})";
 }
 
 TEST(StatusFormat, RdmaPortsAndTheirGidsAreShown) {
@@ -28,6 +33,14 @@ TEST(StatusFormat, RdmaPortsAndTheirGidsAreShown) {
   auto none = format_status(doc("[]"));
   ASSERT_TRUE(none) << none.error().describe();
   EXPECT_EQ(none->find("rdma port"), std::string::npos) << *none;
+}
+
+// The serving line: a model's weights loading (with progress) and the mean batch of its passes.
+TEST(StatusFormat, ServingShowsWeightsLoadingAndTheMeanBatch) {
+  auto text = format_status(doc("[]"));
+  ASSERT_TRUE(text) << text.error().describe();
+  EXPECT_NE(text->find("serving models tiny (loading 25%)"), std::string::npos) << *text;
+  EXPECT_NE(text->find("mean batch 3.25"), std::string::npos) << *text;
 }
 
 }  // namespace
