@@ -88,8 +88,9 @@ struct loaded {
   std::unique_ptr<inf::tokenizer::tokenizer> tok;
   mdl::hparams hp;
   inf::tokenizer::chat_family family{};
+  // Written by the engine thread only; atomic so that status() may read it from another thread.
+  std::atomic<weights> state{weights::none};
   // --- engine thread ---
-  weights state = weights::none;
   bool wanted = false;                 // the plan gives this peer a replica of it
   std::unique_ptr<mdl::model> m;       // state == ready
   std::unique_ptr<mdl::workspace> ws;  // scratch of the batched passes over local streams
@@ -100,7 +101,6 @@ struct loaded {
   std::unique_ptr<mdl::model> loaded_model;  // valid once load_finished
   std::string load_error;                    // valid once load_finished
   std::atomic<std::uint64_t> loaded_bytes{0}, total_bytes{0};
-  std::atomic<std::uint8_t> shown_state{0};  // `state` for status()
 
   loaded() = default;
   loaded(const loaded&) = delete;
@@ -108,14 +108,10 @@ struct loaded {
   ~loaded() {
     if (loader.joinable()) loader.join();
   }
-  void set_state(weights w) {
-    state = w;
-    shown_state = static_cast<std::uint8_t>(w);
-  }
 };
 
-const char* weights_name(std::uint8_t w) {
-  switch (static_cast<loaded::weights>(w)) {
+const char* weights_name(loaded::weights w) {
+  switch (w) {
     case loaded::weights::none: return "none";
     case loaded::weights::loading: return "loading";
     case loaded::weights::ready: return "ready";
@@ -140,6 +136,13 @@ struct session {
   bool have_logits = false;
   clock_type::time_point last_sent{};
 };
+
+/// A local stream whose model's weights are on their way (loading, or about to): it waits queued.
+bool waits_for_weights(const session& s) {
+  if (s.host != nullptr) return false;
+  const auto w = s.model->state.load();
+  return w == loaded::weights::loading || (w == loaded::weights::none && s.model->wanted);
+}
 
 }  // namespace
 
@@ -767,10 +770,8 @@ struct engine::impl {
       {
         std::unique_lock lock(mu);
         // Idle: no stream runs, and the queued ones (if any) wait for weights being loaded.
-        if (active.empty() && std::all_of(queued.begin(), queued.end(), [](const auto& q) {
-              return q->host == nullptr && q->model->state != loaded::weights::ready &&
-                     q->model->state != loaded::weights::failed;
-            }))
+        if (active.empty() && std::all_of(queued.begin(), queued.end(),
+                                          [](const auto& q) { return waits_for_weights(*q); }))
           cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
             return stopping.load() || !inbox.empty() || !link_inbox.empty() ||
                    std::any_of(models.begin(), models.end(), [](const auto& m) {
@@ -801,13 +802,11 @@ struct engine::impl {
       // loading waits (with keepalives) and lets the ones behind it go first.
       for (auto q = queued.begin(); active.size() < opt.max_active && q != queued.end();) {
         session& w = **q;
+        if (waits_for_weights(w)) {
+          ++q;
+          continue;
+        }
         if (w.host == nullptr && w.model->state != loaded::weights::ready) {
-          const bool coming = w.model->state == loaded::weights::loading ||
-                              (w.model->state == loaded::weights::none && w.model->wanted);
-          if (coming) {
-            ++q;
-            continue;
-          }
           if (w.model->state == loaded::weights::failed) {
             send_error(w.req, error_code::no_capacity,
                        fmt::format("model '{}' did not load on peer {}: {}", w.req.model,
@@ -979,7 +978,7 @@ struct engine::impl {
 
   // ------------------------------------------------------------------ whole-model weights
   void start_load(loaded& lm) {
-    lm.set_state(loaded::weights::loading);
+    lm.state = loaded::weights::loading;
     lm.loaded_bytes = 0;
     lm.load_finished = false;
     spdlog::info("serving {}: loading model '{}' ({} MiB of weights) for a replica here",
@@ -1022,7 +1021,7 @@ struct engine::impl {
           if (ws) {
             lm->m = std::move(lm->loaded_model);
             lm->ws = std::move(*ws);
-            lm->set_state(loaded::weights::ready);
+            lm->state = loaded::weights::ready;
             spdlog::info("serving {}: model '{}' loaded", opt.node_hex, lm->info.name);
           } else {
             lm->loaded_model.reset();
@@ -1031,7 +1030,7 @@ struct engine::impl {
         }
         if (lm->state != loaded::weights::ready) {
           lm->failure = lm->load_error;
-          lm->set_state(loaded::weights::failed);
+          lm->state = loaded::weights::failed;
           spdlog::error("serving {}: model '{}' did not load: {}", opt.node_hex, lm->info.name,
                         lm->failure);
         }
@@ -1044,7 +1043,7 @@ struct engine::impl {
         if (!used) {
           lm->ws.reset();
           lm->m.reset();
-          lm->set_state(loaded::weights::none);
+          lm->state = loaded::weights::none;
           spdlog::info("serving {}: model '{}' unloaded (the plan serves it elsewhere)",
                        opt.node_hex, lm->info.name);
         }
@@ -1229,7 +1228,7 @@ json engine::status() const {
                   {"bytes", m.file_bytes},
                   {"layers", m.spec.n_layers},
                   {"heads", m.spec.n_heads},
-                  {"weights", weights_name(l->shown_state.load())},
+                  {"weights", weights_name(l->state.load())},
                   {"weights_loaded_bytes", l->loaded_bytes.load()},
                   {"weights_bytes", l->total_bytes.load()}});
   }
