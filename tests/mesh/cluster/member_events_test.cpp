@@ -59,6 +59,25 @@ class watcher : public actors::actor {
   }
 };
 
+/// A node configuration for this process on the ports of the fixture's slot `i` (which the
+/// fixture does not start): no HTTP, no mDNS or beacons, one compute thread.
+node_config in_process(cluster_fixture& cluster, std::size_t i) {
+  node_config cfg;
+  cfg.data_dir = cluster.dir() + "/in-process";
+  cfg.cluster_key_file = cluster.key_file();
+  cfg.listen.address = "127.0.0.1";
+  const auto port = cluster.node(i).port;
+  cfg.listen.control_port = port;
+  cfg.listen.bulk_port = static_cast<std::uint16_t>(port + 1);
+  cfg.listen.client_request_port = static_cast<std::uint16_t>(port + 2);
+  cfg.listen.client_response_port = static_cast<std::uint16_t>(port + 3);
+  cfg.http.enabled = false;
+  cfg.discovery.mdns = false;
+  cfg.discovery.beacon = false;
+  cfg.threads = 1;
+  return cfg;
+}
+
 TEST(MemberEvents, ASubscribedActorHearsAliveSuspectDeadAndLeft) {
   auto c = cluster_fixture::create(TESSERA_BINARY, 2);
   ASSERT_TRUE(c) << c.error().describe();
@@ -67,18 +86,7 @@ TEST(MemberEvents, ASubscribedActorHearsAliveSuspectDeadAndLeft) {
   ASSERT_TRUE(cluster.start(0));
   ASSERT_TRUE(cluster.start(1));
 
-  node_config cfg;
-  cfg.data_dir = cluster.dir() + "/in-process";
-  cfg.cluster_key_file = cluster.key_file();
-  cfg.listen.address = "127.0.0.1";
-  const auto port = cluster.node(mine).port;
-  cfg.listen.control_port = port;
-  cfg.listen.bulk_port = static_cast<std::uint16_t>(port + 1);
-  cfg.listen.client_request_port = static_cast<std::uint16_t>(port + 2);
-  cfg.listen.client_response_port = static_cast<std::uint16_t>(port + 3);
-  cfg.http.enabled = false;
-  cfg.discovery.mdns = false;
-  cfg.discovery.beacon = false;
+  node_config cfg = in_process(cluster, mine);
   cfg.discovery.seeds = {cluster.node(0).endpoint(), cluster.node(1).endpoint()};
   // The fixture's timeouts (a 2-core machine shared with parallel builds).
   cfg.timeouts.heartbeat_interval_ms = 200;
@@ -86,7 +94,6 @@ TEST(MemberEvents, ASubscribedActorHearsAliveSuspectDeadAndLeft) {
   cfg.timeouts.dead_timeout_ms = 3000;
   cfg.timeouts.election_timeout_min_ms = 1000;
   cfg.timeouts.election_timeout_max_ms = 2000;
-  cfg.threads = 1;
   auto rt = node_runtime::start(runtime_options{cfg});
   ASSERT_TRUE(rt) << rt.error().describe();
 
@@ -158,20 +165,7 @@ TEST(MemberEvents, ASubscribedActorHearsAliveSuspectDeadAndLeft) {
 TEST(MemberEvents, SubscriptionsAreBounded) {
   auto c = cluster_fixture::create(TESSERA_BINARY, 1);
   ASSERT_TRUE(c) << c.error().describe();
-  node_config cfg;
-  cfg.data_dir = c->dir() + "/in-process";
-  cfg.cluster_key_file = c->key_file();
-  cfg.listen.address = "127.0.0.1";
-  const auto port = c->node(0).port;
-  cfg.listen.control_port = port;
-  cfg.listen.bulk_port = static_cast<std::uint16_t>(port + 1);
-  cfg.listen.client_request_port = static_cast<std::uint16_t>(port + 2);
-  cfg.listen.client_response_port = static_cast<std::uint16_t>(port + 3);
-  cfg.http.enabled = false;
-  cfg.discovery.mdns = false;
-  cfg.discovery.beacon = false;
-  cfg.threads = 1;
-  auto rt = node_runtime::start(runtime_options{cfg});
+  auto rt = node_runtime::start(runtime_options{in_process(*c, 0)});
   ASSERT_TRUE(rt) << rt.error().describe();
   heard h;
   actors::actor_system sys(actors::config{.workers = 1});

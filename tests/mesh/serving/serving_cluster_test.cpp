@@ -67,6 +67,24 @@ class ServingCluster : public ::testing::Test {
     return out;
   }
 
+  /// Waits (90 s at most) until node 0 — and with `on_every_node` every node, identically —
+  /// reports one group of `ranks` peers for "tiny"; returns what node 0 last reported (the caller
+  /// asserts its shape).
+  std::vector<std::vector<std::string>> wait_one_group(std::size_t ranks,
+                                                       bool on_every_node = false) {
+    std::vector<std::vector<std::string>> groups;
+    const auto end = std::chrono::steady_clock::now() + 90s;
+    while (std::chrono::steady_clock::now() < end) {
+      groups = groups_of(0);
+      bool agreed = groups.size() == 1 && groups[0].size() == ranks;
+      for (std::size_t i = 1; agreed && on_every_node && i < cluster_->size(); ++i)
+        agreed = groups_of(i) == groups;
+      if (agreed) break;
+      std::this_thread::sleep_for(300ms);
+    }
+    return groups;
+  }
+
   /// Every node in `nodes` reports a plan serving "tiny" from `groups` groups.
   bool plan_ready(const std::vector<std::size_t>& nodes, std::size_t groups) {
     for (auto i : nodes) {
@@ -302,15 +320,7 @@ TEST_F(ServingCluster, ReplicasAnswerLikeOnePeerAndErrorsAreExplicit) {
 // stream resumes there, every index once, the same tokens.
 TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
   start_all({"--memory-limit-mb", "70", "--max-tp-ranks", "1"});
-  std::vector<std::vector<std::string>> groups;
-  const auto end = std::chrono::steady_clock::now() + 90s;
-  while (std::chrono::steady_clock::now() < end) {
-    groups = groups_of(0);
-    if (groups.size() == 1 && groups[0].size() == 2 && groups_of(1) == groups &&
-        groups_of(2) == groups)
-      break;
-    std::this_thread::sleep_for(300ms);
-  }
+  const auto groups = wait_one_group(2, true);
   ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
   ASSERT_EQ(groups[0].size(), 2u) << "expected one group of 2 peers\n" << cluster_->logs();
   const auto head = index_of(groups[0][0]), tail = index_of(groups[0][1]);
@@ -371,13 +381,7 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
 // and for every index once, and against itself: the same request twice gives the same tokens.
 TEST_F(ServingCluster, TensorParallelGroupServes) {
   start_all({"--memory-limit-mb", "70"});
-  std::vector<std::vector<std::string>> groups;
-  const auto end = std::chrono::steady_clock::now() + 90s;
-  while (std::chrono::steady_clock::now() < end) {
-    groups = groups_of(0);
-    if (groups.size() == 1 && groups[0].size() == 2) break;
-    std::this_thread::sleep_for(300ms);
-  }
+  const auto groups = wait_one_group(2);
   ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
   ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
   auto c = client::connect(options());
@@ -464,13 +468,7 @@ TEST_F(ServingCluster, ConcurrentStreamsShareForwardPassesAndAnswerAsAlone) {
 // forms and serves, deterministically.
 TEST_F(ServingCluster, TensorParallelGroupOfThreeSplitsGqaGroups) {
   start_all({"--memory-limit-mb", "30"});
-  std::vector<std::vector<std::string>> groups;
-  const auto end = std::chrono::steady_clock::now() + 90s;
-  while (std::chrono::steady_clock::now() < end) {
-    groups = groups_of(0);
-    if (groups.size() == 1 && groups[0].size() == 3) break;
-    std::this_thread::sleep_for(300ms);
-  }
+  const auto groups = wait_one_group(3);
   ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
   ASSERT_EQ(groups[0].size(), 3u) << cluster_->logs();
   auto st = cluster_->status(0);
