@@ -48,9 +48,23 @@ void register_node(CLI::App& root, int& exit_code) {
     std::string loading;
     ro.on_model_load = [&](const std::string& model, std::uint64_t done, std::uint64_t total) {
       std::lock_guard lock(bar_mu);
-      if (!bar || model != loading) {
+      if (!bar || "loading model " + model != loading) {
         bar = std::make_unique<progress_bar>("loading model " + model);
-        loading = model;
+        loading = "loading model " + model;
+      }
+      bar->update(done, total);
+      if (done >= total) {
+        bar->finish();
+        bar.reset();
+      }
+    };
+    // Shards fetched from peers (--fetch-models): the same bar, labelled as a fetch.
+    ro.on_model_fetch = [&](const std::string& model, std::uint64_t done, std::uint64_t total) {
+      std::lock_guard lock(bar_mu);
+      const std::string label = "fetching model " + model;
+      if (!bar || label != loading) {
+        bar = std::make_unique<progress_bar>(label);
+        loading = label;
       }
       bar->update(done, total);
       if (done >= total) {

@@ -249,8 +249,26 @@ result<std::uint64_t> model::check(const gguf::file& f, const load_options& opts
   return (*m)->arena_bytes_;
 }
 
+result<std::vector<gguf::byte_range>> model::file_ranges(const gguf::file& f,
+                                                        const load_options& opts) {
+  std::vector<gguf::byte_range> ranges;
+  auto m = load_or_check(f, opts, true, &ranges);
+  if (!m) return std::move(m).error();
+  std::sort(ranges.begin(), ranges.end(),
+            [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<gguf::byte_range> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && merged.back().offset + merged.back().size >= r.offset)
+      merged.back().size = std::max(merged.back().size, r.offset + r.size - merged.back().offset);
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
+
 result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const load_options& opts,
-                                                    bool check_only) {
+                                                    bool check_only,
+                                                    std::vector<gguf::byte_range>* ranges) {
   auto hp = read_hparams(f);
   if (!hp) return std::move(hp).error();
   shard_spec s = opts.shard;
@@ -410,6 +428,15 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
   if (cursor > opts.max_weight_bytes)
     return make_error(errc::no_capacity, "{}: the shard's weights ({}) exceed the limit of {}",
                       f.name(), gguf::human_bytes(cursor), gguf::human_bytes(opts.max_weight_bytes));
+  if (ranges != nullptr)
+    for (const placement& pl : plan) {
+      // The rows step 3 reads (a vector is read whole and sliced after conversion).
+      const bool vector_slice = pl.as_f32 && pl.info->dims.size() == 1;
+      auto r = f.row_range(*pl.info, vector_slice ? 0 : pl.first_row,
+                           vector_slice ? pl.info->rows() : pl.rows);
+      if (!r) return std::move(r).error();
+      ranges->push_back(*r);
+    }
   if (check_only) {
     m->arena_bytes_ = cursor;  // a model without weights, never handed out (check() reads this)
     return m;

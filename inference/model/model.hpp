@@ -78,6 +78,7 @@ struct shard_spec {
   [[nodiscard]] static shard_spec layers(std::int64_t first, std::int64_t last) noexcept {
     return {first, last, 0, -1, 0, -1};
   }
+  bool operator==(const shard_spec&) const = default;
 };
 
 /// One transformer block's weights (views into the model's weight arena).
@@ -113,6 +114,11 @@ class model {
   /// shard needs present with its shape and a supported type, the size limit — with the same
   /// errors, and no weights read. Returns the bytes the shard's weights would take.
   static result<std::uint64_t> check(const gguf::file& f, const load_options& opts = {});
+  /// The byte ranges of the file that load() reads for this shard (sorted, adjacent ones merged),
+  /// after the same checks as check(): a peer that fetches a shard from others needs these bytes
+  /// and no others (mesh/serving/model_share).
+  static result<std::vector<gguf::byte_range>> file_ranges(const gguf::file& f,
+                                                           const load_options& opts = {});
 
   ~model();
   model(const model&) = delete;
@@ -154,8 +160,9 @@ class model {
 
  private:
   model() = default;
-  static result<std::unique_ptr<model>> load_or_check(const gguf::file& f,
-                                                      const load_options& opts, bool check_only);
+  static result<std::unique_ptr<model>> load_or_check(
+      const gguf::file& f, const load_options& opts, bool check_only,
+      std::vector<gguf::byte_range>* ranges = nullptr);
 
   hparams hp_;
   hparams local_;

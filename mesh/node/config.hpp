@@ -79,6 +79,9 @@ struct node_config {
   /// Most tensor-parallel ranks in one pipeline stage of a plan (1 = pipeline parallelism only).
   /// A cluster setting: every peer that may lead must use the same value.
   std::uint32_t max_tp_ranks = 8;
+  /// Model distribution: this peer may be planned for models it has no file of, and then fetches
+  /// the bytes of its shard from peers that hold the file (kept under <data_dir>/models).
+  bool fetch_models = false;
   std::string log_level = "info";
   std::string log_format = "text";
 };

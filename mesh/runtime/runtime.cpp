@@ -160,6 +160,7 @@ topology::capabilities local_caps(const node_config& cfg, const std::string& hex
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   c.hostname = host;
+  c.fetches_models = cfg.fetch_models;
   // Each active port with the GID its links would use (empty without the rdma backend).
   c.rdma_devices = transport::bulk::describe_rdma_ports();
   for (const auto& m : cfg.model_paths)
@@ -603,7 +604,9 @@ struct node_runtime::impl {
       for (const auto& m : v->members) {
         if (m.id == self || !topology::is_live_status(m.status)) continue;
         if (!m.caps.client_endpoint.empty()) endpoints.push_back(m.caps.client_endpoint);
-        facts[m.id] = {m.caps.node_id, {m.caps.host_id, m.caps.has_rdma}};
+        facts[m.id] = {m.caps.node_id, {m.caps.host_id, m.caps.has_rdma}, {}};
+        for (const auto& s : m.caps.model_specs)
+          facts[m.id].holds.push_back(s.name + "@" + s.content);
       }
     engine->set_plan(plan, std::move(live), std::move(endpoints), std::move(facts));
   }
@@ -784,6 +787,11 @@ struct node_runtime::impl {
       }
       case runtime_msg::group_link:
         if (engine) engine->on_group_link(std::string_view(m.body.data(), m.body.size()));
+        return;
+      case runtime_msg::model_share:
+        // Only members share model bytes (an offer names the fetcher by the link it came on).
+        if (engine && member_of(m.sender) != no_member && members->status_of(member_of(m.sender)))
+          engine->on_share(m.sender, std::string_view(m.body.data(), m.body.size()));
         return;
       case runtime_msg::plan: {
         auto p = unpack<placement::plan>(m.body);
@@ -1339,6 +1347,13 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.send_group_link = [cn](const std::string& peer_hex, std::string body) {
       (void)cn->send(peer_hex, static_cast<std::uint16_t>(runtime_msg::group_link), bytes_of(body));
     };
+    so.send_share = [cn](const std::string& peer_hex, std::string body) {
+      (void)cn->send(peer_hex, static_cast<std::uint16_t>(runtime_msg::model_share),
+                     bytes_of(body));
+    };
+    so.fetch_models = cfg.fetch_models;
+    so.fetch_dir = (fs::path(cfg.data_dir) / "models").string();
+    so.on_fetch_progress = p->opt.on_model_fetch;
     auto eng = serving::engine::start(so);
     if (!eng) return eng.error();
     p->engine = std::move(*eng);

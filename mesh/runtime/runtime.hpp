@@ -38,6 +38,7 @@ enum class runtime_msg : std::uint16_t {
   bulk_answer = 73,  ///< bandwidth probe: responder's bulk connect params
   plan = 74,         ///< the leader's serving plan (placement::plan), to every live member
   group_link = 75,   ///< bulk connect params between the ranks of a group split over peers
+  model_share = 76,  ///< model distribution: a fetcher's offer / a holder's answer (share_setup)
 };
 
 /// Bound on events waiting for the loop thread; beyond it inbound messages are dropped (counted),
@@ -80,6 +81,9 @@ struct runtime_options {
   /// (serving::engine_options::on_load_progress; called on the engine's loader thread).
   std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
       on_model_load;
+  /// Progress of fetching a model's shard from peers (serving::engine_options::on_fetch_progress).
+  std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
+      on_model_fetch;
 };
 
 class node_runtime {

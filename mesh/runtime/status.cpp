@@ -242,6 +242,21 @@ result<std::string> format_status(const std::string& json_text) {
           s.at("accepted").get<std::uint64_t>(), s.at("completed").get<std::uint64_t>(),
           s.at("tokens").get<std::uint64_t>(), s.at("rejected").get<std::uint64_t>(),
           s.at("malformed").get<std::uint64_t>(), batch);
+      // Model distribution: what this peer fetches from holders, and what it served to others.
+      for (const auto& f : s.value("fetches", nlohmann::json::array())) {
+        const auto total = f.value("bytes_total", std::uint64_t{0});
+        const auto done = f.value("bytes_done", std::uint64_t{0});
+        const std::string st = f.value("state", "");
+        out += fmt::format("fetch   {:<20} {} {}/{} MiB ({}%){}{}\n", f.value("model", ""), st,
+                           done >> 20, total >> 20, total == 0 ? 0 : done * 100 / total,
+                           f.value("from", "").empty() ? "" : " from " + f.value("from", ""),
+                           st == "failed" ? ": " + f.value("error", "") : "");
+      }
+      if (s.contains("share") && s.at("share").value("sessions", std::uint64_t{0}) > 0)
+        out += fmt::format("shared  {} fetch(es) served, {} MiB in {} chunks\n",
+                           s.at("share").value("sessions", std::uint64_t{0}),
+                           s.at("share").value("bytes", std::uint64_t{0}) >> 20,
+                           s.at("share").value("chunks", std::uint64_t{0}));
     }
     return out;
   } catch (const std::exception& e) {

@@ -26,6 +26,7 @@
 #include "mesh/serving/group_host.hpp"
 #include "transport/faults/faulty_link.hpp"
 #include "mesh/serving/intake.hpp"
+#include "mesh/serving/model_share.hpp"
 #include "mesh/serving/protocol.hpp"
 
 namespace tessera::mesh::serving {
@@ -41,6 +42,8 @@ using clock_type = std::chrono::steady_clock;
 constexpr std::size_t kFinishedMemory = 4096;
 // group_link messages waiting for the engine thread, and per group not formed here yet.
 constexpr std::size_t kMaxLinkMessages = 256;
+// A group that failed to form because a peer was late is formed again after this long.
+constexpr auto kReformAfter = std::chrono::seconds(5);
 
 result<placement::model_spec> spec_of_gguf(const std::string& path, const std::string& name) {
   auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
@@ -88,6 +91,9 @@ struct loaded {
   std::unique_ptr<inf::tokenizer::tokenizer> tok;
   mdl::hparams hp;
   inf::tokenizer::chat_family family{};
+  // A model fetched from peers (its file holds only the parts fetched): every use of a part waits
+  // until fetch->ready_for() it. Null for a file of our own.
+  model_fetch* fetch = nullptr;
   // Written by the engine thread only; atomic so that status() may read it from another thread.
   std::atomic<weights> state{weights::none};
   // --- engine thread ---
@@ -118,6 +124,34 @@ const char* weights_name(loaded::weights w) {
     case loaded::weights::failed: return "failed";
   }
   return "?";
+}
+
+/// Reads a model's header, tokenizer and hyper-parameters and checks its tensors (no weights).
+result<std::unique_ptr<loaded>> open_model(const std::string& path, const std::string& name) {
+  auto l = std::make_unique<loaded>();
+  l->info.path = path;
+  l->info.name = name;
+  auto spec = spec_of_gguf(path, name);
+  if (!spec) return spec.error();
+  l->info.spec = *spec;
+  auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
+  if (!f) return f.error();
+  std::error_code ec;
+  l->info.file_bytes = fs::file_size(path, ec);
+  auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
+  if (!tok) return tok.error();
+  l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
+  l->family = inf::tokenizer::chat_family_for(*f);
+  auto hp = mdl::read_hparams(*f);
+  if (!hp) return hp.error();
+  l->hp = *hp;
+  // Every tensor present with its shape and type: a broken file stops the node now, naming the
+  // tensor, rather than when a plan first asks this peer for a replica.
+  auto bytes = mdl::model::check(*f);
+  if (!bytes) return bytes.error();
+  l->total_bytes = *bytes;
+  l->file = std::make_unique<inf::gguf::file>(std::move(*f));
+  return l;
 }
 
 struct session {
@@ -182,6 +216,16 @@ struct engine::impl {
   std::atomic<std::uint64_t> passes{0}, pass_streams{0};
   std::vector<json> active_view;  // for status (under mu)
   std::vector<json> groups_view;  // for status (under mu)
+
+  // --- model distribution (model_share.hpp) ---
+  // Guards `models` growing (the engine thread adopts a fetched model) and `fetches` against
+  // status() and on_share() on other threads; the engine thread reads both without it.
+  mutable std::mutex models_mu;
+  std::unique_ptr<share_server> server;                         // our files, to fetchers
+  std::map<std::string, std::unique_ptr<model_fetch>> fetches;  // by model name
+  std::uint64_t next_fetch_id = 1;
+  std::atomic<bool> fetch_changed{false};  // a fetch finished or failed: reconcile again
+  std::map<std::string, clock_type::time_point> unformed_since;  // hosts that may form later
 
   // --- engine thread only ---
   std::map<std::string, std::unique_ptr<group_host>> hosts;  // groups split over peers, by key
@@ -395,6 +439,11 @@ struct engine::impl {
     }
     auto d = decide(q, p.get(), members, opt.self, model_names);
     if (d.action == intake_action::ignore) return;
+    // This peer is fetching the model's bytes: stay silent (the client re-publishes) rather than
+    // refuse a request the plan rightly sent here.
+    if (d.action == intake_action::reject && d.code == error_code::no_capacity &&
+        fetches.contains(q.model))
+      return;
     if (d.action == intake_action::reject) {
       ++rejected;
       send_error(q, d.code, d.message);
@@ -411,8 +460,9 @@ struct engine::impl {
         if (it == hosts.end() || it->second->current() == group_host::state::forming) return;
         if (it->second->current() == group_host::state::failed) {
           // A group that lost a peer: the leader re-plans once membership notices; until then
-          // stay silent (the client re-publishes). A group that never formed will not.
-          if (it->second->was_ready()) return;
+          // stay silent (the client re-publishes). So does one that will form again (a peer
+          // was late). A group that never formed and never will: an error.
+          if (it->second->was_ready() || it->second->may_form_later()) return;
           ++rejected;
           send_error(q, error_code::no_capacity,
                      fmt::format("model '{}': its group of {} peers cannot form: {}", q.model,
@@ -773,7 +823,7 @@ struct engine::impl {
         if (active.empty() && std::all_of(queued.begin(), queued.end(),
                                           [](const auto& q) { return waits_for_weights(*q); }))
           cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
-            return stopping.load() || !inbox.empty() || !link_inbox.empty() ||
+            return stopping.load() || !inbox.empty() || !link_inbox.empty() || fetch_changed.load() ||
                    std::any_of(models.begin(), models.end(), [](const auto& m) {
                      return m->state == loaded::weights::loading && m->load_finished.load();
                    });
@@ -787,7 +837,8 @@ struct engine::impl {
           std::lock_guard lock(mu);
           p = plan;
         }
-        if (p.get() != reconciled) {
+        const bool again = fetch_changed.exchange(false) | drop_unformed();
+        if (p.get() != reconciled || again) {
           reconcile(p.get());
           reconciled = p.get();
           current_plan = p;  // keeps `reconciled` alive
@@ -878,6 +929,7 @@ struct engine::impl {
   /// peers including this one, and drops the hosts the plan no longer has (their streams end
   /// "unavailable" and resume elsewhere).
   void reconcile(const placement::plan* p) {
+    fetch_missing(p);
     // Replicas: the models the plan gives this peer a group of its own for get their weights.
     for (auto& lm : models) {
       lm->wanted = false;
@@ -886,7 +938,10 @@ struct engine::impl {
           if (mp.spec.name == lm->info.name)
             for (const auto& g : mp.groups)
               if (g.ranks.size() == 1 && g.ranks[0].node == opt.self) lm->wanted = true;
-      if (lm->wanted && lm->state == loaded::weights::none) start_load(*lm);
+      // A fetched model loads once all its bytes are here (reconcile runs again when they are).
+      if (lm->wanted && lm->state == loaded::weights::none &&
+          (lm->fetch == nullptr || lm->fetch->ready_for(mdl::shard_spec::full())))
+        start_load(*lm);
     }
     std::map<member_id, peer_facts> facts;
     {
@@ -909,6 +964,10 @@ struct engine::impl {
           const auto key = group_key(mp.spec.name, g);
           wanted.insert(key);
           if (hosts.contains(key)) continue;
+          if ((*local)->fetch != nullptr) {  // its slice's bytes first
+            auto shard = shard_of(g, me);
+            if (!shard || !(*local)->fetch->ready_for(*shard)) continue;
+          }
           std::map<member_id, transport::bulk::local_capabilities> caps;
           std::map<member_id, std::string> hex;
           for (const auto& [id, f] : facts) {
@@ -938,6 +997,7 @@ struct engine::impl {
                                                                       it->second);
             };
           }
+          unformed_since.erase(key);
           auto h = std::make_unique<group_host>(key, (*local)->info.path, g, me, opt.bind_address,
                                                 std::move(caps), opt.bulk_caps, std::move(sender),
                                                 opt.threads, std::move(wrap));
@@ -974,6 +1034,123 @@ struct engine::impl {
       last_ping.erase(it->first);
       it = hosts.erase(it);
     }
+  }
+
+  // ------------------------------------------------------------------ models fetched from peers
+  /// For every model the plan gives this peer a part of and that it has no file of (fetch_models):
+  /// asks the model's fetch for those parts, from the live holders of the plan's content, and
+  /// adopts the model (header, tokenizer) once they are here. Reconcile runs again whenever a
+  /// fetch finishes or fails (fetch_changed).
+  void fetch_missing(const placement::plan* p) {
+    if (p == nullptr || !opt.fetch_models) return;
+    std::map<member_id, peer_facts> facts;
+    {
+      std::lock_guard lock(mu);
+      facts = peers;
+    }
+    for (const auto& mp : p->models) {
+      const std::string& name = mp.spec.name;
+      const auto local = std::find_if(models.begin(), models.end(),
+                                      [&](const auto& m) { return m->info.name == name; });
+      if (local != models.end() && (*local)->fetch == nullptr) continue;  // a file of our own
+      if (mp.spec.content.empty()) continue;
+      std::vector<mdl::shard_spec> shards;
+      for (const auto& g : mp.groups)
+        for (std::uint32_t r = 0; r < g.ranks.size(); ++r)
+          if (g.ranks[r].node == opt.self)
+            if (auto s = shard_of(g, r)) shards.push_back(*s);
+      if (shards.empty()) continue;  // bytes fetched before stay on disk
+      auto it = fetches.find(name);
+      if (it != fetches.end() && it->second->root() != mp.spec.content) {
+        if (local != models.end()) {
+          spdlog::warn("serving {}: the plan names other content for model '{}' than the one "
+                       "fetched here; restart this peer to fetch it",
+                       opt.node_hex, name);
+          continue;
+        }
+        std::lock_guard lock(models_mu);
+        fetches.erase(it);
+        it = fetches.end();
+      }
+      if (it == fetches.end()) {
+        model_fetch::options o;
+        o.model = name;
+        o.root = mp.spec.content;
+        o.dir = opt.fetch_dir;
+        o.bind_address = opt.bind_address;
+        o.send = [send = opt.send_share](const std::string& to, const share_setup& m) {
+          if (!send) return;
+          msgpack::sbuffer buf;
+          msgpack::pack(buf, m);
+          send(to, std::string(buf.data(), buf.size()));
+        };
+        o.fetch_id = next_fetch_id++;
+        o.on_change = [this] {
+          fetch_changed = true;
+          cv.notify_all();
+        };
+        o.on_progress = [this, name](std::uint64_t done, std::uint64_t total) {
+          if (opt.on_fetch_progress) opt.on_fetch_progress(name, done, total);
+        };
+        spdlog::info("serving {}: model '{}' (content {}) is not here: fetching its parts",
+                     opt.node_hex, name, mp.spec.content.substr(0, 16));
+        std::lock_guard lock(models_mu);
+        it = fetches.emplace(name, std::make_unique<model_fetch>(std::move(o))).first;
+      }
+      model_fetch* f = it->second.get();
+      std::vector<share_source> sources;
+      const std::string held = name + "@" + mp.spec.content;
+      for (const auto& [id, pf] : facts)
+        if (std::find(pf.holds.begin(), pf.holds.end(), held) != pf.holds.end())
+          sources.push_back({pf.hex, transport::bulk::choose_backend(opt.bulk_caps, pf.bulk_caps)});
+      // The fastest kind of link first (rdma, shm, tcp); member order among equals.
+      std::stable_sort(sources.begin(), sources.end(), [](const auto& a, const auto& b) {
+        return static_cast<int>(a.backend) > static_cast<int>(b.backend);
+      });
+      f->want(std::move(sources), shards);
+      if (local != models.end()) continue;
+      if (!std::all_of(shards.begin(), shards.end(), [&](const auto& s) { return f->ready_for(s); }))
+        continue;
+      auto opened = open_model(f->path(), name);
+      if (!opened) {
+        spdlog::error("serving {}: model '{}' fetched but does not open: {}", opt.node_hex, name,
+                      opened.error().describe());
+        continue;
+      }
+      auto l = std::move(*opened);
+      l->info.spec = mp.spec;  // the content it was verified against
+      l->fetch = f;
+      spdlog::info("serving {}: model '{}' fetched ({} of {} here)", opt.node_hex, name,
+                   inf::gguf::human_bytes(f->snapshot().bytes_total),
+                   inf::gguf::human_bytes(l->info.file_bytes));
+      model_names.push_back(name);
+      std::lock_guard lock(models_mu);
+      models.push_back(std::move(l));
+    }
+  }
+
+  /// Drops the hosts of groups that failed to form because a peer was late (may_form_later) after
+  /// kReformAfter, so that reconcile forms them again. True if it dropped one.
+  bool drop_unformed() {
+    const auto now = clock_type::now();
+    bool dropped = false;
+    for (auto it = hosts.begin(); it != hosts.end();) {
+      if (!it->second->may_form_later()) {
+        ++it;
+        continue;
+      }
+      auto [since, fresh] = unformed_since.emplace(it->first, now);
+      if (now - since->second < kReformAfter) {
+        ++it;
+        continue;
+      }
+      spdlog::info("serving {}: forming group {} again", opt.node_hex, it->first);
+      unformed_since.erase(since);
+      it = hosts.erase(it);
+      dropped = true;
+    }
+    std::erase_if(unformed_since, [&](const auto& u) { return !hosts.contains(u.first); });
+    return dropped;
   }
 
   // ------------------------------------------------------------------ whole-model weights
@@ -1098,36 +1275,35 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
       inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)), {.pin = false});
   if (!pool) return pool.error();
   p->pool = std::move(*pool);
+  auto send_share = p->opt.send_share;
+  p->server = std::make_unique<share_server>(
+      p->opt.bind_address, [send_share](const std::string& to, const share_setup& m) {
+        if (!send_share) return;
+        msgpack::sbuffer buf;
+        msgpack::pack(buf, m);
+        send_share(to, std::string(buf.data(), buf.size()));
+      });
   for (const auto& path : p->opt.model_paths) {
-    auto l = std::make_unique<loaded>();
-    l->info.path = path;
-    l->info.name = fs::path(path).stem().string();
+    const std::string name = fs::path(path).stem().string();
     for (const auto& other : p->models)
-      if (other->info.name == l->info.name)
-        return make_error(errc::invalid_argument, "two models are named '{}' ({} and {})",
-                          l->info.name, other->info.path, path);
-    auto spec = spec_of_gguf(path, l->info.name);
-    if (!spec) return spec.error();
-    l->info.spec = *spec;
-    auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
-    if (!f) return f.error();
-    std::error_code ec;
-    l->info.file_bytes = fs::file_size(path, ec);
-    auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
-    if (!tok) return tok.error();
-    l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
-    l->family = inf::tokenizer::chat_family_for(*f);
-    auto hp = mdl::read_hparams(*f);
-    if (!hp) return hp.error();
-    l->hp = *hp;
-    // Every tensor present with its shape and type: a broken file stops the node now, naming the
-    // tensor, rather than when a plan first asks this peer for a replica.
-    auto bytes = mdl::model::check(*f);
-    if (!bytes) return bytes.error();
-    l->total_bytes = *bytes;
-    l->file = std::make_unique<inf::gguf::file>(std::move(*f));
-    spdlog::info("serving: model '{}' from {} ({} layers, {} MiB; weights loaded when planned here)",
-                 l->info.name, path, l->info.spec.n_layers, l->info.file_bytes >> 20);
+      if (other->info.name == name)
+        return make_error(errc::invalid_argument, "two models are named '{}' ({} and {})", name,
+                          other->info.path, path);
+    auto opened = open_model(path, name);
+    if (!opened) return opened.error();
+    auto l = std::move(*opened);
+    // The content id: peers plan together over equal bytes only, and fetchers verify by it.
+    const auto t0 = clock_type::now();
+    auto table = hash_model_file(path);
+    if (!table) return table.error();
+    l->info.spec.content = content_root(*table);
+    p->server->add(name, path, std::move(*table));
+    spdlog::info(
+        "serving: model '{}' from {} ({} layers, {} MiB, content {}, hashed in {} ms; weights "
+        "loaded when planned here)",
+        name, path, l->info.spec.n_layers, l->info.file_bytes >> 20,
+        l->info.spec.content.substr(0, 16),
+        std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count());
     p->infos.push_back(l->info);
     p->model_names.push_back(l->info.name);
     p->models.push_back(std::move(l));
@@ -1168,6 +1344,13 @@ void engine::stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;
   impl_->cv.notify_all();
   if (impl_->engine_thread.joinable()) impl_->engine_thread.join();
+  // Fetchers see their links go down; fetches in progress stop (their bytes stay on disk).
+  impl_->server->stop();
+  {
+    std::lock_guard lock(impl_->models_mu);
+    for (auto& [name, f] : impl_->fetches)
+      f->stop();
+  }
   // Only now the io thread stops: its last pass forwards what the engine queued last (the
   // shutdown errors), which it could miss if it stopped together with the engine.
   impl_->io_stopping = true;
@@ -1218,21 +1401,65 @@ void engine::on_group_link(std::string_view body) {
   impl_->cv.notify_all();
 }
 
+void engine::on_share(const std::string& from_hex, std::string_view body) {
+  share_setup m;
+  try {
+    auto oh = tessera::bounded_unpack(body.data(), body.size());
+    oh.get().convert(m);
+  } catch (const std::exception&) {
+    ++impl_->malformed;
+    return;
+  }
+  if (m.kind == share_setup::offer) {
+    impl_->server->on_offer(from_hex, m);
+    return;
+  }
+  std::lock_guard lock(impl_->models_mu);
+  for (const auto& [name, f] : impl_->fetches)
+    if (f->fetch_id() == m.fetch_id) f->on_answer(from_hex, m);
+}
+
 json engine::status() const {
   json j;
   json ms = json::array();
-  for (const auto& l : impl_->models) {
-    const auto& m = l->info;
-    ms.push_back({{"name", m.name},
-                  {"path", m.path},
-                  {"bytes", m.file_bytes},
-                  {"layers", m.spec.n_layers},
-                  {"heads", m.spec.n_heads},
-                  {"weights", weights_name(l->state.load())},
-                  {"weights_loaded_bytes", l->loaded_bytes.load()},
-                  {"weights_bytes", l->total_bytes.load()}});
+  json fs_ = json::array();
+  {
+    std::lock_guard lock(impl_->models_mu);
+    for (const auto& l : impl_->models) {
+      const auto& m = l->info;
+      ms.push_back({{"name", m.name},
+                    {"path", m.path},
+                    {"bytes", m.file_bytes},
+                    {"layers", m.spec.n_layers},
+                    {"heads", m.spec.n_heads},
+                    {"content", m.spec.content},
+                    {"fetched", l->fetch != nullptr},
+                    {"weights", weights_name(l->state.load())},
+                    {"weights_loaded_bytes", l->loaded_bytes.load()},
+                    {"weights_bytes", l->total_bytes.load()}});
+    }
+    for (const auto& [name, f] : impl_->fetches) {
+      const auto s = f->snapshot();
+      fs_.push_back({{"model", name},
+                     {"state", to_string(s.st)},
+                     {"from", s.from},
+                     {"bytes_done", s.bytes_done},
+                     {"bytes_total", s.bytes_total},
+                     {"fetched_bytes", s.fetched_bytes},
+                     {"seconds", s.seconds},
+                     {"error", s.error}});
+    }
   }
   j["models"] = ms;
+  j["fetches"] = fs_;
+  {
+    const auto c = impl_->server->counters();
+    j["share"] = {{"sessions", c.sessions},
+                  {"running", c.running},
+                  {"refused", c.refused},
+                  {"chunks", c.chunks},
+                  {"bytes", c.bytes}};
+  }
   j["request_port"] = impl_->req_port;
   j["response_port"] = impl_->resp_port;
   {

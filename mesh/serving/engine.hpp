@@ -57,12 +57,23 @@ struct engine_options {
   /// Empty: not called.
   std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
       on_load_progress;
+  /// Model distribution (model_share.hpp): when set, the plan may give this peer parts of models it
+  /// has no file of; their bytes are fetched from holders into `fetch_dir`. Whether or not, this
+  /// peer serves its own files' bytes to fetchers.
+  bool fetch_models = false;
+  std::string fetch_dir;
+  /// Ships a share_setup message (msgpack bytes) to a peer's node (hex id); thread-safe.
+  std::function<void(const std::string& node_hex, std::string body)> send_share;
+  /// Called while a fetch moves bytes (on its worker thread): model, bytes verified, of all needed.
+  std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
+      on_fetch_progress;
 };
 
 /// What the engine knows of another live member (from the view).
 struct peer_facts {
   std::string hex;                                ///< control-plane id
   transport::bulk::local_capabilities bulk_caps;  ///< host id, RDMA
+  std::vector<std::string> holds;                 ///< its model files, as "name@content"
 };
 
 /// One loaded model: what placement needs to know about it.
@@ -73,7 +84,8 @@ struct local_model {
   std::uint64_t file_bytes = 0;
 };
 
-/// Derives the placement spec of a GGUF model (shape and byte sizes from the tensor table).
+/// Derives the placement spec of a GGUF model (shape and byte sizes from the tensor table; the
+/// content id is left empty: the engine sets it from the file's chunk table).
 [[nodiscard]] result<placement::model_spec> spec_of_gguf(const std::string& path,
                                                          const std::string& name);
 
@@ -100,6 +112,8 @@ class engine {
 
   /// A group_link message from the control plane (any thread).
   void on_group_link(std::string_view body);
+  /// A model_share set-up message from the member `from_hex` (any thread).
+  void on_share(const std::string& from_hex, std::string_view body);
 
   /// Counters and the sessions in flight, for `tessera status`.
   [[nodiscard]] nlohmann::ordered_json status() const;

@@ -97,6 +97,11 @@ bool group_host::was_ready() const {
   return was_ready_;
 }
 
+bool group_host::may_form_later() const {
+  std::lock_guard lock(mu_);
+  return state_ == state::failed && !was_ready_ && retry_;
+}
+
 std::string group_host::failure() const {
   std::lock_guard lock(mu_);
   return failure_;
@@ -118,6 +123,13 @@ void group_host::fail(std::string why) {
 void group_host::run() {
   auto r = form();
   if (!r) {
+    {
+      std::lock_guard lock(mu_);
+      // A peer that did not show up in time (still fetching its shard, busy, restarting) may
+      // later: the engine forms the group again. Anything else (a layout this build does not
+      // run, a slice that does not load) would fail the same way again.
+      retry_ = r.error().code == errc::timeout;
+    }
     fail(r.error().describe());
     return;
   }
@@ -137,10 +149,11 @@ void group_host::run() {
     fail("rank 0 shut the group down");
 }
 
-result<void> group_host::form() {
-  auto kind = layout_of(g_);
+result<inf::model::shard_spec> shard_of(const placement::serving_group& g, std::uint32_t rank) {
+  if (g.ranks.size() < 2) return inf::model::shard_spec::full();
+  auto kind = layout_of(g);
   if (!kind) return kind.error();
-  const auto& me = g_.ranks.at(self_);
+  const auto& me = g.ranks.at(rank);
   inf::model::shard_spec spec;
   if (*kind == inf::sharded::layout::pipeline) {
     spec = inf::model::shard_spec::layers(me.layer_first, me.layer_last);
@@ -150,9 +163,17 @@ result<void> group_host::form() {
     spec.ffn_begin = me.ffn_first;
     spec.ffn_end = me.ffn_last;
   }
+  return spec;
+}
+
+result<void> group_host::form() {
+  auto kind = layout_of(g_);
+  if (!kind) return kind.error();
+  auto spec = shard_of(g_, self_);
+  if (!spec) return spec.error();
   auto f = inf::gguf::file::open(path_, {inf::gguf::load_mode::headers_only, {}});
   if (!f) return f.error();
-  auto m = inf::model::model::load(*f, {spec});
+  auto m = inf::model::model::load(*f, {*spec});
   if (!m) return m.error();
   shard_ = std::move(*m);
   auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)), {.pin = false});

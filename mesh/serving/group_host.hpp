@@ -43,6 +43,10 @@ struct group_link_message {
 /// How the group splits the model, or why this build cannot run it (mixed pipeline + tensor).
 [[nodiscard]] result<inference::sharded::layout> layout_of(const placement::serving_group& g);
 
+/// The part of the model rank `rank` of `g` loads (the whole model for a group of one).
+[[nodiscard]] result<inference::model::shard_spec> shard_of(const placement::serving_group& g,
+                                                            std::uint32_t rank);
+
 class group_host {
  public:
   using sender = std::function<void(member_id to, const group_link_message& m)>;
@@ -69,6 +73,8 @@ class group_host {
   /// group that can never form.
   [[nodiscard]] bool was_ready() const;
   [[nodiscard]] std::string failure() const;
+  /// Failed while forming because a peer did not show up in time: forming again may succeed.
+  [[nodiscard]] bool may_form_later() const;
   /// Rank 0 once ready: the runner (used by one thread: the engine's).
   [[nodiscard]] inference::sharded::runner* runner() const;
   /// Rank 0: marks the group failed (its runner returned an error).
@@ -95,6 +101,7 @@ class group_host {
   std::map<std::uint32_t, group_link_message> received_;  // by from_rank
   state state_ = state::forming;
   bool was_ready_ = false;
+  bool retry_ = false;
   std::string failure_;
   std::atomic<bool> stopping_{false};
 

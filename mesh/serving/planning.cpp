@@ -35,6 +35,19 @@ result<placement::plan> plan_from_view(const topology::view& v, const placement:
       auto [it, fresh] = specs.emplace(s.name, s);
       if (fresh || it->second == s) holders[s.name].push_back(m);
     }
+  // Peers that fetch models they have no file of join every model's candidates, unless they hold
+  // a file of that name with other content. Only content-identified models can be fetched.
+  for (const auto* m : live) {
+    if (!m->caps.fetches_models) continue;
+    for (auto& [name, spec] : specs) {
+      if (spec.content.empty()) continue;
+      const bool has_name = std::any_of(m->caps.model_specs.begin(), m->caps.model_specs.end(),
+                                        [&](const auto& s) { return s.name == name; });
+      if (!has_name) holders[name].push_back(m);
+    }
+  }
+  for (auto& [name, hs] : holders)
+    std::sort(hs.begin(), hs.end(), [](auto* a, auto* b) { return a->id < b->id; });
 
   placement::plan out;
   for (const auto& [name, spec] : specs) {

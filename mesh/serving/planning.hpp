@@ -11,9 +11,10 @@
 
 namespace tessera::mesh::serving {
 
-/// Plans every model some live member of `v` holds. A model is planned only over the members that
-/// hold it (shards are not shipped between peers yet) and that report the same spec as the holder
-/// with the lowest id. With `previous`, a plan whose content does not change keeps its epoch;
+/// Plans every model some live member of `v` holds. A model is planned over the members that hold
+/// it and report the same spec (content included) as the holder with the lowest id, plus the
+/// members that fetch models (capabilities::fetches_models) and hold no file of that name: they
+/// receive their shard's bytes from holders (model_share). With `previous`, a plan whose content does not change keeps its epoch;
 /// otherwise the epoch is {term, previous.version + 1}.
 [[nodiscard]] result<placement::plan> plan_from_view(const topology::view& v,
                                                      const placement::plan* previous,

@@ -48,8 +48,10 @@ struct capabilities {
   std::string client_endpoint;  ///< "host:request_port:response_port" clients connect to
   std::int64_t pid = 0;         ///< the node's process, for `tessera fault` on the same host
   std::string hostname;
+  bool fetches_models = false;  ///< may be planned for models it has no file of (fetch_models)
   MSGPACK_DEFINE_MAP(node_id, version, cores, memory_total_mb, memory_free_mb, host_id, has_rdma,
-                     rdma_devices, models, model_specs, client_endpoint, pid, hostname);
+                     rdma_devices, models, model_specs, client_endpoint, pid, hostname,
+                     fetches_models);
   bool operator==(const capabilities&) const = default;
 };
 

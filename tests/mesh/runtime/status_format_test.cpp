@@ -8,7 +8,7 @@
 namespace tessera::mesh::runtime {
 namespace {
 
-std::string doc(const std::string& rdma_devices) {
+std::string doc(const std::string& rdma_devices, const std::string& extra_serving = "") {
   return R"({"node": {"id": "0123456789abcdef0123456789abcdef", "endpoint": "tcp://127.0.0.1:7400",
              "role": "leader", "term": 2, "leader": "0123456789abcdef0123456789abcdef"},
     "view": {"epoch": {"term": 2, "version": 5}, "leader": "0123456789abcdef0123456789abcdef",
@@ -21,7 +21,7 @@ std::string doc(const std::string& rdma_devices) {
                             "weights_bytes": 120}],
                 "request_port": 7402, "response_port": 7403, "streams": [], "accepted": 4,
                 "completed": 3, "tokens": 99, "rejected": 0, "malformed": 0, "passes": 40,
-                "pass_streams": 130}})";
+                "pass_streams": 130)" + extra_serving + R"(}})";
 }
 
 TEST(StatusFormat, RdmaPortsAndTheirGidsAreShown) {
@@ -41,6 +41,30 @@ TEST(StatusFormat, ServingShowsWeightsLoadingAndTheMeanBatch) {
   ASSERT_TRUE(text) << text.error().describe();
   EXPECT_NE(text->find("serving models tiny (loading 25%)"), std::string::npos) << *text;
   EXPECT_NE(text->find("mean batch 3.25"), std::string::npos) << *text;
+}
+
+// Model distribution: a fetch in progress (with its holder), a failed one (with why), and what a
+// holder served.
+TEST(StatusFormat, FetchesAndSharingAreShown) {
+  auto text = format_status(doc("[]", R"(, "fetches": [
+      {"model": "big", "state": "fetching", "from": "fedcba9876543210fedcba9876543210",
+       "bytes_done": 3145728, "bytes_total": 12582912},
+      {"model": "other", "state": "failed", "from": "", "bytes_done": 0, "bytes_total": 0,
+       "error": "no live peer holds its content"}],
+    "share": {"sessions": 2, "chunks": 22, "bytes": 23068672})"));
+  ASSERT_TRUE(text) << text.error().describe();
+  EXPECT_NE(text->find("fetch   big                  fetching 3/12 MiB (25%) from "
+                       "fedcba9876543210fedcba9876543210"),
+            std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("other                failed 0/0 MiB (0%): no live peer holds its content"),
+            std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("shared  2 fetch(es) served, 22 MiB in 22 chunks"), std::string::npos)
+      << *text;
+  auto none = format_status(doc("[]"));
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->find("fetch "), std::string::npos) << *none;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -492,6 +493,84 @@ TEST_F(ServingCluster, TensorParallelGroupOfThreeSplitsGqaGroups) {
   // Not compared with one process's tokens: tensor-parallel logits differ in the order of
   // additions (within 1e-2, checked with cut GQA groups by ShardedRunner and ModelContext), and
   // this random model's top logits are close enough for that to change a greedy token.
+}
+
+// Model distribution: only node 0 has the file; the others run with --fetch-models. The plan
+// gives them parts anyway, and they fetch those bytes from node 0 over bulk links, each chunk
+// verified against the content id in the plan. First every peer holds a replica (the whole file
+// is fetched, byte for byte the original); the answers through every peer are one process's.
+TEST_F(ServingCluster, PeersWithoutTheFileFetchTheWholeModelForReplicas) {
+  ASSERT_TRUE(cluster_->start(0, {"--model", model_, "--threads", "1"}));
+  for (std::size_t i = 1; i < 3; ++i)
+    ASSERT_TRUE(cluster_->start(i, {"--fetch-models", "--threads", "1"}));
+  wait_plan({0, 1, 2}, 3);
+  constexpr std::uint32_t n = 24;
+  const auto ref = reference(n);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  std::set<std::string> served_by;
+  for (int k = 0; k < 12 && served_by.size() < 3; ++k) {
+    auto out = (*c)->ask(greedy("fetched-" + std::to_string(k), n));
+    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+    EXPECT_EQ(out->tokens, ref);
+    served_by.insert(out->nodes.back());
+  }
+  EXPECT_EQ(served_by.size(), 3u) << "a peer that fetched the model never served";
+  for (std::size_t i = 1; i < 3; ++i) {
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st);
+    const auto& f = (*st)["serving"]["fetches"];
+    ASSERT_EQ(f.size(), 1u) << st->dump();
+    EXPECT_EQ(f[0]["state"], "ready");
+    EXPECT_EQ(f[0]["from"], cluster_->node_id(0));
+    EXPECT_EQ(f[0]["bytes_total"], f[0]["bytes_done"]);
+    const auto copy = cluster_->node(i).data_dir + "/models/tiny.gguf";
+    auto same = test::run_command({"cmp", model_, copy}, std::chrono::seconds(30));
+    EXPECT_TRUE(same) << copy << " differs from the original: " << (same ? "" : same.error().describe());
+  }
+  auto holder = cluster_->status(0);
+  ASSERT_TRUE(holder);
+  EXPECT_EQ((*holder)["serving"]["share"]["sessions"], 2u) << holder->dump();
+}
+
+// A split plan: the group's ranks that have no file fetch only the bytes of their layers (and the
+// header), and the group answers like one process.
+TEST_F(ServingCluster, ASplitGroupRankFetchesOnlyItsLayers) {
+  const std::vector<std::string> split{"--memory-limit-mb", "70", "--max-tp-ranks", "1",
+                                       "--threads", "1"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), split.begin(), split.end());
+    return a;
+  };
+  ASSERT_TRUE(cluster_->start(0, with({"--model", model_})));
+  for (std::size_t i = 1; i < 3; ++i) ASSERT_TRUE(cluster_->start(i, with({"--fetch-models"})));
+  const auto groups = wait_one_group(2, true);
+  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+  ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
+  constexpr std::uint32_t n = 24;
+  const auto ref = reference(n);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  auto out = (*c)->ask(greedy("split-fetched", n));
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  EXPECT_EQ(out->tokens, ref);
+  std::error_code ec;
+  const auto file_bytes = std::filesystem::file_size(model_, ec);
+  std::size_t fetchers_in_group = 0;
+  for (const auto& id : groups[0]) {
+    const auto i = index_of(id);
+    if (i == 0) continue;
+    ++fetchers_in_group;
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st);
+    const auto& f = (*st)["serving"]["fetches"];
+    ASSERT_EQ(f.size(), 1u) << st->dump();
+    EXPECT_EQ(f[0]["state"], "ready");
+    EXPECT_LT(f[0]["bytes_total"].get<std::uint64_t>(), file_bytes * 3 / 4)
+        << "a pipeline rank fetched (nearly) the whole model";
+    EXPECT_GT(f[0]["bytes_total"].get<std::uint64_t>(), 0u);
+  }
+  EXPECT_GE(fetchers_in_group, 1u);
 }
 
 TEST_F(ServingCluster, KilledPeerMidStreamResumesElsewhere) {

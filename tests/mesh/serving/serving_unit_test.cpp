@@ -1,6 +1,7 @@
 // Serving without processes: the client protocol codec and its bounds, intake (exactly one peer
 // takes or answers each request), the leader's plan from a view (sticky epochs), peer parsing.
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -284,6 +285,37 @@ TEST(ServingPlanning, PlansOnlyOverHoldersAndKeepsItsEpoch) {
   auto p4 = plan_from_view(v, &*p3, 2);
   ASSERT_TRUE(p4);
   EXPECT_TRUE(p4->models.empty());
+}
+
+// Model distribution: members that fetch models join the candidates of every model with a content
+// id, unless they hold a file of that name with other content; holders of other content are not
+// mixed with the first holder's.
+TEST(ServingPlanning, FetchersJoinModelsOfKnownContentOnly) {
+  auto v = view_of({{11, true}, {22, false}, {33, false}, {44, true}});
+  for (auto& m : v.members)
+    for (auto& s : m.caps.model_specs) s.content = "c1";
+  v.members[1].caps.fetches_models = true;  // 22 fetches
+  v.members[2].caps.fetches_models = true;  // 33 fetches but holds "tiny" of other content
+  v.members[2].caps.model_specs.push_back(spec("tiny"));
+  v.members[2].caps.model_specs.back().content = "c2";
+  v.members[3].caps.model_specs[0].content = "c3";  // 44 holds other content
+  auto p = plan_from_view(v, nullptr, 1);
+  ASSERT_TRUE(p) << p.error().describe();
+  ASSERT_EQ(p->models.size(), 1u);
+  EXPECT_EQ(p->models[0].spec.content, "c1");
+  std::set<member_id> planned;
+  for (const auto& g : p->models[0].groups)
+    for (const auto& r : g.ranks) planned.insert(r.node);
+  EXPECT_EQ(planned, (std::set<member_id>{11, 22}));
+  // Without a content id nothing is fetched.
+  for (auto& m : v.members)
+    for (auto& s : m.caps.model_specs) s.content.clear();
+  auto q = plan_from_view(v, nullptr, 1);
+  ASSERT_TRUE(q);
+  planned.clear();
+  for (const auto& g : q->models[0].groups)
+    for (const auto& r : g.ranks) planned.insert(r.node);
+  EXPECT_EQ(planned, (std::set<member_id>{11, 33, 44}));
 }
 
 // ------------------------------------------------------------------ client endpoints

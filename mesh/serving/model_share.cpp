@@ -1,0 +1,804 @@
+#include "mesh/serving/model_share.hpp"
+
+#include <fcntl.h>
+#include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/base/msgpack_bounded.hpp"
+
+namespace tessera::mesh::serving {
+
+namespace bulk = transport::bulk;
+namespace gguf = inference::gguf;
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// The in-band messages of a share session (link send()).
+struct share_wire {
+  enum op_t : std::uint8_t { hello = 1, buffer = 2, table = 3, chunk = 4 };
+  std::uint8_t op = hello;
+  std::uint64_t index = 0;   ///< chunk
+  std::uint32_t slot = 0;    ///< table / chunk: where the bytes go
+  std::uint64_t bytes = 0;   ///< reply: bytes written; hello reply: the encoded table's size
+  std::uint64_t chunk_bytes = 0;  ///< hello reply
+  bulk::remote_buffer target;     ///< buffer: the fetcher's receive buffer
+  std::uint64_t slot_bytes = 0;   ///< buffer
+  std::string model, root, error;
+  MSGPACK_DEFINE_MAP(op, index, slot, bytes, chunk_bytes, target, slot_bytes, model, root, error);
+};
+
+std::vector<std::byte> pack_wire(const share_wire& w) {
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, w);
+  std::vector<std::byte> out(buf.size());
+  std::memcpy(out.data(), buf.data(), buf.size());
+  return out;
+}
+
+result<share_wire> unpack_wire(std::span<const std::byte> b) {
+  share_wire w;
+  try {
+    auto oh = tessera::bounded_unpack(reinterpret_cast<const char*>(b.data()), b.size());
+    oh.get().convert(w);
+  } catch (const std::exception& e) {
+    return make_error(errc::corrupt, "model share: malformed message ({})", e.what());
+  }
+  return w;
+}
+
+std::string hex_of(std::span<const std::uint8_t> b) {
+  std::string out;
+  for (auto c : b)
+    out += fmt::format("{:02x}", c);
+  return out;
+}
+
+std::array<std::uint8_t, kHashBytes> blake2b(const void* data, std::size_t n) {
+  std::array<std::uint8_t, kHashBytes> h{};
+  crypto_generichash(h.data(), h.size(), static_cast<const unsigned char*>(data), n, nullptr, 0);
+  return h;
+}
+
+bulk::link_options share_link_options(const std::string& bind_address) {
+  bulk::link_options o;
+  o.bind_address = bind_address == "0.0.0.0" ? std::string() : bind_address;
+  o.connect_timeout_ms = kShareConnectTimeout;
+  o.peer_timeout_ms = kShareTimeout;
+  return o;
+}
+
+std::vector<std::uint8_t> to_u8(const std::vector<std::byte>& b) {
+  std::vector<std::uint8_t> out(b.size());
+  if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
+  return out;
+}
+
+result<bulk::connect_params> params_of(const std::vector<std::uint8_t>& p) {
+  std::vector<std::byte> b(p.size());
+  if (!p.empty()) std::memcpy(b.data(), p.data(), p.size());
+  return bulk::decode_connect_params(b);
+}
+
+result<void> pread_all(int fd, std::byte* dst, std::uint64_t n, std::uint64_t off,
+                       const std::string& path) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return make_error(errc::io, "{}: cannot read {} bytes at {}: {}", path, n, off,
+                        r == 0 ? "end of file" : std::strerror(errno));
+    dst += r;
+    off += static_cast<std::uint64_t>(r);
+    n -= static_cast<std::uint64_t>(r);
+  }
+  return ok();
+}
+
+result<void> pwrite_all(int fd, const std::byte* src, std::uint64_t n, std::uint64_t off,
+                        const std::string& path) {
+  while (n > 0) {
+    const ssize_t r = ::pwrite(fd, src, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return make_error(errc::io, "{}: cannot write {} bytes at {}: {}", path, n, off,
+                        std::strerror(errno));
+    src += r;
+    off += static_cast<std::uint64_t>(r);
+    n -= static_cast<std::uint64_t>(r);
+  }
+  return ok();
+}
+
+/// A model name becomes a file name: refuse anything that could leave the directory.
+bool safe_name(const std::string& n) {
+  if (n.empty() || n.size() > 200 || n[0] == '.') return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ chunk tables
+
+gguf::byte_range chunk_table::chunk_range(std::uint64_t i) const noexcept {
+  const std::uint64_t off = i * chunk_bytes;
+  if (off >= file_size) return {file_size, 0};
+  return {off, std::min(chunk_bytes, file_size - off)};
+}
+
+bool chunk_table::matches(std::uint64_t i, std::span<const std::byte> bytes) const {
+  if (i >= chunks() || bytes.size() != chunk_range(i).size) return false;
+  const auto h = blake2b(bytes.data(), bytes.size());
+  return std::memcmp(h.data(), hashes.data() + i * kHashBytes, kHashBytes) == 0;
+}
+
+result<chunk_table> hash_model_file(const std::string& path,
+                                    const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  auto f = gguf::file::open(path, {gguf::load_mode::headers_only, {}});
+  if (!f) return f.error();
+  chunk_table t;
+  t.file_size = f->file_size();
+  t.data_offset = f->data_offset();
+  t.chunk_bytes = kMinChunkBytes;
+  while ((t.file_size + t.chunk_bytes - 1) / t.chunk_bytes > kMaxChunks) {
+    if (t.chunk_bytes >= kMaxChunkBytes)
+      return make_error(errc::unsupported, "{}: {} is too large to share (at most {} chunks of {})",
+                        path, gguf::human_bytes(t.file_size), kMaxChunks,
+                        gguf::human_bytes(kMaxChunkBytes));
+    t.chunk_bytes *= 2;
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(errc::io, "{}: cannot open: {}", path, std::strerror(errno));
+  std::vector<std::byte> buf(static_cast<std::size_t>(t.chunk_bytes));
+  const std::uint64_t n = (t.file_size + t.chunk_bytes - 1) / t.chunk_bytes;
+  t.hashes.reserve(n * kHashBytes);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto r = t.chunk_range(i);
+    if (auto e = pread_all(fd, buf.data(), r.size, r.offset, path); !e) {
+      ::close(fd);
+      return e.error();
+    }
+    const auto h = blake2b(buf.data(), r.size);
+    t.hashes.insert(t.hashes.end(), h.begin(), h.end());
+    if (progress) progress(r.offset + r.size, t.file_size);
+  }
+  ::close(fd);
+  return t;
+}
+
+std::vector<std::uint8_t> encode(const chunk_table& t) {
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, t);
+  return {reinterpret_cast<const std::uint8_t*>(buf.data()),
+          reinterpret_cast<const std::uint8_t*>(buf.data()) + buf.size()};
+}
+
+result<chunk_table> decode_chunk_table(std::span<const std::uint8_t> bytes) {
+  chunk_table t;
+  try {
+    auto oh = tessera::bounded_unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    oh.get().convert(t);
+  } catch (const std::exception& e) {
+    return make_error(errc::corrupt, "model chunk table: malformed ({})", e.what());
+  }
+  if (t.chunk_bytes < kMinChunkBytes || t.chunk_bytes > kMaxChunkBytes ||
+      t.hashes.size() % kHashBytes != 0 || t.chunks() > kMaxChunks ||
+      t.chunks() != (t.file_size + t.chunk_bytes - 1) / t.chunk_bytes ||
+      t.data_offset > t.file_size)
+    return make_error(errc::corrupt,
+                      "model chunk table: inconsistent ({} bytes in chunks of {}, {} hashes, data "
+                      "at {})",
+                      t.file_size, t.chunk_bytes, t.hashes.size() / kHashBytes, t.data_offset);
+  return t;
+}
+
+std::string content_root(const chunk_table& t) {
+  const auto e = encode(t);
+  const auto h = blake2b(e.data(), e.size());
+  return hex_of(h);
+}
+
+std::vector<std::uint64_t> chunks_covering(const chunk_table& t,
+                                           std::span<const gguf::byte_range> ranges) {
+  std::set<std::uint64_t> s;
+  for (const auto& r : ranges) {
+    if (r.size == 0 || r.offset >= t.file_size) continue;
+    const std::uint64_t last = std::min(r.offset + r.size, t.file_size) - 1;
+    for (std::uint64_t c = r.offset / t.chunk_bytes; c <= last / t.chunk_bytes; ++c)
+      s.insert(c);
+  }
+  return {s.begin(), s.end()};
+}
+
+// ------------------------------------------------------------------ holder side
+
+share_server::share_server(std::string bind_address, share_sender send)
+    : bind_address_(std::move(bind_address)), send_(std::move(send)) {}
+
+share_server::~share_server() {
+  stop();
+}
+
+void share_server::add(const std::string& name, const std::string& path, chunk_table table) {
+  entry e;
+  e.path = path;
+  e.encoded = encode(table);
+  e.root = content_root(table);
+  e.table = std::move(table);
+  models_[name] = std::move(e);
+}
+
+void share_server::stop() {
+  stopping_ = true;
+  std::vector<worker> ws;
+  {
+    std::lock_guard lock(mu_);
+    ws.swap(workers_);
+  }
+  for (auto& w : ws)
+    if (w.thread.joinable()) w.thread.join();
+}
+
+void share_server::reap() {
+  // Under mu_: joins finished workers.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+share_server::stats share_server::counters() const {
+  stats s;
+  s.sessions = sessions_;
+  s.refused = refused_;
+  s.chunks = chunks_;
+  s.bytes = bytes_;
+  std::lock_guard lock(mu_);
+  s.running = running_;
+  return s;
+}
+
+void share_server::on_offer(const std::string& from_hex, const share_setup& offer) {
+  share_setup no;
+  no.kind = share_setup::answer;
+  no.fetch_id = offer.fetch_id;
+  no.model = offer.model;
+  no.root = offer.root;
+  const auto it = models_.find(offer.model);
+  if (stopping_) return;
+  if (it == models_.end()) {
+    no.error = fmt::format("this peer has no model '{}'", offer.model);
+  } else if (it->second.root != offer.root) {
+    no.error = fmt::format("this peer's model '{}' is other content ({}, not {})", offer.model,
+                           it->second.root.substr(0, 16), offer.root.substr(0, 16));
+  }
+  std::lock_guard lock(mu_);
+  reap();
+  if (no.error.empty() && running_ >= kMaxShareSessions)
+    no.error = fmt::format("busy: serving {} fetches already", running_);
+  if (!no.error.empty()) {
+    ++refused_;
+    send_(from_hex, no);
+    return;
+  }
+  ++running_;
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  const entry* e = &it->second;
+  workers_.push_back({std::thread([this, from_hex, offer, e, done] {
+                        serve(from_hex, offer, e);
+                        {
+                          std::lock_guard l(mu_);
+                          --running_;
+                        }
+                        *done = true;
+                      }),
+                      done});
+}
+
+void share_server::serve(std::string from_hex, share_setup offer, const entry* e) {
+  share_setup ans;
+  ans.kind = share_setup::answer;
+  ans.fetch_id = offer.fetch_id;
+  ans.model = offer.model;
+  ans.root = offer.root;
+  ans.backend = offer.backend;
+  const auto theirs = params_of(offer.params);
+  auto setup = theirs ? bulk::prepare_link(static_cast<bulk::backend_kind>(offer.backend),
+                                           share_link_options(bind_address_))
+                      : result<std::unique_ptr<bulk::link_setup>>(theirs.error());
+  if (!setup) {
+    ans.error = setup.error().describe();
+    ++refused_;
+    send_(from_hex, ans);
+    return;
+  }
+  ans.params = to_u8(bulk::encode((*setup)->local_params()));
+  send_(from_hex, ans);
+  auto l = (*setup)->connect(*theirs);
+  if (!l) {
+    spdlog::warn("model share: link to fetcher {} of '{}': {}", from_hex, offer.model,
+                 l.error().describe());
+    return;
+  }
+  ++sessions_;
+  bulk::link& link = **l;
+  const int fd = ::open(e->path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    spdlog::warn("model share: {}: cannot open: {}", e->path, std::strerror(errno));
+    return;
+  }
+  const std::uint64_t slot_bytes = std::max<std::uint64_t>(e->table.chunk_bytes, e->encoded.size());
+  std::optional<bulk::shared_buffer> staging;
+  bulk::buffer_handle staged{};
+  std::optional<bulk::remote_buffer> target;
+  std::uint64_t target_slot = 0;
+  std::uint64_t wr = 1;
+  auto reply = [&](share_wire w) { return link.send(pack_wire(w), wr++); };
+  auto last = clock_type::now();
+  std::array<bulk::completion, 16> c;
+  std::uint64_t served = 0;
+  while (!stopping_) {
+    auto n = link.wait(c, std::chrono::milliseconds(100));
+    if (!n) break;
+    if (*n == 0) {
+      if (clock_type::now() - last > kShareTimeout) break;  // an idle fetcher: free the slot
+      continue;
+    }
+    bool down = false;
+    for (std::size_t i = 0; i < *n && !down; ++i) {
+      if (c[i].kind == bulk::completion_kind::link_down || !c[i].ok()) {
+        down = true;
+        break;
+      }
+      if (c[i].kind != bulk::completion_kind::send_received) continue;
+      last = clock_type::now();
+      auto w = unpack_wire(c[i].data);
+      share_wire out;
+      if (!w) {
+        down = true;  // a fetcher that breaks the protocol loses the session
+        break;
+      }
+      out.op = w->op;
+      out.index = w->index;
+      out.slot = w->slot;
+      if (w->op == share_wire::hello) {
+        out.bytes = e->encoded.size();
+        out.chunk_bytes = slot_bytes;
+      } else if (w->op == share_wire::buffer) {
+        if (w->slot_bytes < slot_bytes || w->target.size < w->slot_bytes * kShareSlots) {
+          out.error = fmt::format("receive buffer of {} bytes is smaller than {} slots of {}",
+                                  w->target.size, kShareSlots, slot_bytes);
+        } else if (!staging) {
+          auto b = bulk::allocate_buffer(static_cast<std::size_t>(slot_bytes * kShareSlots));
+          auto h = b ? link.register_buffer(*b) : result<bulk::buffer_handle>(b.error());
+          if (!h) {
+            out.error = h.error().describe();
+          } else {
+            staging = std::move(*b);
+            staged = *h;
+          }
+        }
+        if (out.error.empty()) {
+          target = w->target;
+          target_slot = w->slot_bytes;
+        }
+      } else if (w->op == share_wire::table || w->op == share_wire::chunk) {
+        if (!target || !staging || w->slot >= kShareSlots) {
+          out.error = "no receive buffer (or a slot outside it)";
+        } else {
+          std::byte* dst = staging->data() + w->slot * slot_bytes;
+          std::uint64_t bytes = 0;
+          if (w->op == share_wire::table) {
+            bytes = e->encoded.size();
+            std::memcpy(dst, e->encoded.data(), bytes);
+          } else if (w->index >= e->table.chunks()) {
+            out.error = fmt::format("chunk {} is past the last ({})", w->index, e->table.chunks());
+          } else {
+            const auto r = e->table.chunk_range(w->index);
+            bytes = r.size;
+            if (auto rd = pread_all(fd, dst, r.size, r.offset, e->path); !rd)
+              out.error = rd.error().describe();
+          }
+          if (out.error.empty()) {
+            auto wr_ok = link.write_with_imm(staged, w->slot * slot_bytes, *target,
+                                             w->slot * target_slot, bytes, w->slot, wr++);
+            if (!wr_ok) {
+              down = true;
+              break;
+            }
+            out.bytes = bytes;
+            if (w->op == share_wire::chunk) {
+              ++chunks_;
+              bytes_ += bytes;
+              ++served;
+            }
+          }
+        }
+      } else {
+        out.error = fmt::format("unknown operation {}", w->op);
+      }
+      if (!reply(out)) down = true;
+    }
+    if (down) break;
+  }
+  ::close(fd);
+  spdlog::info("model share: served {} chunks of '{}' to {}", served, offer.model, from_hex);
+}
+
+// ------------------------------------------------------------------ fetcher side
+
+std::string_view to_string(model_fetch::state s) noexcept {
+  switch (s) {
+    case model_fetch::state::idle: return "idle";
+    case model_fetch::state::connecting: return "connecting";
+    case model_fetch::state::fetching: return "fetching";
+    case model_fetch::state::ready: return "ready";
+    case model_fetch::state::failed: return "failed";
+  }
+  return "?";
+}
+
+model_fetch::model_fetch(options o) : opt_(std::move(o)) {
+  path_ = (fs::path(opt_.dir) / (opt_.model + ".gguf")).string();
+  root_path_ = (fs::path(opt_.dir) / (opt_.model + ".root")).string();
+  thread_ = std::thread([this] { run(); });
+}
+
+model_fetch::~model_fetch() {
+  stop();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void model_fetch::stop() {
+  stopping_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string model_fetch::path() const {
+  return path_;
+}
+
+void model_fetch::want(std::vector<share_source> sources,
+                       std::vector<inference::model::shard_spec> shards) {
+  {
+    std::lock_guard lock(mu_);
+    const bool all_ready = std::all_of(shards.begin(), shards.end(), [&](const auto& s) {
+      return std::find(ready_.begin(), ready_.end(), s) != ready_.end();
+    });
+    const bool same_sources =
+        sources.size() == sources_.size() &&
+        std::equal(sources.begin(), sources.end(), sources_.begin(),
+                   [](const auto& a, const auto& b) { return a.hex == b.hex && a.backend == b.backend; });
+    sources_ = std::move(sources);
+    if (all_ready) return;
+    // A new set of shards, or new holders after a failure: fetch again.
+    if (shards == wants_ && (same_sources || prog_.st != state::failed)) return;
+    wants_ = std::move(shards);
+    ++want_gen_;
+  }
+  cv_.notify_all();
+}
+
+void model_fetch::on_answer(const std::string& from_hex, const share_setup& answer) {
+  {
+    std::lock_guard lock(mu_);
+    if (prog_.st != state::connecting || prog_.from != from_hex) return;  // stale
+    answer_ = answer;
+  }
+  cv_.notify_all();
+}
+
+bool model_fetch::ready_for(const inference::model::shard_spec& shard) const {
+  std::lock_guard lock(mu_);
+  return std::find(ready_.begin(), ready_.end(), shard) != ready_.end();
+}
+
+model_fetch::progress model_fetch::snapshot() const {
+  std::lock_guard lock(mu_);
+  return prog_;
+}
+
+void model_fetch::run() {
+  std::uint64_t gen = 0;
+  bool failed = false;
+  while (!stopping_) {
+    std::vector<share_source> sources;
+    std::vector<inference::model::shard_spec> wants;
+    {
+      std::unique_lock lock(mu_);
+      // After a failure, try again (with whatever holders are known then) every few seconds.
+      auto retry = [&] { return stopping_.load() || want_gen_ != done_gen_; };
+      if (failed)
+        cv_.wait_for(lock, std::chrono::seconds(5), [&] { return stopping_.load() || want_gen_ != gen; });
+      else
+        cv_.wait(lock, retry);
+      if (stopping_) return;
+      if (want_gen_ == done_gen_) continue;
+      gen = want_gen_;
+      sources = sources_;
+      wants = wants_;
+      ++prog_.attempts;
+      prog_.st = state::connecting;
+    }
+    const auto t0 = clock_type::now();
+    auto r = safe_name(opt_.model)
+                 ? fetch_once(sources, wants)
+                 : result<void>(make_error(errc::invalid_argument,
+                                           "model name '{}' cannot name a file", opt_.model));
+    {
+      std::lock_guard lock(mu_);
+      if (r) {
+        for (const auto& w : wants)
+          if (std::find(ready_.begin(), ready_.end(), w) == ready_.end()) ready_.push_back(w);
+        if (want_gen_ == gen) done_gen_ = gen;
+        prog_.st = state::ready;
+        prog_.error.clear();
+        prog_.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+        failed = false;
+      } else {
+        prog_.st = state::failed;
+        prog_.error = r.error().describe();
+        failed = true;
+      }
+    }
+    if (r)
+      spdlog::info("model share: '{}' ready ({} fetched in {:.2f} s)", opt_.model,
+                   gguf::human_bytes(prog_.fetched_bytes), prog_.seconds);
+    else
+      spdlog::warn("model share: fetching '{}' failed: {}", opt_.model, r.error().describe());
+    if (opt_.on_change) opt_.on_change();
+  }
+}
+
+result<void> model_fetch::fetch_once(const std::vector<share_source>& sources,
+                                     const std::vector<inference::model::shard_spec>& shards) {
+  if (sources.empty())
+    return make_error(errc::no_capacity, "model '{}': no live peer holds its content {}",
+                      opt_.model, opt_.root.substr(0, 16));
+  std::string errors;
+  for (const auto& s : sources) {
+    if (stopping_) return make_error(errc::cancelled, "node stopping");
+    auto r = fetch_from(s, shards);
+    if (r) return ok();
+    if (!errors.empty()) errors += "; ";
+    errors += fmt::format("from {}: {}", s.hex, r.error().describe());
+  }
+  return make_error(errc::no_capacity, "model '{}': {}", opt_.model, errors);
+}
+
+result<void> model_fetch::open_store(const chunk_table& t) {
+  std::error_code ec;
+  fs::create_directories(opt_.dir, ec);
+  if (ec) return make_error(errc::io, "{}: cannot create: {}", opt_.dir, ec.message());
+  std::string have_root;
+  {
+    std::ifstream in(root_path_);
+    std::getline(in, have_root);
+  }
+  const bool reuse = have_root == opt_.root && fs::file_size(path_, ec) == t.file_size && !ec;
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (reuse ? 0 : O_TRUNC), 0644);
+  if (fd_ < 0) return make_error(errc::io, "{}: cannot open: {}", path_, std::strerror(errno));
+  have_.assign(t.chunks(), false);
+  if (reuse) {
+    // Bytes a previous run fetched: kept when they still hash right.
+    std::vector<std::byte> buf(static_cast<std::size_t>(t.chunk_bytes));
+    std::uint64_t kept = 0;
+    for (std::uint64_t i = 0; i < t.chunks(); ++i) {
+      const auto r = t.chunk_range(i);
+      if (!pread_all(fd_, buf.data(), r.size, r.offset, path_)) continue;
+      if (t.matches(i, {buf.data(), r.size})) {
+        have_[i] = true;
+        ++kept;
+      }
+    }
+    spdlog::info("model share: '{}': {} of {} chunks already here", opt_.model, kept, t.chunks());
+    return ok();
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(t.file_size)) != 0)
+    return make_error(errc::io, "{}: cannot size to {}: {}", path_, t.file_size, std::strerror(errno));
+  std::ofstream out(root_path_, std::ios::trunc);
+  out << opt_.root << "\n";
+  if (!out) return make_error(errc::io, "{}: cannot write", root_path_);
+  return ok();
+}
+
+result<void> model_fetch::fetch_from(const share_source& src,
+                                     const std::vector<inference::model::shard_spec>& shards) {
+  // 1. Set-up over the control plane.
+  auto setup = bulk::prepare_link(src.backend, share_link_options(opt_.bind_address));
+  if (!setup) return setup.error();
+  {
+    std::lock_guard lock(mu_);
+    prog_.st = state::connecting;
+    prog_.from = src.hex;
+    answer_.reset();
+  }
+  share_setup offer;
+  offer.kind = share_setup::offer;
+  offer.fetch_id = opt_.fetch_id;
+  offer.model = opt_.model;
+  offer.root = opt_.root;
+  offer.backend = static_cast<std::uint8_t>(src.backend);
+  offer.params = to_u8(bulk::encode((*setup)->local_params()));
+  opt_.send(src.hex, offer);
+  share_setup answer;
+  {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, kShareTimeout, [&] { return stopping_.load() || answer_.has_value(); }))
+      return make_error(errc::timeout, "no answer to the share offer within {} ms",
+                        kShareTimeout.count());
+    if (stopping_) return make_error(errc::cancelled, "node stopping");
+    answer = *answer_;
+    prog_.st = state::fetching;
+  }
+  if (!answer.error.empty()) return make_error(errc::not_found, "{}", answer.error);
+  auto theirs = params_of(answer.params);
+  if (!theirs) return theirs.error();
+  auto lk = (*setup)->connect(*theirs);
+  if (!lk) return lk.error();
+  bulk::link& link = **lk;
+
+  // 2. In-band: hello, the receive buffer, the table.
+  std::uint64_t wr = 1;
+  std::array<bulk::completion, 16> c;
+  // Waits for the next reply (send_received); every other completion is consumed.
+  auto next_reply = [&]() -> result<share_wire> {
+    const auto deadline = clock_type::now() + kShareTimeout;
+    while (!stopping_) {
+      auto n = link.wait({c.data(), 1}, std::chrono::milliseconds(100));
+      if (!n) return n.error();
+      if (*n == 1) {
+        if (!c[0].ok()) return *c[0].failure;
+        if (c[0].kind == bulk::completion_kind::link_down)
+          return make_error(errc::closed, "the holder closed the link");
+        if (c[0].kind != bulk::completion_kind::send_received) continue;
+        auto w = unpack_wire(c[0].data);
+        if (!w) return w.error();
+        if (!w->error.empty()) return make_error(errc::not_found, "the holder says: {}", w->error);
+        return w;
+      }
+      if (clock_type::now() > deadline)
+        return make_error(errc::timeout, "no reply within {} ms", kShareTimeout.count());
+    }
+    return make_error(errc::cancelled, "node stopping");
+  };
+  auto ask = [&](share_wire w) { return link.send(pack_wire(w), wr++); };
+  share_wire hello;
+  hello.op = share_wire::hello;
+  hello.model = opt_.model;
+  hello.root = opt_.root;
+  TESSERA_TRY(ask(hello));
+  auto hr = next_reply();
+  if (!hr) return hr.error();
+  const std::uint64_t slot_bytes = hr->chunk_bytes;
+  if (slot_bytes < kMinChunkBytes || slot_bytes > kMaxChunkBytes + (2u << 20) ||
+      hr->bytes > slot_bytes)
+    return make_error(errc::corrupt, "the holder announced slots of {} bytes and a table of {}",
+                      slot_bytes, hr->bytes);
+  auto recv = bulk::allocate_buffer(static_cast<std::size_t>(slot_bytes * kShareSlots));
+  if (!recv) return recv.error();
+  auto rh = link.register_buffer(*recv);
+  if (!rh) return rh.error();
+  auto rdesc = link.describe(*rh);
+  if (!rdesc) return rdesc.error();
+  share_wire buf;
+  buf.op = share_wire::buffer;
+  buf.target = *rdesc;
+  buf.slot_bytes = slot_bytes;
+  TESSERA_TRY(ask(buf));
+  TESSERA_TRY(next_reply());
+  share_wire tw;
+  tw.op = share_wire::table;
+  tw.slot = 0;
+  TESSERA_TRY(ask(tw));
+  auto tr = next_reply();
+  if (!tr) return tr.error();
+  if (tr->bytes > slot_bytes) return make_error(errc::corrupt, "table of {} bytes", tr->bytes);
+  std::span<const std::uint8_t> tbytes(reinterpret_cast<const std::uint8_t*>(recv->data()),
+                                       static_cast<std::size_t>(tr->bytes));
+  auto table = decode_chunk_table(tbytes);
+  if (!table) return table.error();
+  if (content_root(*table) != opt_.root)
+    return make_error(errc::corrupt,
+                      "the holder's chunk table hashes to {}, not to the model's content {}",
+                      content_root(*table).substr(0, 16), opt_.root.substr(0, 16));
+  if (!table_) {
+    TESSERA_TRY(open_store(*table));
+    table_ = *table;
+  }
+  const chunk_table& t = *table_;
+
+  // 3. Chunks, kShareSlots in flight, each verified before it is written.
+  auto fetch_chunks = [&](const std::vector<std::uint64_t>& list) -> result<void> {
+    std::vector<std::uint64_t> missing;
+    for (auto i : list)
+      if (!have_[i]) missing.push_back(i);
+    std::array<std::int64_t, kShareSlots> in_slot;
+    in_slot.fill(-1);
+    std::size_t next = 0, open = 0;
+    while (next < missing.size() || open > 0) {
+      for (std::uint32_t s = 0; s < kShareSlots && next < missing.size(); ++s) {
+        if (in_slot[s] >= 0) continue;
+        share_wire g;
+        g.op = share_wire::chunk;
+        g.index = missing[next];
+        g.slot = s;
+        TESSERA_TRY(ask(g));
+        in_slot[s] = static_cast<std::int64_t>(missing[next++]);
+        ++open;
+      }
+      auto r = next_reply();
+      if (!r) return r.error();
+      if (r->slot >= kShareSlots || in_slot[r->slot] != static_cast<std::int64_t>(r->index))
+        return make_error(errc::corrupt, "a reply for chunk {} in slot {} that was not asked for",
+                          r->index, r->slot);
+      std::span<const std::byte> bytes(recv->data() + r->slot * slot_bytes,
+                                       static_cast<std::size_t>(std::min(r->bytes, slot_bytes)));
+      if (!t.matches(r->index, bytes))
+        return make_error(errc::corrupt, "chunk {} ({} bytes at {}) does not match the model's hash",
+                          r->index, r->bytes, t.chunk_range(r->index).offset);
+      TESSERA_TRY(pwrite_all(fd_, bytes.data(), bytes.size(), t.chunk_range(r->index).offset, path_));
+      have_[r->index] = true;
+      in_slot[r->slot] = -1;
+      --open;
+      std::uint64_t done = 0, total = 0;
+      {
+        std::lock_guard lock(mu_);
+        prog_.bytes_done += bytes.size();
+        prog_.fetched_bytes += bytes.size();
+        done = prog_.bytes_done;
+        total = prog_.bytes_total;
+      }
+      if (opt_.on_progress) opt_.on_progress(done, total);
+    }
+    return ok();
+  };
+  const gguf::byte_range header{0, t.data_offset};
+  const auto header_chunks = chunks_covering(t, {&header, 1});
+  auto account = [&](const std::vector<std::uint64_t>& list) {
+    std::uint64_t total = 0, done = 0;
+    for (auto i : list) {
+      total += t.chunk_range(i).size;
+      if (have_[i]) done += t.chunk_range(i).size;
+    }
+    std::lock_guard lock(mu_);
+    prog_.bytes_total = total;
+    prog_.bytes_done = done;
+  };
+  account(header_chunks);
+  TESSERA_TRY(fetch_chunks(header_chunks));
+  auto f = gguf::file::open(path_, {gguf::load_mode::headers_only, {}});
+  if (!f) return f.error();
+  std::vector<gguf::byte_range> ranges{header};
+  for (const auto& s : shards) {
+    auto r = inference::model::model::file_ranges(*f, {s});
+    if (!r) return r.error();
+    ranges.insert(ranges.end(), r->begin(), r->end());
+  }
+  const auto need = chunks_covering(t, ranges);
+  account(need);
+  TESSERA_TRY(fetch_chunks(need));
+  if (::fsync(fd_) != 0)
+    return make_error(errc::io, "{}: cannot sync: {}", path_, std::strerror(errno));
+  return ok();
+}
+
+}  // namespace tessera::mesh::serving
