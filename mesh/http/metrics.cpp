@@ -129,6 +129,24 @@ void serving_metrics(family_writer& w, const json& s) {
   w.family("tessera_inbox_dropped_total", "counter",
            "Requests dropped at the engine's inbox bound (clients re-publish).");
   w.sample(num(e, "inbox_dropped"));
+  // Model distribution: the parts this node fetches from holders, and what it served to others.
+  if (e.contains("fetches") && e["fetches"].is_array() && !e["fetches"].empty()) {
+    w.family("tessera_model_fetch_bytes", "gauge",
+             "Bytes of a model's parts this node needs from holders, by model and done/total.");
+    for (const auto& f : e["fetches"]) {
+      w.sample(num(f, "bytes_done"), {{"model", text(f, "model")}, {"of", "done"}});
+      w.sample(num(f, "bytes_total"), {{"model", text(f, "model")}, {"of", "total"}});
+    }
+    w.family("tessera_model_fetch_ready", "gauge",
+             "1 when every part of the model this node needs is here and verified.");
+    for (const auto& f : e["fetches"])
+      w.sample(text(f, "state") == "ready" ? 1 : 0, {{"model", text(f, "model")}});
+  }
+  if (e.contains("share") && e["share"].is_object()) {
+    w.family("tessera_model_share_bytes_total", "counter",
+             "Model bytes this node sent to peers fetching them.");
+    w.sample(num(e["share"], "bytes"));
+  }
 }
 
 void fault_metrics(family_writer& w, const json& s) {

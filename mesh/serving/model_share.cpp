@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -659,26 +660,32 @@ result<void> model_fetch::fetch_from(const share_source& src,
   // 2. In-band: hello, the receive buffer, the table.
   std::uint64_t wr = 1;
   std::array<bulk::completion, 16> c;
-  // Waits for the next reply (send_received); every other completion is consumed.
+  std::deque<std::vector<std::byte>> replies;
+  // Waits for the next reply (send_received). Completions are taken in batches — every one of
+  // them, so our own sends' completions are polled too (a backend may hand received ones first;
+  // taking one at a time would leave ours unpolled until the link refuses more) — and replies
+  // beyond the first wait in `replies`.
   auto next_reply = [&]() -> result<share_wire> {
     const auto deadline = clock_type::now() + kShareTimeout;
-    while (!stopping_) {
-      auto n = link.wait({c.data(), 1}, std::chrono::milliseconds(100));
+    while (replies.empty()) {
+      if (stopping_) return make_error(errc::cancelled, "node stopping");
+      auto n = link.wait(c, std::chrono::milliseconds(100));
       if (!n) return n.error();
-      if (*n == 1) {
-        if (!c[0].ok()) return *c[0].failure;
-        if (c[0].kind == bulk::completion_kind::link_down)
+      for (std::size_t i = 0; i < *n; ++i) {
+        if (!c[i].ok()) return *c[i].failure;
+        if (c[i].kind == bulk::completion_kind::link_down)
           return make_error(errc::closed, "the holder closed the link");
-        if (c[0].kind != bulk::completion_kind::send_received) continue;
-        auto w = unpack_wire(c[0].data);
-        if (!w) return w.error();
-        if (!w->error.empty()) return make_error(errc::not_found, "the holder says: {}", w->error);
-        return w;
+        if (c[i].kind == bulk::completion_kind::send_received)
+          replies.push_back(std::move(c[i].data));
       }
-      if (clock_type::now() > deadline)
+      if (replies.empty() && clock_type::now() > deadline)
         return make_error(errc::timeout, "no reply within {} ms", kShareTimeout.count());
     }
-    return make_error(errc::cancelled, "node stopping");
+    auto w = unpack_wire(replies.front());
+    replies.pop_front();
+    if (!w) return w.error();
+    if (!w->error.empty()) return make_error(errc::not_found, "the holder says: {}", w->error);
+    return w;
   };
   auto ask = [&](share_wire w) { return link.send(pack_wire(w), wr++); };
   share_wire hello;

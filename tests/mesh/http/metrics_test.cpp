@@ -24,6 +24,9 @@ json sample_status() {
                         "backend": "shm"}]},
     "serving": {"accepted": 5, "completed": 4, "rejected": 1, "tokens": 99, "passes": 30,
                 "pass_streams": 75,
+                "fetches": [{"model": "big", "state": "fetching", "bytes_done": 1024,
+                             "bytes_total": 4096}],
+                "share": {"sessions": 1, "bytes": 8192},
                 "streams": [{"id": "r1"}, {"id": "r2", "queued": true}]},
     "faults": {"partitions": [{}], "rules": []},
     "stats": {"leader_changes": 2, "dropped_events": 0, "undecodable": 0}
@@ -113,6 +116,10 @@ TEST(Metrics, TheTextParsesAndCarriesTheStatusNumbers) {
   EXPECT_EQ(value("tessera_tokens_generated_total"), "99");
   EXPECT_EQ(value("tessera_forward_passes_total"), "30");
   EXPECT_EQ(value("tessera_pass_streams_total"), "75");
+  EXPECT_EQ(value(R"(tessera_model_fetch_bytes{model="big",of="done"})"), "1024");
+  EXPECT_EQ(value(R"(tessera_model_fetch_bytes{model="big",of="total"})"), "4096");
+  EXPECT_EQ(value(R"(tessera_model_fetch_ready{model="big"})"), "0");
+  EXPECT_EQ(value("tessera_model_share_bytes_total"), "8192");
   EXPECT_EQ(value(R"(tessera_streams{state="queued"})"), "1");
   EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="aa",to="b\"b",backend="shm"})"), "0.00025");
   EXPECT_EQ(value("tessera_fault_partitions"), "1");

@@ -243,6 +243,28 @@ TEST_F(ModelShare, FetchesAShardOverABulkLinkThenTheRestForAReplica) {
   EXPECT_EQ(c.bytes, size);
 }
 
+// Over shm, and more chunks than a link has room for outstanding operations (64): the fetcher
+// must poll its own sends' completions while replies keep arriving (a backend may hand received
+// completions first).
+TEST_F(ModelShare, FetchesManyChunksOverShm) {
+  auto c = several_chunks();
+  c.dim = 512;
+  c.ffn = 1408;
+  c.layers = 6;  // ~77 MiB in F32
+  const std::string big = (dir_ / "big.gguf").string();
+  ASSERT_TRUE(gguf::write_synthetic_model(c, big));
+  auto t = hash_model_file(big);
+  ASSERT_TRUE(t);
+  ASSERT_GT(t->chunks(), 64u);
+  add_holder("holder-a", big, *t);
+  make_fetch(content_root(*t));
+  fetch_->want({{"holder-a", transport::bulk::backend_kind::shm}}, {mdl::shard_spec::full()});
+  auto p = wait(mdl::shard_spec::full());
+  ASSERT_TRUE(fetch_->ready_for(mdl::shard_spec::full())) << p.error;
+  EXPECT_EQ(p.fetched_bytes, fs::file_size(big));
+  EXPECT_EQ(bytes_of_file(big), bytes_of_file(fetch_->path()));
+}
+
 // A holder whose file changed after it was hashed sends chunks that do not match the table: the
 // fetcher refuses them, names the chunk, and fetches from the next holder.
 TEST_F(ModelShare, ChunksThatDoNotMatchAreRefusedAndTheNextHolderServes) {
