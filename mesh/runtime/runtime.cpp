@@ -697,6 +697,9 @@ struct node_runtime::impl {
     }
     if (now >= next_report_ms) {
       next_report_ms = now + 1000;
+      // A model fetched whole from peers makes this peer a holder too (it serves the bytes on):
+      // the leader plans over it even when the peers it fetched from are gone.
+      if (engine) caps.model_specs = engine->held_specs();
       const auto leader = elect->leader();
       auto row = own_row();
       if (leader == self) {

@@ -225,6 +225,7 @@ struct engine::impl {
   std::map<std::string, std::unique_ptr<model_fetch>> fetches;  // by model name
   std::uint64_t next_fetch_id = 1;
   std::atomic<bool> fetch_changed{false};  // a fetch finished or failed: reconcile again
+  std::set<std::string> served_on;         // fetched models the share server serves on
   std::map<std::string, clock_type::time_point> unformed_since;  // hosts that may form later
 
   // --- engine thread only ---
@@ -1108,6 +1109,10 @@ struct engine::impl {
         return static_cast<int>(a.backend) > static_cast<int>(b.backend);
       });
       f->want(std::move(sources), shards);
+      if (auto t = f->complete_table(); t && !served_on.contains(name)) {
+        server->add(name, f->path(), std::move(*t));  // every byte here: serve it on
+        served_on.insert(name);
+      }
       if (local != models.end()) continue;
       if (!std::all_of(shards.begin(), shards.end(), [&](const auto& s) { return f->ready_for(s); }))
         continue;
@@ -1364,6 +1369,14 @@ void engine::stop() {
 const std::vector<local_model>& engine::models() const {
   return impl_->infos;
 }
+std::vector<placement::model_spec> engine::held_specs() const {
+  std::vector<placement::model_spec> out;
+  std::lock_guard lock(impl_->models_mu);
+  for (const auto& l : impl_->models)
+    if (l->fetch == nullptr || l->fetch->complete()) out.push_back(l->info.spec);
+  return out;
+}
+
 std::uint16_t engine::request_port() const {
   return impl_->req_port;
 }

@@ -101,6 +101,9 @@ class engine {
   void stop();
 
   [[nodiscard]] const std::vector<local_model>& models() const;
+  /// The models this peer holds every byte of: its own files, and models fetched whole from peers
+  /// (it serves those on to other fetchers). Any thread.
+  [[nodiscard]] std::vector<placement::model_spec> held_specs() const;
   [[nodiscard]] std::uint16_t request_port() const;
   [[nodiscard]] std::uint16_t response_port() const;
 

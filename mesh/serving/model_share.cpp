@@ -239,7 +239,8 @@ void share_server::add(const std::string& name, const std::string& path, chunk_t
   e.encoded = encode(table);
   e.root = content_root(table);
   e.table = std::move(table);
-  models_[name] = std::move(e);
+  std::lock_guard lock(mu_);
+  models_.emplace(name, std::move(e));  // map nodes stay put: sessions keep pointers to them
 }
 
 void share_server::stop() {
@@ -282,15 +283,15 @@ void share_server::on_offer(const std::string& from_hex, const share_setup& offe
   no.fetch_id = offer.fetch_id;
   no.model = offer.model;
   no.root = offer.root;
-  const auto it = models_.find(offer.model);
   if (stopping_) return;
+  std::lock_guard lock(mu_);
+  const auto it = models_.find(offer.model);
   if (it == models_.end()) {
     no.error = fmt::format("this peer has no model '{}'", offer.model);
   } else if (it->second.root != offer.root) {
     no.error = fmt::format("this peer's model '{}' is other content ({}, not {})", offer.model,
                            it->second.root.substr(0, 16), offer.root.substr(0, 16));
   }
-  std::lock_guard lock(mu_);
   reap();
   if (no.error.empty() && running_ >= kMaxShareSessions)
     no.error = fmt::format("busy: serving {} fetches already", running_);
@@ -505,6 +506,11 @@ void model_fetch::on_answer(const std::string& from_hex, const share_setup& answ
     answer_ = answer;
   }
   cv_.notify_all();
+}
+
+std::optional<chunk_table> model_fetch::complete_table() const {
+  std::lock_guard lock(mu_);
+  return complete_;
 }
 
 bool model_fetch::ready_for(const inference::model::shard_spec& shard) const {
@@ -805,6 +811,10 @@ result<void> model_fetch::fetch_from(const share_source& src,
   TESSERA_TRY(fetch_chunks(need));
   if (::fsync(fd_) != 0)
     return make_error(errc::io, "{}: cannot sync: {}", path_, std::strerror(errno));
+  if (std::all_of(have_.begin(), have_.end(), [](bool b) { return b; })) {
+    std::lock_guard lock(mu_);
+    complete_ = t;
+  }
   return ok();
 }
 

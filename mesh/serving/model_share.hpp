@@ -117,7 +117,7 @@ class share_server {
   share_server(const share_server&) = delete;
   share_server& operator=(const share_server&) = delete;
 
-  /// A model this peer can serve (before offers arrive; not thread-safe against on_offer).
+  /// A model this peer can serve (any thread; a name added twice keeps the first).
   void add(const std::string& name, const std::string& path, chunk_table table);
   /// An offer from the peer `from_hex` (any thread): answered from a worker.
   void on_offer(const std::string& from_hex, const share_setup& offer);
@@ -191,6 +191,9 @@ class model_fetch {
   /// True once every byte `shard` reads is here and verified.
   [[nodiscard]] bool ready_for(const inference::model::shard_spec& shard) const;
   [[nodiscard]] std::string path() const;
+  /// Every chunk of the file is here and verified: its table (the holder's), else nullopt.
+  [[nodiscard]] std::optional<chunk_table> complete_table() const;
+  [[nodiscard]] bool complete() const { return complete_table().has_value(); }
   [[nodiscard]] std::uint64_t fetch_id() const { return opt_.fetch_id; }
   [[nodiscard]] const std::string& root() const { return opt_.root; }
 
@@ -222,6 +225,7 @@ class model_fetch {
   std::vector<inference::model::shard_spec> wants_;
   std::uint64_t want_gen_ = 0, done_gen_ = 0;
   std::vector<inference::model::shard_spec> ready_;
+  std::optional<chunk_table> complete_;  // set once every chunk is here
   std::optional<share_setup> answer_;
   progress prog_;
   // --- worker only ---

@@ -218,6 +218,7 @@ TEST_F(ModelShare, FetchesAShardOverABulkLinkThenTheRestForAReplica) {
   EXPECT_LT(p.bytes_total, size * 3 / 4) << "a one-layer shard fetched most of the file";
   EXPECT_EQ(p.bytes_done, p.bytes_total);
   EXPECT_FALSE(fetch_->ready_for(mdl::shard_spec::full()));
+  EXPECT_FALSE(fetch_->complete());
   // The bytes the shard reads are the original's.
   {
     auto f = gguf::file::open(fetch_->path(), {gguf::load_mode::headers_only, {}});
@@ -238,6 +239,8 @@ TEST_F(ModelShare, FetchesAShardOverABulkLinkThenTheRestForAReplica) {
   EXPECT_EQ(p.bytes_total, size);
   EXPECT_EQ(p.fetched_bytes, size) << "chunks fetched twice (first fetch " << first << ")";
   EXPECT_EQ(bytes_of_file(model_), bytes_of_file(fetch_->path()));
+  ASSERT_TRUE(fetch_->complete());
+  EXPECT_EQ(content_root(*fetch_->complete_table()), root());
   const auto c = servers_["holder-a"]->counters();
   EXPECT_EQ(c.sessions, 2u);
   EXPECT_EQ(c.bytes, size);

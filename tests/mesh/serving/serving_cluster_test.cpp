@@ -497,8 +497,9 @@ TEST_F(ServingCluster, TensorParallelGroupOfThreeSplitsGqaGroups) {
 
 // Model distribution: only node 0 has the file; the others run with --fetch-models. The plan
 // gives them parts anyway, and they fetch those bytes from node 0 over bulk links, each chunk
-// verified against the content id in the plan. First every peer holds a replica (the whole file
-// is fetched, byte for byte the original); the answers through every peer are one process's.
+// verified against the content id in the plan. Every peer holds a replica (the whole file is
+// fetched, byte for byte the original); the answers through every peer are one process's; and the
+// copies keep serving once node 0 is gone.
 TEST_F(ServingCluster, PeersWithoutTheFileFetchTheWholeModelForReplicas) {
   ASSERT_TRUE(cluster_->start(0, {"--model", model_, "--threads", "1"}));
   for (std::size_t i = 1; i < 3; ++i)
@@ -531,6 +532,14 @@ TEST_F(ServingCluster, PeersWithoutTheFileFetchTheWholeModelForReplicas) {
   auto holder = cluster_->status(0);
   ASSERT_TRUE(holder);
   EXPECT_EQ((*holder)["serving"]["share"]["sessions"], 2u) << holder->dump();
+
+  // A whole copy makes a holder: with the only file's peer gone, the two copies still serve.
+  cluster_->kill9(0);
+  wait_plan({1, 2}, 2);
+  auto after = (*c)->ask(greedy("fetched-after-holder-died", n));
+  ASSERT_TRUE(after) << after.error().describe() << "\n" << cluster_->logs();
+  EXPECT_EQ(after->tokens, ref);
+  EXPECT_NE(after->nodes.back(), cluster_->node_id(0));
 }
 
 // A split plan: the group's ranks that have no file fetch only the bytes of their layers (and the
