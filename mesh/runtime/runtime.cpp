@@ -580,16 +580,13 @@ struct node_runtime::impl {
   }
 
   void on_plan(const placement::plan& p) {
-    if (plan && p.epoch <= plan->epoch) return;  // stale or already in force
-    for (const auto& m : p.models)
-      for (const auto& g : m.groups)
-        if (auto v = placement::validate_group(m.spec, g); !v) {
-          ++plans_refused;
-          spdlog::warn("node {}: plan {}.{} refused: {}", hex, p.epoch.term, p.epoch.version,
-                       v.error().describe());
-          return;
-        }
-    adopt_plan(std::make_shared<const placement::plan>(p));
+    auto adopt = serving::should_adopt(plan.get(), p);
+    if (!adopt) {
+      ++plans_refused;
+      spdlog::warn("node {}: plan refused: {}", hex, adopt.error().describe());
+      return;
+    }
+    if (*adopt) adopt_plan(std::make_shared<const placement::plan>(p));
   }
 
   void hand_plan_to_engine() {

@@ -89,4 +89,14 @@ result<placement::plan> plan_from_view(const topology::view& v, const placement:
   return out;
 }
 
+result<bool> should_adopt(const placement::plan* current, const placement::plan& incoming) {
+  if (current != nullptr && incoming.epoch <= current->epoch) return false;
+  for (const auto& m : incoming.models)
+    for (const auto& g : m.groups)
+      if (auto v = placement::validate_group(m.spec, g); !v)
+        return make_error(errc::corrupt, "plan {}.{}: model '{}': {}", incoming.epoch.term,
+                          incoming.epoch.version, m.spec.name, v.error().message);
+  return true;
+}
+
 }  // namespace tessera::mesh::serving

@@ -21,4 +21,10 @@ namespace tessera::mesh::serving {
                                                      std::uint64_t term,
                                                      const placement::planner_config& cfg = {});
 
+/// Whether a peer adopts a plan the leader sent: true for a newer epoch whose every group is valid
+/// for its model; false for a stale one (or the one in force); an error naming the group for an
+/// invalid one (refused, never trusted). Pure: the node runtime and the simulator both use it.
+[[nodiscard]] result<bool> should_adopt(const placement::plan* current,
+                                        const placement::plan& incoming);
+
 }  // namespace tessera::mesh::serving

@@ -1,6 +1,7 @@
 #include "mesh/sim/checkers.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -61,6 +62,64 @@ void election_checker::observe() {
                       world_.now_ms(), id, term, world_.now_ms() - since->second, partition_,
                       n->election().config().members));
   }
+}
+
+void plan_checker::observe() {
+  for (member_id id : world_.ids()) {
+    const mesh_node* n = mesh_node_of(world_, id);
+    if (!n) {
+      last_.erase(id);
+      continue;
+    }
+    if (n->plans_refused() != 0 && violations_.empty())
+      violations_.push_back(fmt::format("t={}: node {} refused a plan as invalid", world_.now_ms(), id));
+    const auto& p = n->plan();
+    if (!p) continue;
+    const auto e = std::make_pair(p->epoch.term, p->epoch.version);
+    const auto h = placement::plan_content_hash(*p);
+    auto [it, fresh] = contents_.emplace(e, h);
+    if (!fresh && it->second != h)
+      violations_.push_back(fmt::format("t={}: node {} holds plan {}.{} with other content than "
+                                        "another node's plan of that epoch",
+                                        world_.now_ms(), id, e.first, e.second));
+    auto l = last_.find(id);
+    if (l != last_.end() && l->second.first == n && e < l->second.second)
+      violations_.push_back(fmt::format("t={}: node {}'s plan went back from {}.{} to {}.{}",
+                                        world_.now_ms(), id, l->second.second.first,
+                                        l->second.second.second, e.first, e.second));
+    last_[id] = {n, e};
+  }
+}
+
+std::optional<std::string> plans_converged(const world& w) {
+  std::vector<member_id> up;
+  member_id leader = no_member;
+  for (member_id id : w.ids())
+    if (const mesh_node* n = mesh_node_of(w, id)) {
+      up.push_back(id);
+      if (n->election().role() == election_role::leader) leader = id;
+    }
+  if (leader == no_member) return std::string("no leader");
+  const auto& lp = mesh_node_of(w, leader)->plan();
+  if (!lp) return fmt::format("leader {} has no plan", leader);
+  if (lp->models.size() != 1 || lp->models[0].groups.empty())
+    return fmt::format("leader {}'s plan {}.{} serves no model", leader, lp->epoch.term,
+                       lp->epoch.version);
+  std::set<member_id> ranks;
+  for (const auto& g : lp->models[0].groups)
+    for (const auto& r : g.ranks)
+      ranks.insert(r.node);
+  if (ranks != std::set<member_id>(up.begin(), up.end()))
+    return fmt::format("plan {}.{} ranks {} != up nodes {}", lp->epoch.term, lp->epoch.version,
+                       std::vector<member_id>(ranks.begin(), ranks.end()), up);
+  for (member_id id : up) {
+    const auto& p = mesh_node_of(w, id)->plan();
+    if (!p || p->epoch != lp->epoch)
+      return fmt::format("node {} holds plan {} not the leader's {}.{}", id,
+                         p ? fmt::format("{}.{}", p->epoch.term, p->epoch.version) : "none",
+                         lp->epoch.term, lp->epoch.version);
+  }
+  return std::nullopt;
 }
 
 std::string describe(const world& w) {

@@ -44,6 +44,31 @@ class election_checker {
   std::vector<std::string> violations_;
 };
 
+/// Serving-layer safety over the whole run (nodes with the serving layer on):
+///  - a plan epoch names one content: two nodes never hold different plans with the same epoch
+///    (epochs are (term, version) and one term has one leader);
+///  - a node's plan epoch never goes back (until it restarts: plans are not durable);
+///  - no node refuses a plan as invalid (honest leaders only publish valid plans).
+class plan_checker {
+ public:
+  explicit plan_checker(world& w) : world_(w) {}
+  void observe();
+  [[nodiscard]] const std::vector<std::string>& violations() const { return violations_; }
+  /// Distinct plan epochs seen.
+  [[nodiscard]] std::size_t epochs() const { return contents_.size(); }
+
+ private:
+  world& world_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> contents_;  // epoch -> hash
+  std::map<member_id, std::pair<const mesh_node*, std::pair<std::uint64_t, std::uint64_t>>> last_;
+  std::vector<std::string> violations_;
+};
+
+/// Nullopt when every up node holds the leader's plan (same epoch), that plan serves the model
+/// and every rank of it is an up node, and every up node serves (every node can hold the model);
+/// otherwise what differs. Call once converged() holds.
+[[nodiscard]] std::optional<std::string> plans_converged(const world& w);
+
 /// The mesh_node of `id`, or nullptr while down.
 [[nodiscard]] const mesh_node* mesh_node_of(const world& w, member_id id);
 

@@ -6,6 +6,7 @@
 #include <msgpack.hpp>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "mesh/serving/planning.hpp"
 
 namespace tessera::mesh::sim {
 
@@ -34,6 +35,9 @@ template bytes encode(const durable_election_state&);
 template std::optional<membership_message> decode(const bytes&);
 template std::optional<election_message> decode(const bytes&);
 template std::optional<durable_election_state> decode(const bytes&);
+template std::optional<topology::row_report> decode(const bytes&);
+template std::optional<topology::view> decode(const bytes&);
+template std::optional<placement::plan> decode(const bytes&);
 
 mesh_node::mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed)
     : self_(self), options_(options) {
@@ -59,6 +63,15 @@ void mesh_node::on_start(node_context& ctx) {
   TESSERA_ASSERT(e.has_value(), "sim node {}: {}", self_, e.error().describe());
   election_.emplace(std::move(e).value());
   const std::uint64_t now = ctx.now_ms();
+  if (options_.serving) {
+    topology::topology_config tc;
+    tc.self = self_;
+    topo_.emplace(tc);
+    plan_.reset();
+    next_report_ms_ = now;
+    next_view_resend_ms_ = 0;
+    refresh_members(ctx);
+  }
   apply(ctx, election_->step(election_tick{}, now));
   apply(ctx, membership_->step(membership_join{options_.seeds}, now));
 }
@@ -79,6 +92,35 @@ void mesh_node::on_message(node_context& ctx, const envelope& msg) {
       return;
     }
     apply(ctx, election_->step(election_receive{std::move(*m)}, now));
+  } else if (topo_ && msg.channel == report_channel) {
+    auto r = decode<topology::row_report>(msg.payload);
+    if (!r || r->from != msg.from) {
+      ++undecodable_;
+      return;
+    }
+    if (topo_->is_leader()) {
+      topo_->on_report(*r);
+      publish_if_leader(ctx);
+    }
+  } else if (topo_ && msg.channel == view_channel) {
+    auto v = decode<topology::view>(msg.payload);
+    if (!v) {
+      ++undecodable_;
+      return;
+    }
+    topo_->on_view(*v);
+  } else if (topo_ && msg.channel == plan_channel) {
+    auto p = decode<placement::plan>(msg.payload);
+    if (!p) {
+      ++undecodable_;
+      return;
+    }
+    auto a = serving::should_adopt(plan_.get(), *p);
+    if (!a) {
+      ++plans_refused_;
+      return;
+    }
+    if (*a) adopt(std::make_shared<const placement::plan>(std::move(*p)));
   } else {
     ++undecodable_;
   }
@@ -89,6 +131,15 @@ void mesh_node::on_timer(node_context& ctx) {
   if (membership_timer_ && now >= *membership_timer_)
     apply(ctx, membership_->step(membership_tick{}, now));
   if (election_timer_ && now >= *election_timer_) apply(ctx, election_->step(election_tick{}, now));
+  if (topo_ && now >= next_report_ms_) {
+    next_report_ms_ = now + 1000;
+    report(ctx);
+  }
+  if (topo_ && topo_->is_leader() && topo_->current() && now >= next_view_resend_ms_) {
+    broadcast_view(ctx);
+    replan(ctx);
+    broadcast_plan(ctx);
+  }
   rearm(ctx);
 }
 
@@ -106,6 +157,7 @@ void mesh_node::apply(node_context& ctx, membership_output out) {
     member_events_.push_back(observed_member_event{ctx.now_ms(), ev});
     apply(ctx, election_->step(peer_status_changed{ev.id, ev.status}, ctx.now_ms()));
   }
+  if (topo_ && !out.events.empty()) refresh_members(ctx);
   rearm(ctx);
 }
 
@@ -115,12 +167,89 @@ void mesh_node::apply(node_context& ctx, election_output out) {
   for (auto& m : out.messages)
     ctx.send(m.to, election_channel, encode(m));
   election_timer_ = out.timer_at_ms;
+  if (topo_)
+    for (const auto& ev : out.events)
+      if (ev.kind == election_event_kind::leader_changed) {
+        topo_->on_leader(ev.term, ev.leader);
+        next_report_ms_ = ctx.now_ms();  // the new leader needs our row at once
+        publish_if_leader(ctx);
+      }
   rearm(ctx);
+}
+
+// ------------------------------------------------------------------ serving layer
+
+void mesh_node::refresh_members(node_context& ctx) {
+  std::vector<topology::member_fact> facts;
+  facts.push_back({self_, static_cast<std::uint8_t>(member_status::alive), options_.membership.self_address});
+  if (membership_)
+    for (const auto& [id, m] : membership_->members())
+      facts.push_back({id, static_cast<std::uint8_t>(m.status), m.address});
+  topo_->on_members(std::move(facts));
+  publish_if_leader(ctx);
+}
+
+void mesh_node::report(node_context& ctx) {
+  topology::row_report r;
+  r.from = self_;
+  r.caps.node_id = fmt::format("{:032x}", self_);
+  r.caps.cores = 2;
+  r.caps.memory_total_mb = options_.memory_mb;
+  r.caps.memory_free_mb = options_.memory_mb;
+  r.caps.model_specs.push_back(options_.model);
+  if (membership_)
+    for (const auto& [id, m] : membership_->members())
+      if (m.status == member_status::alive || m.status == member_status::suspect)
+        r.links.push_back({self_, id, 500, 1000, 1});
+  if (topo_->is_leader()) {
+    topo_->on_report(r);
+    publish_if_leader(ctx);
+    return;
+  }
+  const member_id leader = election_->leader();
+  if (leader != no_member && leader != self_) ctx.send(leader, report_channel, encode(r));
+}
+
+void mesh_node::publish_if_leader(node_context& ctx) {
+  if (!topo_ || !topo_->is_leader()) return;
+  if (!topo_->maybe_publish(ctx.now_ms())) return;
+  broadcast_view(ctx);
+  replan(ctx);
+}
+
+void mesh_node::replan(node_context& ctx) {
+  if (!topo_->is_leader() || !topo_->current()) return;
+  auto p = serving::plan_from_view(*topo_->current(), plan_.get(), election_->term());
+  if (!p || (plan_ && p->epoch == plan_->epoch)) return;
+  adopt(std::make_shared<const placement::plan>(std::move(*p)));
+  broadcast_plan(ctx);
+}
+
+void mesh_node::broadcast_view(node_context& ctx) {
+  const bytes body = encode(*topo_->current());
+  for (const auto& m : topo_->current()->members)
+    if (m.id != self_ && topology::is_live_status(m.status)) ctx.send(m.id, view_channel, body);
+  next_view_resend_ms_ = ctx.now_ms() + 2000;
+}
+
+void mesh_node::broadcast_plan(node_context& ctx) {
+  if (!plan_ || !topo_->current()) return;
+  const bytes body = encode(*plan_);
+  for (const auto& m : topo_->current()->members)
+    if (m.id != self_ && topology::is_live_status(m.status)) ctx.send(m.id, plan_channel, body);
+}
+
+void mesh_node::adopt(std::shared_ptr<const placement::plan> p) {
+  plan_ = std::move(p);
 }
 
 void mesh_node::rearm(node_context& ctx) {
   std::optional<std::uint64_t> t = membership_timer_;
   if (election_timer_) t = t ? std::min(*t, *election_timer_) : *election_timer_;
+  if (topo_) {
+    t = t ? std::min(*t, next_report_ms_) : next_report_ms_;
+    if (topo_->is_leader() && topo_->current()) t = std::min(*t, next_view_resend_ms_);
+  }
   ctx.set_timer(t);
 }
 
@@ -128,6 +257,26 @@ mesh_node_options cluster_options(std::size_t n) {
   mesh_node_options o;
   for (std::size_t i = 1; i <= n; ++i)
     o.seeds.push_back(member_update{i, 0, 0, fmt::format("sim:{}", i)});
+  return o;
+}
+
+mesh_node_options serving_cluster_options(std::size_t n) {
+  auto o = cluster_options(n);
+  o.serving = true;
+  // A small model: every node can hold a replica.
+  o.model.name = "sim";
+  o.model.n_layers = 4;
+  o.model.n_heads = 4;
+  o.model.n_kv_heads = 2;
+  o.model.dim = 256;
+  o.model.ffn_size = 512;
+  o.model.n_vocab = 1000;
+  o.model.bytes_per_layer = 1u << 20;
+  o.model.bytes_embeddings = 1u << 20;
+  o.model.bytes_output = 1u << 20;
+  o.model.kv_bytes_per_token = 4096;
+  o.model.context_tokens = 256;
+  o.model.content = "sim-content";
   return o;
 }
 

@@ -1,6 +1,9 @@
 // A simulated mesh node: membership + election wired together the way the real node wires them
 // (membership events feed election as peer_status_changed), with every message msgpack-encoded
 // on the simulated wire and the election's durable state stored in the node's durable bytes.
+// With `serving` on, also the serving layer's control as mesh/runtime runs it: row reports to the
+// leader every second (capabilities: one model, memory), the leader's topology view and its plan
+// (serving::plan_from_view, sticky), re-sent every 2 s, adopted by serving::should_adopt.
 #pragma once
 
 #include <cstdint>
@@ -11,18 +14,33 @@
 
 #include "mesh/election/election.hpp"
 #include "mesh/membership/membership.hpp"
+#include "mesh/placement/placement.hpp"
 #include "mesh/sim/world.hpp"
+#include "mesh/topology/topology.hpp"
 
 namespace tessera::mesh::sim {
 
 /// Wire channels of the bundle.
 inline constexpr std::uint8_t membership_channel = 1;
 inline constexpr std::uint8_t election_channel = 2;
+inline constexpr std::uint8_t report_channel = 3;  ///< topology row reports, to the leader
+inline constexpr std::uint8_t view_channel = 4;    ///< the leader's view, to every live member
+inline constexpr std::uint8_t plan_channel = 5;    ///< the leader's serving plan
 
 struct mesh_node_options {
   membership_config membership;      ///< self and rng_seed are filled in per node
   election_config election;          ///< self and rng_seed are filled in per node
   std::vector<member_update> seeds;  ///< joined at every start (discovery hints)
+  /// The serving layer (topology, view, plan). Every node holds `model` with `memory_mb` free.
+  bool serving = false;
+  placement::model_spec model;
+  std::uint64_t memory_mb = 4096;
+};
+
+/// A node's plan as it changed: when, and the plan (null: none).
+struct observed_plan {
+  std::uint64_t at_ms = 0;
+  std::shared_ptr<const placement::plan> plan;
 };
 
 /// One membership event as a node saw it, with the global time (for scenario tests).
@@ -49,11 +67,23 @@ class mesh_node : public sim_node {
   }
   /// Wire messages that failed to decode (must stay 0 between honest nodes).
   [[nodiscard]] std::uint64_t undecodable() const { return undecodable_; }
+  /// Serving: the plan in force (null: none yet), and plans refused as invalid (must stay 0).
+  [[nodiscard]] const std::shared_ptr<const placement::plan>& plan() const { return plan_; }
+  [[nodiscard]] std::uint64_t plans_refused() const { return plans_refused_; }
+  [[nodiscard]] const std::optional<topology::topology_state>& topology() const { return topo_; }
 
  private:
   void apply(node_context& ctx, membership_output out);
   void apply(node_context& ctx, election_output out);
   void rearm(node_context& ctx);
+  // serving layer
+  void refresh_members(node_context& ctx);
+  void report(node_context& ctx);
+  void publish_if_leader(node_context& ctx);
+  void replan(node_context& ctx);
+  void broadcast_view(node_context& ctx);
+  void broadcast_plan(node_context& ctx);
+  void adopt(std::shared_ptr<const placement::plan> p);
 
   member_id self_;
   mesh_node_options options_;
@@ -63,11 +93,17 @@ class mesh_node : public sim_node {
   std::optional<std::uint64_t> election_timer_;
   std::vector<observed_member_event> member_events_;
   std::uint64_t undecodable_ = 0;
+  std::optional<topology::topology_state> topo_;
+  std::shared_ptr<const placement::plan> plan_;
+  std::uint64_t plans_refused_ = 0;
+  std::uint64_t next_report_ms_ = 0, next_view_resend_ms_ = 0;
 };
 
 /// Options for a cluster of nodes 1..n with default timeouts, each seeded with all the others
 /// (address "sim:<id>").
 [[nodiscard]] mesh_node_options cluster_options(std::size_t n);
+/// As cluster_options, with the serving layer on and a small model every node can hold.
+[[nodiscard]] mesh_node_options serving_cluster_options(std::size_t n);
 
 /// A world with nodes 1..n added (not started) whose factory builds mesh_nodes from `options`.
 [[nodiscard]] std::unique_ptr<world> make_mesh_world(std::uint64_t seed, std::size_t n,

@@ -43,24 +43,31 @@ struct seed_result {
   std::string failure;  // empty = passed
   std::uint64_t cold_start_ms = 0;
   std::vector<std::uint64_t> heal_ms;
+  std::vector<std::uint64_t> plan_ms;  // serving: election converged -> every node on one plan
   std::uint64_t faults = 0;
+  std::size_t plan_epochs = 0;
 };
 
 constexpr std::uint64_t converge_bound_ms = 15'000;
 
 // One seeded run. Everything random comes from `rng` (schedule) and the world's seed (network).
-seed_result run_seed(std::uint64_t seed, bool verbose) {
+// With `serving`, every node also runs the serving layer's control (topology reports, the leader's
+// view and plan): the plan checker watches every event, and after each convergence every node must
+// hold the leader's plan, serving from exactly the up nodes.
+seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
   seed_result r;
   det_rng rng(seed * 0x2545f4914f6cdd1dULL + 7);
   const std::size_t n = 3 + rng.uniform(0, 3);  // 3, 4 or 5 nodes
-  auto w = make_mesh_world(seed, n, cluster_options(n));
+  auto w = make_mesh_world(seed, n, serving ? serving_cluster_options(n) : cluster_options(n));
   const auto& eopt = cluster_options(n).election;
   // CheckQuorum bound: one election timeout after the last ack, checked at the next heartbeat,
   // stretched by clock skew (2%) and delivery delay.
   election_checker check(*w, eopt.election_timeout_ms * 2 + 200);
+  plan_checker plans(*w);
   std::map<member_id, std::string> last;
   w->set_observer([&] {
     check.observe();
+    if (serving) plans.observe();
     if (!verbose) return;
     for (member_id id : w->ids()) {
       const mesh_node* nd = mesh_node_of(*w, id);
@@ -81,6 +88,25 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     r.failure =
         fmt::format("seed {}: n={} t={}: {} | {}", seed, n, w->now_ms(), what, describe(*w));
   };
+  // Serving: after the election converged, every node on the leader's plan within the bound (the
+  // leader re-sends view and plan every 2 s; reports come every second).
+  auto plans_settle = [&](const std::string& after) -> bool {
+    if (!serving) return true;
+    const std::uint64_t start = w->now_ms();
+    while (plans_converged(*w)) {
+      if (w->now_ms() - start > converge_bound_ms) {
+        fail("plans did not converge after " + after + ": " + plans_converged(*w).value_or(""));
+        return false;
+      }
+      w->run_for(10);
+    }
+    r.plan_ms.push_back(w->now_ms() - start);
+    if (!plans.violations().empty()) {
+      fail(plans.violations().front() + " (after " + after + ")");
+      return false;
+    }
+    return true;
+  };
   // Per-seed base network: some seeds run on a slow, jittery LAN, which makes concurrent
   // candidacies (the interesting case for vote safety) frequent.
   link_faults base;
@@ -100,6 +126,7 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
     return r;
   }
   r.cold_start_ms = *cold;
+  if (!plans_settle("cold start")) return r;
   const std::uint64_t episodes = 4 + rng.uniform(0, 4);
   for (std::uint64_t ep = 0; ep < episodes; ++ep) {
     std::vector<member_id> ids = w->ids();
@@ -200,11 +227,13 @@ seed_result run_seed(std::uint64_t seed, bool verbose) {
       return r;
     }
     r.heal_ms.push_back(*healed);
+    if (!plans_settle(what)) return r;
     w->run_for(rng.uniform(0, 500));
   }
   for (member_id id : w->ids())
     if (mesh_node_of(*w, id)->undecodable() != 0)
       fail(fmt::format("node {} got undecodable bytes", id));
+  r.plan_epochs = plans.epochs();
   return r;
 }
 
@@ -267,6 +296,44 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
         static_cast<unsigned long long>(cold.back()),
         static_cast<unsigned long long>(heal.empty() ? 0 : heal[heal.size() / 2]),
         static_cast<unsigned long long>(heal.empty() ? 0 : heal.back()));
+}
+
+// The same schedules with the serving layer's control on every node (topology reports, the
+// leader's view and sticky plan, adoption by epoch): plan epochs name one content, never go back,
+// and after every heal all nodes hold the leader's plan, serving from exactly the up nodes.
+// TESSERA_SIM_SERVING_SEEDS (default 200); replay one with TESSERA_SIM_SEED as above.
+TEST(SimServing, ManySeedsAgreeOnOnePlan) {
+  const std::uint64_t single = env_u64("TESSERA_SIM_SEED", 0);
+  const std::uint64_t first = single ? single : env_u64("TESSERA_SIM_FIRST_SEED", 1);
+  const std::uint64_t count = single ? 1 : env_u64("TESSERA_SIM_SERVING_SEEDS", 200);
+  const bool verbose = env_u64("TESSERA_SIM_VERBOSE", 0) != 0;
+  std::vector<std::uint64_t> settle;
+  std::uint64_t failures = 0, faults = 0, epochs = 0;
+  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+    seed_result r = run_seed(seed, verbose, true);
+    faults += r.faults;
+    if (!r.failure.empty()) {
+      ++failures;
+      ADD_FAILURE() << r.failure << "\n  replay: TESSERA_SIM_SEED=" << seed
+                    << " TESSERA_SIM_VERBOSE=1 "
+                    << "tessera_mesh_sim_tests --gtest_filter='SimServing.*'";
+      if (failures >= 5) break;
+      continue;
+    }
+    EXPECT_GE(r.plan_ms.size(), 1u);
+    settle.insert(settle.end(), r.plan_ms.begin(), r.plan_ms.end());
+    epochs += r.plan_epochs;
+  }
+  std::sort(settle.begin(), settle.end());
+  if (!settle.empty())
+    std::printf(
+        "seeds %llu..%llu: %llu fault episodes, %llu plan epochs; election converged -> every node "
+        "on the leader's plan: median %llu ms, p99 %llu ms, max %llu ms (simulated)\n",
+        static_cast<unsigned long long>(first), static_cast<unsigned long long>(first + count - 1),
+        static_cast<unsigned long long>(faults), static_cast<unsigned long long>(epochs),
+        static_cast<unsigned long long>(settle[settle.size() / 2]),
+        static_cast<unsigned long long>(settle[settle.size() * 99 / 100]),
+        static_cast<unsigned long long>(settle.back()));
 }
 
 // Simulated failover and cold-start times with default timeouts on a LAN-like link (1-3 ms).
