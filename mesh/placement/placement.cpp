@@ -177,6 +177,12 @@ struct view {
            l.rtt_us <= config.tp_max_rtt_us;
   }
   bool fast(member_id a, member_id b) const { return fast_one_way(a, b) && fast_one_way(b, a); }
+  /// Both directions are in the view: each side hears the other directly. Every pair of ranks of
+  /// a group needs it (the ranks connect a bulk link to each other); a pair that lost its direct
+  /// link while both stay members (a bridge partition) must not share a group.
+  bool connected(member_id a, member_id b) const {
+    return links.contains({a, b}) && links.contains({b, a});
+  }
 
   // Islands over all members, computed once per plan (O(n²) link look-ups); a pool uses each
   // island's members that are in the pool, which are still pairwise fast.
@@ -369,8 +375,20 @@ std::optional<serving_group> form_group(const view& v, const model_spec& spec,
         if (auto g = try_stages(v, spec, {members}, budget)) return g;
       }
     }
-    std::vector<member_id> chosen(largest.begin(),
-                                  largest.begin() + static_cast<std::ptrdiff_t>(k));
+    // The k largest members that are pairwise connected: greedy from each start in capacity
+    // order (with every link up, simply the k largest).
+    std::vector<member_id> chosen;
+    for (std::size_t start = 0; start < largest.size() && chosen.size() < k; ++start) {
+      chosen = {largest[start]};
+      for (std::size_t i = 0; i < largest.size() && chosen.size() < k; ++i) {
+        const member_id c = largest[i];
+        if (i == start) continue;
+        if (std::all_of(chosen.begin(), chosen.end(),
+                        [&](member_id o) { return v.connected(c, o); }))
+          chosen.push_back(c);
+      }
+    }
+    if (chosen.size() < k) continue;
     std::vector<std::vector<member_id>> stages;
     if (tp) {
       for (const auto& isl : islands_of(v, chosen)) {
@@ -439,6 +457,7 @@ bool still_valid(const view& v, const model_spec& spec, const serving_group& g,
   for (const auto& a : g.ranks) {
     for (const auto& b : g.ranks) {
       if (a.stage == b.stage && a.node < b.node && !v.fast(a.node, b.node)) return false;
+      if (a.node < b.node && !v.connected(a.node, b.node)) return false;
     }
   }
   for (const auto& [id, bytes] : need) {

@@ -304,8 +304,11 @@ struct node_runtime::impl {
     double bandwidth_mbps = 0;
     std::uint8_t measured_backend = 0;
     std::uint64_t next_bandwidth_ms = 0;  // when to (re)measure
+    std::uint64_t last_pong_ms = 0;       // 0: never heard back
   };
   std::map<member_id, link_probe> probes;
+  // A link with no pong for this long leaves our row (pings go every 500 ms).
+  std::uint64_t link_down_ms = 5000;
   std::uint64_t ping_seq = 0;
   std::uint64_t undecodable = 0;
   std::uint64_t hints_dropped = 0;              // hints refused at kMaxKnownPeers
@@ -628,11 +631,17 @@ struct node_runtime::impl {
     topology::row_report r;
     r.from = self;
     r.caps = caps;
+    const auto now = now_ms();
     for (member_id id : live_members()) {
       topology::link_measure l;
       l.from = self;
       l.to = id;
       auto it = probes.find(id);
+      // Only links this node hears directly: a member reachable only through others (a bridge
+      // partition) keeps its membership, but the planner must not put the two in one group.
+      if (it == probes.end() || it->second.last_pong_ms == 0 ||
+          now - it->second.last_pong_ms > link_down_ms)
+        continue;
       if (it != probes.end()) {
         std::vector<std::uint64_t> s(it->second.rtt_us.begin(), it->second.rtt_us.end());
         if (!s.empty()) {
@@ -747,6 +756,7 @@ struct node_runtime::impl {
         if (from == no_member) break;
         auto& p = probes[from];
         p.caps = b->caps;
+        p.last_pong_ms = now;
         const std::int64_t rtt_ns = steady_ns() - b->sent_ns;
         if (rtt_ns > 0) {
           p.rtt_us.push_back(static_cast<std::uint64_t>(rtt_ns / 1000));
@@ -1297,6 +1307,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   // still counts; 1 s at least, the link's own liveness floor.
   cc.timing.heartbeat_interval_ms = 100;
   cc.timing.dead_after_ms = std::max<std::uint32_t>(1000, cfg.timeouts.suspect_timeout_ms);
+  p->link_down_ms = std::max<std::uint64_t>(5000, 4ull * cfg.timeouts.suspect_timeout_ms);
   p->link_dead_after_ms = cc.timing.dead_after_ms;
   cc.timing.backoff_max_ms = 1000;
   impl* raw = p.get();

@@ -191,6 +191,38 @@ TEST(PlacementNoCapacity, EnoughMemoryButNoAllowedSplit) {
 // Split rules
 // ---------------------------------------------------------------------------------------------
 
+// Two members that do not hear each other directly (a bridge partition: both still members, each
+// linked to a third) never share a group: the pipeline takes a connected pair, and a previous
+// group over the cut pair is not kept.
+TEST(PlacementSplit, APairWithoutADirectLinkNeverSharesAGroup) {
+  plan_input in;
+  in.models = {model()};
+  const std::uint64_t half = model_bytes(model()) / mib * 6 / 10;
+  in.members = {member(1, half + 40), member(2, half + 20), member(3, half)};
+  link_all(in, {1, 2, 3}, 5000);
+  const plan before = must_plan(in);
+  ASSERT_EQ(before.models[0].groups.size(), 1u) << before.models[0].no_capacity;
+  std::set<member_id> ranks;
+  for (const auto& r : before.models[0].groups[0].ranks) ranks.insert(r.node);
+  ASSERT_EQ(ranks, (std::set<member_id>{1, 2}));  // the two largest
+  std::erase_if(in.links, [](const link_info& l) {
+    return (l.from == 1 && l.to == 2) || (l.from == 2 && l.to == 1);
+  });
+  const plan after = must_plan(in, &before);
+  ASSERT_EQ(after.models[0].groups.size(), 1u) << after.models[0].no_capacity;
+  ranks.clear();
+  for (const auto& r : after.models[0].groups[0].ranks) ranks.insert(r.node);
+  EXPECT_EQ(ranks, (std::set<member_id>{1, 3}));
+  EXPECT_NE(after.epoch, before.epoch);
+  // One direction missing is enough to count as cut.
+  link_all(in, {1, 2}, 5000);
+  std::erase_if(in.links, [](const link_info& l) { return l.from == 2 && l.to == 1; });
+  const plan one_way = must_plan(in);
+  ranks.clear();
+  for (const auto& r : one_way.models[0].groups[0].ranks) ranks.insert(r.node);
+  EXPECT_EQ(ranks, (std::set<member_id>{1, 3}));
+}
+
 TEST(PlacementSplit, OneMemberHoldsItAlone) {
   plan_input in;
   in.models = {model()};

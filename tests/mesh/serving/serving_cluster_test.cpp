@@ -375,6 +375,59 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
   EXPECT_EQ(std::count(after[0].begin(), after[0].end(), groups[0][1]), 0);
 }
 
+// A bridge partition between the two ranks of a pipeline group: both stay members (the spare
+// still hears both, so membership keeps them alive), but their direct link — control and tensors
+// — is cut. Their rows drop the link, the leader's plan no longer puts them in one group, and the
+// stream cut mid-generation resumes on a group with the spare: every index once, the same tokens.
+TEST_F(ServingCluster, ABridgePartitionBetweenTwoRanksMovesTheGroup) {
+  start_all({"--memory-limit-mb", "70", "--max-tp-ranks", "1"});
+  const auto groups = wait_one_group(2, true);
+  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+  ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
+  const auto a = index_of(groups[0][0]), b = index_of(groups[0][1]);
+  ASSERT_LT(a, cluster_->size());
+  ASSERT_LT(b, cluster_->size());
+  const std::size_t spare = 3 - a - b;
+  constexpr std::uint32_t n = 120;
+  const auto ref = reference(n);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  std::vector<std::uint32_t> indexes;
+  bool cut = false;
+  auto out = (*c)->ask(greedy("bridge-1", n), [&](const token_event& t) {
+    indexes.push_back(t.index);
+    if (t.index == 15 && !cut) {
+      cut = true;
+      auto r = test::run_command({TESSERA_BINARY, "fault", "--connect",
+                                  cluster_->node(spare).endpoint(), "--cluster-key",
+                                  cluster_->key_file(), "partition", cluster_->node_id(a), "|",
+                                  cluster_->node_id(b)},
+                                 60s);
+      ASSERT_TRUE(r.has_value()) << r.error().message;
+    }
+  });
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  ASSERT_TRUE(cut);
+  ASSERT_EQ(indexes.size(), n);
+  for (std::uint32_t k = 0; k < n; ++k)
+    ASSERT_EQ(indexes[k], k);
+  EXPECT_EQ(out->tokens, ref);
+  EXPECT_GE(out->attempts, 2u);
+  // The plan's group no longer holds both; all three are still members.
+  const auto after = groups_of(spare);
+  ASSERT_EQ(after.size(), 1u);
+  const auto& g = after[0];
+  EXPECT_FALSE(std::count(g.begin(), g.end(), groups[0][0]) == 1 &&
+               std::count(g.begin(), g.end(), groups[0][1]) == 1)
+      << "the cut pair still shares a group";
+  EXPECT_EQ(std::count(g.begin(), g.end(), cluster_->node_id(spare)), 1);
+  auto st = cluster_->status(spare);
+  ASSERT_TRUE(st);
+  std::size_t alive = 0;
+  for (const auto& m : (*st)["view"]["members"]) alive += m["status"] == "alive" ? 1 : 0;
+  EXPECT_EQ(alive, 3u) << st->dump();
+}
+
 // The same limit with tensor parallelism allowed: the group splits heads and FFN columns over two
 // peers (all-reduce twice per layer over their bulk link) and serves complete streams. Its logits
 // differ from one process's in the order of additions only (tests/inference/sharded bounds that);
