@@ -736,7 +736,9 @@ struct node_runtime::impl {
       }
       case runtime_msg::election: {
         auto msg = unpack<election_message>(m.body);
-        if (!msg) break;
+        // As for membership: a member speaks only for itself (a peer holding the secret cannot
+        // cast votes or claim leadership in another member's name).
+        if (!msg || msg->from != member_of(m.sender) || msg->to != self) break;
         apply(elect->step(election_receive{std::move(*msg)}, now));
         return;
       }
@@ -776,7 +778,8 @@ struct node_runtime::impl {
       }
       case runtime_msg::topo_view: {
         auto v = unpack<topology::view>(m.body);
-        if (!v) break;
+        // Views and plans come from the leader this node follows, naming itself as leader.
+        if (!v || v->leader != member_of(m.sender) || v->leader != elect->leader()) break;
         if (topo->on_view(*v)) {
           spdlog::debug("node {}: adopted view {}.{}", hex, v->at.term, v->at.version);
           hand_plan_to_engine();  // the client endpoints it lists
@@ -796,7 +799,9 @@ struct node_runtime::impl {
         return;
       }
       case runtime_msg::group_link:
-        if (engine) engine->on_group_link(std::string_view(m.body.data(), m.body.size()));
+        if (engine)
+          engine->on_group_link(member_of(m.sender),
+                                std::string_view(m.body.data(), m.body.size()));
         return;
       case runtime_msg::model_share:
         // Only members share model bytes (an offer names the fetcher by the link it came on).
@@ -805,7 +810,7 @@ struct node_runtime::impl {
         return;
       case runtime_msg::plan: {
         auto p = unpack<placement::plan>(m.body);
-        if (!p) break;
+        if (!p || member_of(m.sender) != elect->leader()) break;
         on_plan(*p);
         return;
       }

@@ -1397,7 +1397,7 @@ void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<m
   impl_->cv.notify_all();
 }
 
-void engine::on_group_link(std::string_view body) {
+void engine::on_group_link(member_id from, std::string_view body) {
   group_link_message m;
   try {
     auto oh = tessera::bounded_unpack(body.data(), body.size());
@@ -1406,6 +1406,7 @@ void engine::on_group_link(std::string_view body) {
     ++impl_->malformed;
     return;
   }
+  m.sender = from;
   {
     std::lock_guard lock(impl_->mu);
     if (impl_->link_inbox.size() >= kMaxLinkMessages) return;  // the sender re-sends

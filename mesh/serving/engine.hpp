@@ -113,8 +113,9 @@ class engine {
                 std::vector<std::string> client_endpoints,
                 std::map<member_id, peer_facts> peers = {});
 
-  /// A group_link message from the control plane (any thread).
-  void on_group_link(std::string_view body);
+  /// A group_link message from the member `from` over the control plane (any thread). Only the
+  /// member at the message's from_rank of the group may speak for that rank.
+  void on_group_link(member_id from, std::string_view body);
   /// A model_share set-up message from the member `from_hex` (any thread).
   void on_share(const std::string& from_hex, std::string_view body);
 

@@ -80,6 +80,8 @@ group_host::~group_host() {
 
 void group_host::on_link_message(const group_link_message& m) {
   if (m.to_rank != self_ || m.from_rank >= g_.ranks.size() || m.from_rank == self_) return;
+  // Only the rank's own node speaks for it (the first params count: an impostor's would win).
+  if (m.sender != g_.ranks[m.from_rank].node) return;
   {
     std::lock_guard lock(mu_);
     received_.emplace(m.from_rank, m);  // the first params count; re-sends are duplicates

@@ -34,6 +34,7 @@ struct group_link_message {
   std::uint8_t backend = 0;
   std::vector<std::uint8_t> params;  ///< transport::bulk::encode(connect_params)
   MSGPACK_DEFINE_MAP(key, from_rank, to_rank, backend, params);
+  member_id sender = no_member;  ///< not on the wire: the member the control link says sent it
 };
 
 /// A stable name for a group of a model: equal groups (same ranks, same slices) get equal keys on

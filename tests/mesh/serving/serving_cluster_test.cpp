@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -17,8 +18,15 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "mesh/election/election.hpp"
+#include "mesh/placement/placement.hpp"
+#include "mesh/runtime/runtime.hpp"
 #include "mesh/serving/client.hpp"
+#include "mesh/serving/group_host.hpp"
 #include "mesh/serving/protocol.hpp"
+#include "mesh/topology/topology.hpp"
+#include "transport/control/cluster_key.hpp"
+#include "transport/control/control_node.hpp"
 #include "tests/mesh/cluster/cluster_fixture.hpp"
 #include "tests/support/child_process.hpp"
 
@@ -755,6 +763,105 @@ TEST_F(ServingCluster, AFloodOfHostileRequestsDoesNotStopHonestClients) {
   auto after = (*c)->ask(greedy("after-flood", 16));
   ASSERT_TRUE(after) << after.error().describe();
   EXPECT_EQ(after->tokens, ref);
+}
+
+// A hostile peer that holds the cluster secret (it passes CURVE) sends every control message type
+// garbage — empty, random bytes, a msgpack header claiming 2^32 elements, valid msgpack of the
+// wrong shape — and forges what only others may say: election heartbeats and votes in the leader's
+// name at a far higher term, a view and a plan naming itself leader with a far higher epoch, group
+// link params for another rank. Nothing changes: same leader, same term, same plan, every member
+// alive, the garbage counted, and honest clients get the reference tokens.
+TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  auto before = cluster_->status(0);
+  ASSERT_TRUE(before);
+  const std::string leader_hex = (*before)["node"]["leader"].get<std::string>();
+  const auto term = (*before)["node"]["term"].get<std::uint64_t>();
+  const auto plan_epoch = (*before)["plan"]["epoch"];
+  auto member = [](const std::string& hex) {
+    return static_cast<member_id>(std::stoull(hex.substr(0, 16), nullptr, 16));
+  };
+  const member_id leader = member(leader_hex);
+
+  auto secret = transport::control::load_cluster_secret(cluster_->key_file());
+  ASSERT_TRUE(secret);
+  auto keys = transport::control::derive_cluster_keys(*secret);
+  ASSERT_TRUE(keys);
+  transport::control::node_config cc;
+  cc.node_id = "6666666666666666aaaaaaaaaaaaaaaa";  // looks like a member id; is not one
+  cc.keys = *keys;
+  auto hostile = transport::control::control_node::start(cc, {});
+  ASSERT_TRUE(hostile) << hostile.error().describe();
+  auto pack = [](const auto& v) {
+    msgpack::sbuffer b;
+    msgpack::pack(b, v);
+    return std::vector<std::byte>(reinterpret_cast<const std::byte*>(b.data()),
+                                  reinterpret_cast<const std::byte*>(b.data()) + b.size());
+  };
+  std::mt19937_64 rng(7);
+  std::vector<std::vector<std::byte>> garbage{{}, {std::byte{0xdd}, std::byte{0xff}, std::byte{0xff},
+                                                   std::byte{0xff}, std::byte{0xff}},
+                                              pack(std::string("not what you expect")),
+                                              pack(std::vector<int>{1, 2, 3})};
+  std::vector<std::byte> noise(300);
+  for (auto& b : noise) b = static_cast<std::byte>(rng());
+  garbage.push_back(noise);
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    const std::string peer = "n" + std::to_string(i);
+    ASSERT_TRUE((*hostile)->add_peer(peer, "tcp://" + cluster_->node(i).endpoint()));
+    const member_id target = member(cluster_->node_id(i));
+    std::vector<std::pair<std::uint16_t, std::vector<std::byte>>> msgs;
+    for (std::uint16_t type : {2, 3, 16, 64, 65, 66, 67, 68, 69, 70, 72, 73, 74, 75, 76, 77, 99})
+      for (const auto& g : garbage)
+        if (type != 3) msgs.push_back({type, g});  // fault_clear's body is ignored: valid as is
+    // Forgeries: the leader's voice at a far higher term.
+    election_message hb;
+    hb.type = static_cast<std::uint8_t>(election_message_type::heartbeat);
+    hb.from = leader;
+    hb.to = target;
+    hb.term = term + 100;
+    msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::election), pack(hb)});
+    election_message vote = hb;
+    vote.type = static_cast<std::uint8_t>(election_message_type::vote);
+    vote.force = true;
+    msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::election), pack(vote)});
+    // A view and a plan in our own name, far in the future.
+    topology::view v;
+    v.at = {term + 100, 1};
+    v.leader = member(cc.node_id);
+    msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::topo_view), pack(v)});
+    placement::plan p;
+    p.epoch = {term + 100, 1};
+    msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::plan), pack(p)});
+    group_link_message gl;
+    gl.key = "tiny/anything";
+    gl.from_rank = 1;
+    msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::group_link), pack(gl)});
+    for (const auto& [type, body] : msgs)
+      (void)(*hostile)->send(peer, type, body);  // some are refused locally (unknown types)
+  }
+  std::this_thread::sleep_for(3s);
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st) << "node " << i;
+    EXPECT_EQ((*st)["node"]["leader"], leader_hex) << "node " << i;
+    EXPECT_EQ((*st)["node"]["term"], term) << "node " << i;
+    EXPECT_EQ((*st)["plan"]["epoch"], plan_epoch) << "node " << i;
+    EXPECT_GT((*st)["stats"]["undecodable"].get<std::uint64_t>(), 0u) << "node " << i;
+    std::size_t alive = 0;
+    for (const auto& m : (*st)["view"]["members"]) alive += m["status"] == "alive" ? 1 : 0;
+    EXPECT_EQ(alive, 3u) << "node " << i;
+  }
+  (*hostile)->stop();
+  const auto ref = reference(16);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  for (int k = 0; k < 3; ++k) {
+    auto out = (*c)->ask(greedy("after-hostile-" + std::to_string(k), 16));
+    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+    EXPECT_EQ(out->tokens, ref);
+  }
 }
 
 }  // namespace
