@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 
 #include "inference/gguf/synth.hpp"
 #include "inference/model/model.hpp"
@@ -48,6 +49,9 @@ std::string bytes_of_file(const std::string& path) {
 class ModelShare : public ::testing::Test {
  protected:
   void SetUp() override {
+    // spdlog's registry is made on first use; made here, before holder and fetcher threads log at
+    // once (libspdlog is not built with ThreadSanitizer, which then cannot see the guard).
+    spdlog::default_logger_raw();
     dir_ = fs::temp_directory_path() /
            ("tessera-share-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
