@@ -123,6 +123,8 @@ class group::impl {
   std::size_t region_bytes_ = 0;
   std::optional<error> failed_;
   group_stats stats_;
+  std::vector<std::uint32_t> all_ranks_;  // 0..n-1
+  std::vector<std::uint32_t> team_;       // set by the first all_reduce_among: its members
 
   ~impl() {
     for (auto& p : peers_) {
@@ -188,8 +190,9 @@ class group::impl {
   // An abort from rank q applies to its operation and every later one (a peer may abort an
   // operation this rank has not reached yet; the current one still completes).
   std::optional<error> abort_error(std::uint32_t q, const wire_msg& m) const {
+    // In team mode the sender's operation count is its own team's: any abort of the epoch counts.
     if (static_cast<msg_type>(m.type) != msg_type::abort || m.epoch != epoch_ ||
-        seq16_cmp(m.seq, seq_) > 0) {
+        (team_.empty() && seq16_cmp(m.seq, seq_) > 0)) {
       return std::nullopt;
     }
     std::string reason(m.reason, strnlen(m.reason, sizeof m.reason));
@@ -382,6 +385,7 @@ class group::impl {
     const auto deadline = steady::now() + options_.timeout_ms;
     epoch_ = epoch;
     seq_ = 0;
+    team_.clear();  // every rank starts the epoch at operation 0: teams may change
     for (std::uint32_t q = 0; q < n_; ++q) {
       if (q == rank_) continue;
       peer& p = peers_[q];
@@ -443,27 +447,63 @@ class group::impl {
 
   // --- operations -------------------------------------------------------------------------------
 
-  result<void> mesh_all_reduce(std::span<float> data, steady::time_point deadline) {
+  // Sum over `members` (every rank, or a team), in members order.
+  result<void> mesh_all_reduce(std::span<float> data, steady::time_point deadline,
+                               std::span<const std::uint32_t> members) {
     const std::uint64_t bytes = data.size() * sizeof(float);
     std::memcpy(work_.data(), data.data(), bytes);
     const std::uint32_t imm = make_imm(epoch_, kind::mesh, 0, seq_);
-    for (std::uint32_t q = 0; q < n_; ++q) {
+    for (std::uint32_t q : members) {
       if (q != rank_) TESSERA_TRY(write(q, 0, region_offset(seq_), bytes, imm));
     }
-    for (std::uint32_t q = 0; q < n_; ++q) {
+    for (std::uint32_t q : members) {
       if (q != rank_) TESSERA_TRY(await_write(q, imm, bytes, deadline, "mesh all-reduce data"));
     }
-    // Rank order on every rank: acc = x0; acc += x1; ... (element-wise, no reassociation).
+    // Members order on every member: acc = x0; acc += x1; ... (element-wise, no reassociation).
     const float* own = work_floats();
     auto src = [&](std::uint32_t r) { return r == rank_ ? own : region(r, seq_); };
-    const float* x0 = src(0);
+    const float* x0 = src(members[0]);
     float* out = data.data();
     std::copy(x0, x0 + data.size(), out);
-    for (std::uint32_t r = 1; r < n_; ++r) {
-      const float* x = src(r);
+    for (std::size_t k = 1; k < members.size(); ++k) {
+      const float* x = src(members[k]);
       for (std::size_t i = 0; i < data.size(); ++i) out[i] = out[i] + x[i];
     }
     return drain(deadline);
+  }
+
+  result<void> no_team(const char* what) const {
+    if (team_.empty()) return ok();
+    return make_error(errc::invalid_argument,
+                      "collectives: rank {} reduces within its team; a full-group {} is refused",
+                      rank_, what);
+  }
+
+  result<void> all_reduce_among(std::span<float> data, std::span<const std::uint32_t> members) {
+    if (data.empty()) return make_error(errc::invalid_argument, "collectives: all_reduce of 0 floats");
+    const bool sorted = std::adjacent_find(members.begin(), members.end(),
+                                           [](auto a, auto b) { return a >= b; }) == members.end();
+    if (members.empty() || !sorted || members.back() >= n_ ||
+        std::find(members.begin(), members.end(), rank_) == members.end())
+      return make_error(errc::invalid_argument,
+                        "collectives: a team must be sorted rank ids below {} including rank {}",
+                        n_, rank_);
+    if (team_.empty()) {
+      team_.assign(members.begin(), members.end());
+    } else if (!std::equal(team_.begin(), team_.end(), members.begin(), members.end())) {
+      return make_error(errc::invalid_argument,
+                        "collectives: rank {} reduces with one fixed team ({} ranks), not another",
+                        rank_, team_.size());
+    }
+    TESSERA_TRY(usable());
+    if (members.size() == 1) return ok();
+    for (std::size_t off = 0; off < data.size(); off += options_.max_floats) {
+      auto piece = data.subspan(off, std::min(options_.max_floats, data.size() - off));
+      TESSERA_TRY(run_op([&](steady::time_point deadline) {
+        return mesh_all_reduce(piece, deadline, team_);
+      }));
+    }
+    return ok();
   }
 
   // Chunk c of n: [c*len/n, (c+1)*len/n).
@@ -534,6 +574,7 @@ class group::impl {
 
   result<void> all_reduce(std::span<float> data, algorithm algo) {
     if (data.empty()) return make_error(errc::invalid_argument, "collectives: all_reduce of 0 floats");
+    TESSERA_TRY(no_team("all_reduce"));
     TESSERA_TRY(usable());
     if (n_ == 1) return ok();
     const bool ring = algo == algorithm::ring ||
@@ -541,7 +582,7 @@ class group::impl {
     for (std::size_t off = 0; off < data.size(); off += options_.max_floats) {
       auto piece = data.subspan(off, std::min(options_.max_floats, data.size() - off));
       TESSERA_TRY(run_op([&](steady::time_point deadline) {
-        return ring ? ring_all_reduce(piece, deadline) : mesh_all_reduce(piece, deadline);
+        return ring ? ring_all_reduce(piece, deadline) : mesh_all_reduce(piece, deadline, all_ranks_);
       }));
     }
     return ok();
@@ -549,6 +590,7 @@ class group::impl {
 
   result<void> all_gather(std::span<const float> mine, std::span<const std::size_t> counts,
                           std::span<float> out) {
+    TESSERA_TRY(no_team("all_gather"));
     if (counts.size() != n_) {
       return make_error(errc::invalid_argument, "collectives: all_gather got {} counts for {} ranks",
                         counts.size(), n_);
@@ -718,6 +760,7 @@ result<std::unique_ptr<group>> group::create(std::uint32_t rank,
   auto im = std::make_unique<impl>();
   im->rank_ = rank;
   im->n_ = n;
+  for (std::uint32_t r = 0; r < n; ++r) im->all_ranks_.push_back(r);
   im->options_ = options;
   // A ring operation uses 2(n-1) chunks of ceil(len/n) floats: at most 2*len + 2n floats.
   im->region_bytes_ = ((2 * options.max_floats + 2 * max_group_size) * sizeof(float) + 63) / 64 * 64;
@@ -763,6 +806,10 @@ void group::set_timeout(std::chrono::milliseconds timeout) noexcept {
 
 result<void> group::all_reduce(std::span<float> data, algorithm algo) {
   return impl_->all_reduce(data, algo);
+}
+result<void> group::all_reduce_among(std::span<float> data,
+                                     std::span<const std::uint32_t> members) {
+  return impl_->all_reduce_among(data, members);
 }
 result<void> group::all_gather(std::span<const float> mine, std::span<const std::size_t> counts,
                                std::span<float> out) {

@@ -90,6 +90,15 @@ class group {
   /// same bits. Vectors longer than max_floats go in pieces of max_floats.
   [[nodiscard]] result<void> all_reduce(std::span<float> data, algorithm algo = algorithm::automatic);
 
+  /// In-place sum over `members` only (sorted rank ids, this rank among them): the tensor-parallel
+  /// ranks of one pipeline stage. Direct mesh, summed in members order, so the members end with
+  /// the same bits. A rank reduces with one fixed team: once it called this, another team or a
+  /// full-group all_reduce / all_gather is refused with errc::invalid_argument (teams count their
+  /// operations apart); send / recv keep working with every rank, and an abort from any rank of
+  /// the epoch fails the team's next wait.
+  [[nodiscard]] result<void> all_reduce_among(std::span<float> data,
+                                              std::span<const std::uint32_t> members);
+
   /// Concatenates every rank's slice in rank order into `out`. counts[r] is rank r's slice length
   /// (uneven allowed; same list on every rank), mine.size() == counts[rank()],
   /// out.size() == sum(counts); a slice above max_floats is refused.

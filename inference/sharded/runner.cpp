@@ -11,9 +11,8 @@ namespace {
 // sizes are far below 2^24, so floats carry them exactly.
 constexpr std::size_t kHeader = 4;
 constexpr std::size_t kCmdFloats = kHeader + 3 * max_sequences + max_chunk;
-enum op : int {
+enum op : int {  // 2 was a single-sequence eval, now a batch of one
   op_open = 1,
-  op_eval = 2,
   op_close = 3,
   op_ping = 4,
   op_shutdown = 5,
@@ -32,15 +31,41 @@ std::vector<float> command(int op, std::uint32_t seq, std::size_t n, std::int64_
 
 }  // namespace
 
-runner::runner(const model::model& m, collectives::group& g, layout kind, thread_pool* pool)
-    : m_(&m), g_(&g), kind_(kind), pool_(pool) {}
+runner::runner(const model::model& m, collectives::group& g, std::vector<std::uint32_t> stages,
+               thread_pool* pool)
+    : m_(&m), g_(&g), pool_(pool), stage_of_(std::move(stages)) {
+  const auto rank = g.rank();
+  stage_ = stage_of_[rank];
+  n_stages_ = stage_of_.back() + 1;
+  for (std::uint32_t r = 0; r < stage_of_.size(); ++r) {
+    if (stage_of_[r] == stage_) team_.push_back(r);
+    if (stage_of_[r] == stage_ + 1) next_team_.push_back(r);
+  }
+  for (std::uint32_t r = static_cast<std::uint32_t>(stage_of_.size()); r-- > 0;) {
+    if (stage_ > 0 && stage_of_[r] == stage_ - 1) prev_leader_ = r;  // ends at the stage's first
+    if (stage_of_[r] == n_stages_ - 1) last_leader_ = r;
+  }
+  if (team_.size() > 1) {
+    collectives::group* gp = g_;
+    if (n_stages_ == 1) {
+      // Tensor parallel over the whole group: the full all-reduce (ring for large vectors).
+      reduce_ = [gp](std::span<float> partial) { return gp->all_reduce(partial); };
+    } else {
+      reduce_ = [gp, team = team_](std::span<float> partial) {
+        return gp->all_reduce_among(partial, team);
+      };
+    }
+  }
+}
 
 runner::~runner() = default;
 
 result<std::unique_ptr<runner>> runner::create(const model::model& m, collectives::group& g,
                                                layout kind, thread_pool* pool) {
   const auto rank = g.rank(), size = g.size();
+  std::vector<std::uint32_t> stages(size, 0);
   if (kind == layout::pipeline) {
+    for (std::uint32_t r = 0; r < size; ++r) stages[r] = r;
     if ((rank == 0) != m.has_embedding())
       return make_error(errc::invalid_argument,
                         "pipeline rank {}: the embedding belongs to rank 0 and only to it", rank);
@@ -52,13 +77,48 @@ result<std::unique_ptr<runner>> runner::create(const model::model& m, collective
     if (m.is_tensor_parallel())
       return make_error(errc::invalid_argument,
                         "pipeline rank {}: a tensor-parallel slice in a pipeline group", rank);
-  } else if (!m.has_embedding() || !m.has_output()) {
+  } else if (kind == layout::tensor) {
+    if (!m.has_embedding() || !m.has_output())
+      return make_error(errc::invalid_argument,
+                        "tensor rank {}: a tensor-parallel rank holds every layer (got layers [{}, "
+                        "{}))",
+                        rank, m.shard().first_layer, m.shard().last_layer);
+  } else {
     return make_error(errc::invalid_argument,
-                      "tensor rank {}: a tensor-parallel rank holds every layer (got layers [{}, "
-                      "{}))",
-                      rank, m.shard().first_layer, m.shard().last_layer);
+                      "a hybrid layout needs each rank's stage (the other create())");
   }
-  return std::unique_ptr<runner>(new runner(m, g, kind, pool));
+  return std::unique_ptr<runner>(new runner(m, g, std::move(stages), pool));
+}
+
+result<std::unique_ptr<runner>> runner::create(const model::model& m, collectives::group& g,
+                                               std::vector<std::uint32_t> stage_of_rank,
+                                               thread_pool* pool) {
+  const auto rank = g.rank(), size = g.size();
+  if (stage_of_rank.size() != size || stage_of_rank[0] != 0)
+    return make_error(errc::invalid_argument,
+                      "hybrid layout: {} stage entries for {} ranks (rank 0 in stage 0)",
+                      stage_of_rank.size(), size);
+  for (std::uint32_t r = 1; r < size; ++r)
+    if (stage_of_rank[r] < stage_of_rank[r - 1] || stage_of_rank[r] > stage_of_rank[r - 1] + 1)
+      return make_error(errc::invalid_argument,
+                        "hybrid layout: rank {} is in stage {} after stage {} (stages go up by "
+                        "one, in rank order)",
+                        r, stage_of_rank[r], stage_of_rank[r - 1]);
+  const std::uint32_t stage = stage_of_rank[rank], last = stage_of_rank.back();
+  const auto team = static_cast<std::size_t>(
+      std::count(stage_of_rank.begin(), stage_of_rank.end(), stage));
+  if (stage == 0 && !m.has_embedding())
+    return make_error(errc::invalid_argument, "hybrid rank {} (stage 0) lacks the embedding", rank);
+  if ((stage == last) != m.has_output())
+    return make_error(errc::invalid_argument,
+                      "hybrid rank {} (stage {} of {}): the output layer belongs to the last "
+                      "stage's ranks and only to them",
+                      rank, stage, last + 1);
+  if ((team > 1) != m.is_tensor_parallel())
+    return make_error(errc::invalid_argument,
+                      "hybrid rank {}: a stage of {} rank(s) needs {} slice", rank, team,
+                      team > 1 ? "a tensor-parallel" : "a full-width");
+  return std::unique_ptr<runner>(new runner(m, g, std::move(stage_of_rank), pool));
 }
 
 std::int64_t runner::pos(std::uint32_t seq) const {
@@ -77,50 +137,10 @@ result<void> runner::do_open(std::uint32_t seq, std::int64_t n_ctx) {
     return make_error(errc::invalid_argument, "sequence {} (at most {})", seq, max_sequences - 1);
   if (seqs_.contains(seq)) return make_error(errc::invalid_argument, "sequence {} is open", seq);
   model::context_options o{n_ctx, max_chunk, pool_, {}};
-  if (kind_ == layout::tensor) {
-    collectives::group* g = g_;
-    o.reduce = [g](std::span<float> partial) { return g->all_reduce(partial); };
-  }
+  o.reduce = reduce_;
   auto c = model::context::create(*m_, o);
   if (!c) return c.error();
   seqs_[seq] = std::move(*c);
-  return ok();
-}
-
-result<void> runner::do_eval(std::uint32_t seq, std::span<const model::token_id> tokens,
-                             bool want_logits, std::span<float> logits) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return make_error(errc::invalid_argument, "sequence {} is not open", seq);
-  auto& ctx = *it->second;
-  const auto rank = g_->rank(), size = g_->size();
-  const auto n = static_cast<std::int64_t>(tokens.size());
-  const auto dim = static_cast<std::size_t>(m_->params().dim);
-  const auto vocab = static_cast<std::size_t>(m_->params().n_vocab);
-  if (kind_ == layout::tensor) {
-    // Every rank runs every layer on its slice; the all-reduces inside keep them in step. Only
-    // rank 0 needs logits (every rank could compute the same ones).
-    const bool mine = rank == 0 && want_logits;
-    return ctx.eval(tokens, mine ? model::logits_mode::last : model::logits_mode::none,
-                    mine ? logits : std::span<float>{});
-  }
-  hidden_.resize(static_cast<std::size_t>(n) * dim);
-  if (rank == 0) {
-    if (size == 1)
-      return ctx.eval(tokens, want_logits ? model::logits_mode::last : model::logits_mode::none,
-                      logits);
-    TESSERA_TRY(ctx.eval(tokens, model::logits_mode::none, {}, hidden_));
-    TESSERA_TRY(g_->send(1, kTagHidden, hidden_));
-    if (want_logits) TESSERA_TRY(g_->recv(size - 1, kTagLogits, logits.first(vocab)));
-    return ok();
-  }
-  TESSERA_TRY(g_->recv(rank - 1, kTagHidden, hidden_));
-  const bool last = rank + 1 == size;
-  if (last && want_logits) logits_.resize(vocab);
-  TESSERA_TRY(ctx.eval_hidden(
-      hidden_, n, last && want_logits ? model::logits_mode::last : model::logits_mode::none,
-      last && want_logits ? std::span<float>(logits_) : std::span<float>{}));
-  if (!last) return g_->send(rank + 1, kTagHidden, hidden_);
-  if (want_logits) return g_->send(0, kTagLogits, logits_);
   return ok();
 }
 
@@ -129,7 +149,7 @@ result<void> runner::do_eval_batch(std::span<const std::uint32_t> seqs,
                                    std::span<const std::uint8_t> want,
                                    std::span<const model::token_id> tokens,
                                    std::span<const std::span<float>> logits) {
-  const auto rank = g_->rank(), size = g_->size();
+  const auto rank = g_->rank();
   const auto dim = static_cast<std::size_t>(m_->params().dim);
   const auto vocab = static_cast<std::size_t>(m_->params().n_vocab);
   std::int64_t need_ctx = 1;
@@ -147,12 +167,12 @@ result<void> runner::do_eval_batch(std::span<const std::uint32_t> seqs,
     if (!ws) return ws.error();
     ws_ = std::move(*ws);
   }
-  // Where this rank's logits go: rank 0 of a tensor group and the only pipeline rank write the
-  // callers' buffers; the last pipeline stage writes logits_ rows and sends them to rank 0.
-  const bool pipeline = kind_ == layout::pipeline;
-  const bool first = !pipeline || rank == 0;
-  const bool last = !pipeline || rank + 1 == size;
-  if (pipeline && last && size > 1) logits_.resize(wanted * vocab);
+  // Logits come from the last stage's leader: into the callers' buffers when that is rank 0,
+  // else into logits_ rows (in request order), sent to rank 0 after the pass.
+  const bool first = stage_ == 0, last = stage_ + 1 == n_stages_;
+  const bool lead = rank == team_.front();
+  const bool send_logits = last && lead && rank != 0 && wanted > 0;
+  if (send_logits) logits_.resize(wanted * vocab);
   std::vector<model::batch_item> items(seqs.size());
   std::size_t offset = 0, k = 0;
   for (std::size_t i = 0; i < seqs.size(); ++i) {
@@ -160,29 +180,19 @@ result<void> runner::do_eval_batch(std::span<const std::uint32_t> seqs,
     b.ctx = seqs_.at(seqs[i]).get();
     if (first) b.tokens = tokens.subspan(offset, counts[i]);
     b.n = counts[i];
-    if (want[i] && last) {
-      if (!pipeline) {
-        if (rank == 0) b.logits = logits[i];
-      } else if (size == 1) {
-        b.logits = logits[i];
-      } else {
-        b.logits = std::span<float>(logits_).subspan(k * vocab, vocab);
-      }
+    if (want[i] && last && lead) {
+      b.logits = rank == 0 ? logits[i] : std::span<float>(logits_).subspan(k * vocab, vocab);
       ++k;
     }
     offset += counts[i];
   }
-  if (!pipeline) {
-    collectives::group* g = g_;
-    return model::context::eval_batch(
-        items, *ws_, pool_, {}, [g](std::span<float> partial) { return g->all_reduce(partial); });
-  }
-  if (size == 1) return model::context::eval_batch(items, *ws_, pool_);
+  if (n_stages_ == 1) return model::context::eval_batch(items, *ws_, pool_, {}, reduce_);
   hidden_.resize(total * dim);
-  if (rank > 0) TESSERA_TRY(g_->recv(rank - 1, kTagHidden, hidden_));
-  TESSERA_TRY(model::context::eval_batch(items, *ws_, pool_, hidden_));
-  if (!last) return g_->send(rank + 1, kTagHidden, hidden_);
-  if (wanted > 0) return g_->send(0, kTagLogits, logits_);
+  if (!first) TESSERA_TRY(g_->recv(prev_leader_, kTagHidden, hidden_));
+  TESSERA_TRY(model::context::eval_batch(items, *ws_, pool_, hidden_, reduce_));
+  if (!last && lead)
+    for (std::uint32_t r : next_team_) TESSERA_TRY(g_->send(r, kTagHidden, hidden_));
+  if (send_logits) return g_->send(0, kTagLogits, logits_);
   return ok();
 }
 
@@ -208,15 +218,13 @@ result<void> runner::eval(std::uint32_t seq, std::span<const model::token_id> to
   if (ctx.pos() + static_cast<std::int64_t>(tokens.size()) > ctx.n_ctx())
     return make_error(errc::no_capacity, "sequence {}: {} tokens at position {} exceed {}", seq,
                       tokens.size(), ctx.pos(), ctx.n_ctx());
+  // A batch of one per chunk (its logits are eval's, bit for bit).
   for (std::size_t done = 0; done < tokens.size();) {
     const std::size_t n = std::min<std::size_t>(max_chunk, tokens.size() - done);
     const bool last_chunk = done + n == tokens.size();
-    const bool want = last_chunk && !logits.empty();
-    auto cmd = command(op_eval, seq, n, want ? 1 : 0);
-    for (std::size_t i = 0; i < n; ++i)
-      cmd[kHeader + i] = static_cast<float>(tokens[done + i]);
-    TESSERA_TRY(broadcast(cmd));
-    TESSERA_TRY(do_eval(seq, tokens.subspan(done, n), want, logits));
+    const batch_request r{seq, tokens.subspan(done, n),
+                          last_chunk ? logits.first(logits.empty() ? 0 : vocab) : std::span<float>{}};
+    TESSERA_TRY(eval_batch({&r, 1}));
     done += n;
   }
   return ok();
@@ -269,10 +277,10 @@ result<void> runner::eval_batch(std::span<const batch_request> requests) {
     cmd[kHeader + 3 * max_sequences + t] = static_cast<float>(tokens[t]);
   TESSERA_TRY(broadcast(cmd));
   TESSERA_TRY(do_eval_batch(seqs, counts, want, tokens, logits));
-  // Pipeline: the last stage sends the wanted rows' logits back, in request order.
-  if (kind_ == layout::pipeline && g_->size() > 1 && wanted > 0) {
+  // The last stage's leader, when it is not rank 0, sends the wanted rows' logits back.
+  if (last_leader_ != 0 && wanted > 0) {
     logits_.resize(wanted * vocab);
-    TESSERA_TRY(g_->recv(g_->size() - 1, kTagLogits, logits_));
+    TESSERA_TRY(g_->recv(last_leader_, kTagLogits, logits_));
     std::size_t k = 0;
     for (auto& l : logits)
       if (!l.empty()) {
@@ -313,15 +321,6 @@ result<void> runner::follow() {
       case op_open:
         TESSERA_TRY(do_open(seq, static_cast<std::int64_t>(cmd[3])));
         break;
-      case op_eval: {
-        if (n == 0 || n > max_chunk)
-          return make_error(errc::protocol, "eval command with {} tokens (1..{})", n, max_chunk);
-        tokens.resize(n);
-        for (std::size_t i = 0; i < n; ++i)
-          tokens[i] = static_cast<model::token_id>(cmd[kHeader + i]);
-        TESSERA_TRY(do_eval(seq, tokens, cmd[3] != 0.0f, {}));
-        break;
-      }
       case op_eval_batch: {
         const auto k = static_cast<std::size_t>(cmd[1]);
         if (k == 0 || k > max_sequences || n == 0 || n > max_chunk)

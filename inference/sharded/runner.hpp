@@ -1,8 +1,10 @@
 // A model split over the ranks of a collectives::group, driven by rank 0: pipeline parallelism
-// (rank r holds a layer range; hidden states flow 0 -> 1 -> ... -> n-1, logits come back to 0) or
+// (rank r holds a layer range; hidden states flow 0 -> 1 -> ... -> n-1, logits come back to 0),
 // tensor parallelism (every rank holds a slice of the heads and FFN columns of every layer; the
 // partial outputs are all-reduced twice per layer, in rank order, so every rank holds the same
-// bits).
+// bits), or both (hybrid: pipeline stages, each a team of tensor-parallel ranks that all-reduce
+// among themselves; the first rank of a stage — its leader — sends the stage's hidden states to
+// every rank of the next stage, the last stage's leader sends the logits to rank 0).
 //
 // Rank 0 owns the sequences: open / eval / close are commands it sends to every other rank (a fixed
 // size float vector over the group's send/recv), then it does its own part. The other ranks sit in
@@ -27,7 +29,7 @@
 
 namespace tessera::inference::sharded {
 
-enum class layout : std::uint8_t { pipeline, tensor };
+enum class layout : std::uint8_t { pipeline, tensor, hybrid };
 
 inline constexpr std::uint32_t max_sequences = 64;
 inline constexpr std::uint32_t max_chunk = 64;
@@ -48,6 +50,13 @@ class runner {
   [[nodiscard]] static result<std::unique_ptr<runner>> create(const model::model& m,
                                                               collectives::group& g, layout kind,
                                                               thread_pool* pool);
+  /// Hybrid: `stage_of_rank[r]` is rank r's pipeline stage (0, then non-decreasing in steps of at
+  /// most 1, rank 0 in stage 0). A stage's ranks hold the same layers; with more than one rank
+  /// they hold tensor-parallel slices. The first stage's ranks need the embedding, exactly the
+  /// last stage's the output layer.
+  [[nodiscard]] static result<std::unique_ptr<runner>> create(
+      const model::model& m, collectives::group& g, std::vector<std::uint32_t> stage_of_rank,
+      thread_pool* pool);
   ~runner();
   runner(const runner&) = delete;
   runner& operator=(const runner&) = delete;
@@ -78,11 +87,10 @@ class runner {
   [[nodiscard]] result<void> follow();
 
  private:
-  runner(const model::model& m, collectives::group& g, layout kind, thread_pool* pool);
+  runner(const model::model& m, collectives::group& g, std::vector<std::uint32_t> stages,
+         thread_pool* pool);
   result<void> broadcast(const std::vector<float>& cmd);
   result<void> do_open(std::uint32_t seq, std::int64_t n_ctx);
-  result<void> do_eval(std::uint32_t seq, std::span<const model::token_id> tokens, bool want_logits,
-                       std::span<float> logits);
   /// Every rank's part of eval_batch; `logits` (rank 0 only) per request, empty elsewhere.
   result<void> do_eval_batch(std::span<const std::uint32_t> seqs,
                              std::span<const std::uint32_t> counts,
@@ -92,8 +100,13 @@ class runner {
 
   const model::model* m_;
   collectives::group* g_;
-  layout kind_;
   thread_pool* pool_;
+  std::vector<std::uint32_t> stage_of_;  // per rank
+  std::uint32_t stage_ = 0, n_stages_ = 1;
+  std::vector<std::uint32_t> team_;       // the ranks of our stage (team_[0] leads it)
+  std::vector<std::uint32_t> next_team_;  // the ranks of the next stage (none for the last)
+  std::uint32_t prev_leader_ = 0, last_leader_ = 0;
+  model::reduce_fn reduce_;               // the stage's all-reduce (empty: a stage of one)
   std::map<std::uint32_t, std::unique_ptr<model::context>> seqs_;
   std::vector<float> hidden_, logits_;
   std::unique_ptr<model::workspace> ws_;  // eval_batch's scratch, sized for the longest context

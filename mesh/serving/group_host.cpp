@@ -36,11 +36,12 @@ result<inf::sharded::layout> layout_of(const placement::serving_group& g) {
   }
   if (stages.size() == g.ranks.size() && max_tp == 1) return inf::sharded::layout::pipeline;
   if (stages.size() == 1) return inf::sharded::layout::tensor;
-  return make_error(
-      errc::unsupported,
-      "the group mixes pipeline stages ({}) and tensor-parallel ranks ({} per stage); "
-      "this build runs one or the other",
-      stages.size(), max_tp);
+  // Stages of tensor-parallel teams: the ranks must come in stage order (placement writes them
+  // so; validate_group checks plans from the wire).
+  for (std::size_t i = 1; i < g.ranks.size(); ++i)
+    if (g.ranks[i].stage < g.ranks[i - 1].stage || g.ranks[i].stage > g.ranks[i - 1].stage + 1)
+      return make_error(errc::invalid_argument, "the group's ranks are not in stage order");
+  return inf::sharded::layout::hybrid;
 }
 
 group_host::group_host(std::string key, std::string model_path, placement::serving_group g,
@@ -157,9 +158,11 @@ result<inf::model::shard_spec> shard_of(const placement::serving_group& g, std::
   if (!kind) return kind.error();
   const auto& me = g.ranks.at(rank);
   inf::model::shard_spec spec;
-  if (*kind == inf::sharded::layout::pipeline) {
+  if (*kind != inf::sharded::layout::tensor)
     spec = inf::model::shard_spec::layers(me.layer_first, me.layer_last);
-  } else {
+  // A rank in a team of several holds its heads and FFN columns of its stage's layers.
+  if (*kind == inf::sharded::layout::tensor ||
+      (*kind == inf::sharded::layout::hybrid && me.tp_size > 1)) {
     spec.head_begin = me.head_first;
     spec.head_end = me.head_last;
     spec.ffn_begin = me.ffn_first;
@@ -259,7 +262,11 @@ result<void> group_host::form() {
   auto g = inf::collectives::group::create(self_, raw, go);
   if (!g) return g.error();
   group_ = std::move(*g);
-  auto ru = inf::sharded::runner::create(*shard_, *group_, *kind, pool_.get());
+  std::vector<std::uint32_t> stages;
+  for (const auto& r : g_.ranks) stages.push_back(r.stage);
+  auto ru = *kind == inf::sharded::layout::hybrid
+                ? inf::sharded::runner::create(*shard_, *group_, std::move(stages), pool_.get())
+                : inf::sharded::runner::create(*shard_, *group_, *kind, pool_.get());
   if (!ru) return ru.error();
   runner_ = std::move(*ru);
   return ok();

@@ -41,7 +41,7 @@ struct group_link_message {
 /// every peer, so sticky plans keep their groups.
 [[nodiscard]] std::string group_key(const std::string& model, const placement::serving_group& g);
 
-/// How the group splits the model, or why this build cannot run it (mixed pipeline + tensor).
+/// How the group splits the model: pipeline, tensor, or hybrid (stages of tensor-parallel teams).
 [[nodiscard]] result<inference::sharded::layout> layout_of(const placement::serving_group& g);
 
 /// The part of the model rank `rank` of `g` loads (the whole model for a group of one).

@@ -175,6 +175,52 @@ TEST_P(collectives, all_reduce_is_bit_identical_on_every_rank_and_matches_the_re
   }
 }
 
+// Teams (the tensor-parallel ranks of one pipeline stage): {0, 1} and {2, 3} of a group of 4
+// reduce at once, each summing its members in order, bit-identical within the team; chunked
+// vectors too; uneven operation counts between teams are fine; then a full-group all_reduce, an
+// all_gather or another team is refused, and point-to-point sends across teams still work.
+TEST_P(collectives, teams_reduce_among_themselves_and_keep_to_their_team) {
+  const std::size_t len = 2500;  // chunked by max_floats 1000
+  std::vector<std::vector<float>> results(4);
+  run_ranks(GetParam(), 4, opts(1000), [&](std::uint32_t r, group& g) {
+    const std::vector<std::uint32_t> team = r < 2 ? std::vector<std::uint32_t>{0, 1}
+                                                  : std::vector<std::uint32_t>{2, 3};
+    const std::uint32_t rounds = r < 2 ? 3 : 5;  // the teams count their operations apart
+    for (std::uint32_t round = 0; round < rounds; ++round) {
+      auto v = input(r, round, len);
+      ASSERT_TRUE(g.all_reduce_among(v, team)) << "rank " << r;
+      results[r] = v;
+    }
+    std::vector<float> v(8, 1.0f);
+    EXPECT_EQ(g.all_reduce(v).error().code, errc::invalid_argument);
+    std::vector<std::size_t> counts(4, 2);
+    std::vector<float> out(8);
+    EXPECT_EQ(g.all_gather(std::span<const float>(v).first(2), counts, out).error().code,
+              errc::invalid_argument);
+    const std::vector<std::uint32_t> other{0, 1, 2, 3};
+    EXPECT_EQ(g.all_reduce_among(v, other).error().code, errc::invalid_argument);
+    const std::vector<std::uint32_t> without_me{r == 0 ? 1u : 0u};
+    EXPECT_EQ(g.all_reduce_among(v, without_me).error().code, errc::invalid_argument);
+    // Across teams: rank 1 sends to rank 2.
+    std::vector<float> msg(16, static_cast<float>(r));
+    if (r == 1) {
+      ASSERT_TRUE(g.send(2, 9, msg));
+    }
+    if (r == 2) {
+      ASSERT_TRUE(g.recv(1, 9, msg));
+      EXPECT_EQ(msg[0], 1.0f);
+    }
+  });
+  ASSERT_FALSE(HasFailure());
+  for (std::uint32_t t = 0; t < 2; ++t) {
+    const std::uint32_t a = 2 * t, b = a + 1, last = t == 0 ? 2 : 4;
+    EXPECT_TRUE(same_bits(results[a], results[b])) << "team " << t;
+    auto x = input(a, last, len), y = input(b, last, len);
+    for (std::size_t i = 0; i < len; ++i) x[i] = x[i] + y[i];
+    EXPECT_TRUE(same_bits(results[a], x)) << "team " << t << " differs from the members-order sum";
+  }
+}
+
 TEST_P(collectives, groups_of_five_and_eight_ranks_work_with_both_algorithms) {
   for (std::uint32_t n : {5u, 8u}) {
     SCOPED_TRACE(n);

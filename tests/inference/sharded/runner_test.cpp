@@ -66,8 +66,22 @@ std::vector<float> argmax_run(const model::model& m, std::vector<token_id> promp
   return tokens;
 }
 
+// Hybrid: 3 ranks = a tensor-parallel stage of 2 then one full-width rank; 4 ranks = two stages of
+// 2 tensor-parallel ranks. Layers [0, 2) and [2, 4).
+std::vector<std::uint32_t> stages_for(std::uint32_t n) {
+  return n == 3 ? std::vector<std::uint32_t>{0, 0, 1} : std::vector<std::uint32_t>{0, 0, 1, 1};
+}
+
 model::shard_spec shard_for(layout kind, std::uint32_t rank, std::uint32_t n) {
   model::shard_spec s;
+  if (kind == layout::hybrid) {
+    const auto stage = stages_for(n)[rank];
+    const bool alone = n == 3 && stage == 1;
+    s = alone ? model::shard_spec::layers(2, 4) : shard_for(layout::tensor, rank % 2, 2);
+    s.first_layer = stage == 0 ? 0 : 2;
+    s.last_layer = stage == 0 ? 2 : 4;
+    return s;
+  }
   if (kind == layout::pipeline) {
     // 4 layers over n ranks: [0,2),[2,4) or [0,2),[2,3),[3,4).
     const std::int64_t bounds2[] = {0, 2, 4}, bounds3[] = {0, 2, 3, 4};
@@ -87,8 +101,14 @@ model::shard_spec shard_for(layout kind, std::uint32_t rank, std::uint32_t n) {
 }
 
 void run_case(const std::string& path, layout kind, std::uint32_t n, bulk::backend_kind backend) {
-  SCOPED_TRACE(::testing::Message() << (kind == layout::pipeline ? "pipeline" : "tensor") << " x"
-                                    << n << " over " << static_cast<int>(backend));
+  SCOPED_TRACE(::testing::Message() << (kind == layout::pipeline ? "pipeline"
+                                        : kind == layout::tensor ? "tensor"
+                                                                 : "hybrid")
+                                    << " x" << n << " over " << static_cast<int>(backend));
+  auto make_runner = [&](const model::model& m, collectives::group& g) {
+    return kind == layout::hybrid ? runner::create(m, g, stages_for(n), nullptr)
+                                  : runner::create(m, g, kind, nullptr);
+  };
   auto f = gguf::file::open(path, {gguf::load_mode::headers_only, {}});
   ASSERT_TRUE(f);
   auto full = model::model::load(*f);
@@ -126,14 +146,14 @@ void run_case(const std::string& path, layout kind, std::uint32_t n, bulk::backe
   std::vector<result<void>> follow_results(n, ok());
   for (std::uint32_t r = 1; r < n; ++r)
     followers.emplace_back([&, r] {
-      auto ru = runner::create(*shards[r], *groups[r], kind, nullptr);
+      auto ru = make_runner(*shards[r], *groups[r]);
       if (!ru) {
         follow_results[r] = ru.error();
         return;
       }
       follow_results[r] = (*ru)->follow();
     });
-  auto lead = runner::create(*shards[0], *groups[0], kind, nullptr);
+  auto lead = make_runner(*shards[0], *groups[0]);
   ASSERT_TRUE(lead) << lead.error().describe();
   ASSERT_TRUE((*lead)->open(3, 256));
   std::vector<float> logits(static_cast<std::size_t>(shards[0]->params().n_vocab));
@@ -242,6 +262,15 @@ TEST(ShardedRunner, PipelineAndTensorParallelMatchOneModel) {
 }
 
 // A follower that dies (its links close) fails rank 0's next eval with an error — never a hang.
+// Pipeline stages of tensor-parallel teams: a stage of 2 then a full-width rank, and two stages of
+// 2. Within the tensor-parallel tolerance of one model, the same greedy tokens, batched too.
+TEST(ShardedRunner, HybridStagesOfTensorParallelTeamsMatchOneModel) {
+  model_path mp("llama");
+  for (auto backend : {bulk::backend_kind::tcp, bulk::backend_kind::shm})
+    for (std::uint32_t n : {3u, 4u})
+      run_case(mp.path, layout::hybrid, n, backend);
+}
+
 TEST(ShardedRunner, ADeadFollowerFailsTheLeaderInsteadOfHanging) {
   model_path mp("llama");
   auto f = gguf::file::open(mp.path, {gguf::load_mode::headers_only, {}});

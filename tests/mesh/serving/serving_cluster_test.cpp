@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -381,6 +382,43 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0].size(), 2u);
   EXPECT_EQ(std::count(after[0].begin(), after[0].end(), groups[0][1]), 0);
+}
+
+// Four peers that may each hold about a fifth of the model, at most 2 tensor-parallel ranks per
+// stage: one group of two pipeline stages, each a team of two tensor-parallel ranks (hidden states
+// leader to team, all-reduces within the team). It serves complete streams, batched too, and the
+// same request twice gives the same tokens (the reduction order is fixed).
+TEST_F(ServingCluster, PipelineStagesOfTensorParallelTeamsServe) {
+  cluster_->add_node();
+  start_all({"--memory-limit-mb", "20", "--max-tp-ranks", "2"});
+  const auto groups = wait_one_group(4);
+  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+  auto st = cluster_->status(0);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(groups[0].size(), 4u) << st->dump() << cluster_->logs();
+  std::map<std::uint64_t, int> per_stage;
+  for (const auto& m : (*st)["plan"]["models"])
+    for (const auto& g : m["groups"])
+      for (const auto& r : g) ++per_stage[r["stage"].get<std::uint64_t>()];
+  ASSERT_EQ(per_stage, (std::map<std::uint64_t, int>{{0, 2}, {1, 2}})) << st->dump();
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  std::vector<std::uint32_t> indexes;
+  auto a = (*c)->ask(greedy("hybrid-1", 32), [&](const token_event& t) { indexes.push_back(t.index); });
+  ASSERT_TRUE(a) << a.error().describe() << "\n" << cluster_->logs();
+  ASSERT_EQ(a->tokens.size(), 32u);
+  for (std::uint32_t k = 0; k < 32; ++k)
+    ASSERT_EQ(indexes[k], k);
+  EXPECT_EQ(a->nodes.back(), groups[0][0]);
+  auto b = (*c)->ask(greedy("hybrid-2", 32));
+  ASSERT_TRUE(b) << b.error().describe();
+  EXPECT_EQ(b->tokens, a->tokens);
+  std::vector<request> reqs;
+  for (int k = 0; k < 3; ++k) reqs.push_back(greedy("hybrid-batch-" + std::to_string(k), 120));
+  for (const auto& g : ask_at_once(reqs)) {
+    ASSERT_EQ(g.size(), 120u);
+    EXPECT_EQ(std::vector<std::int32_t>(g.begin(), g.begin() + 32), a->tokens);
+  }
 }
 
 // A bridge partition between the two ranks of a pipeline group: both stay members (the spare
