@@ -12,6 +12,8 @@
 
 #include <msgpack.hpp>
 
+#include "actors/base/result.hpp"
+
 namespace tessera {
 
 inline constexpr std::size_t kMaxMsgpackDepth = 64;
@@ -22,6 +24,20 @@ inline constexpr std::size_t kMaxMsgpackDepth = 64;
   const std::size_t n = std::max<std::size_t>(size, 1);
   const msgpack::unpack_limit limit(n, n / 2 + 1, n, n, n, kMaxMsgpackDepth);
   return msgpack::unpack(data, size, nullptr, nullptr, limit);
+}
+
+/// Decodes a T from outside bytes with bounded_unpack's limits: the one adapter from msgpack's
+/// exceptions to a result. errc::corrupt carries msgpack's reason; callers say what they decoded.
+template <class T>
+[[nodiscard]] result<T> bounded_decode(const void* data, std::size_t size) {
+  T out{};
+  try {
+    auto oh = bounded_unpack(static_cast<const char*>(data), size);
+    oh.get().convert(out);
+  } catch (const std::exception& e) {
+    return make_error(errc::corrupt, "{}", e.what());
+  }
+  return out;
 }
 
 }  // namespace tessera

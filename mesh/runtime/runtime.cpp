@@ -69,13 +69,9 @@ std::string pack(const T& value) {
 
 template <class T>
 std::optional<T> unpack(std::string_view data) {
-  // msgpack-cxx reports malformed input by exception; this is the adapter that catches it.
-  try {
-    msgpack::object_handle oh = tessera::bounded_unpack(data.data(), data.size());
-    return oh.get().as<T>();
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  auto r = tessera::bounded_decode<T>(data.data(), data.size());
+  if (!r) return std::nullopt;
+  return std::move(*r);
 }
 
 std::span<const std::byte> bytes_of(const std::string& s) {

@@ -1398,39 +1398,33 @@ void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<m
 }
 
 void engine::on_group_link(member_id from, std::string_view body) {
-  group_link_message m;
-  try {
-    auto oh = tessera::bounded_unpack(body.data(), body.size());
-    oh.get().convert(m);
-  } catch (const std::exception&) {
+  auto m = tessera::bounded_decode<group_link_message>(body.data(), body.size());
+  if (!m) {
     ++impl_->malformed;
     return;
   }
-  m.sender = from;
+  m->sender = from;
   {
     std::lock_guard lock(impl_->mu);
     if (impl_->link_inbox.size() >= kMaxLinkMessages) return;  // the sender re-sends
-    impl_->link_inbox.push_back(std::move(m));
+    impl_->link_inbox.push_back(std::move(*m));
   }
   impl_->cv.notify_all();
 }
 
 void engine::on_share(const std::string& from_hex, std::string_view body) {
-  share_setup m;
-  try {
-    auto oh = tessera::bounded_unpack(body.data(), body.size());
-    oh.get().convert(m);
-  } catch (const std::exception&) {
+  auto m = tessera::bounded_decode<share_setup>(body.data(), body.size());
+  if (!m) {
     ++impl_->malformed;
     return;
   }
-  if (m.kind == share_setup::offer) {
-    impl_->server->on_offer(from_hex, m);
+  if (m->kind == share_setup::offer) {
+    impl_->server->on_offer(from_hex, *m);
     return;
   }
   std::lock_guard lock(impl_->models_mu);
   for (const auto& [name, f] : impl_->fetches)
-    if (f->fetch_id() == m.fetch_id) f->on_answer(from_hex, m);
+    if (f->fetch_id() == m->fetch_id) f->on_answer(from_hex, *m);
 }
 
 json engine::status() const {

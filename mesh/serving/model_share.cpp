@@ -49,13 +49,8 @@ std::vector<std::byte> pack_wire(const share_wire& w) {
 }
 
 result<share_wire> unpack_wire(std::span<const std::byte> b) {
-  share_wire w;
-  try {
-    auto oh = tessera::bounded_unpack(reinterpret_cast<const char*>(b.data()), b.size());
-    oh.get().convert(w);
-  } catch (const std::exception& e) {
-    return make_error(errc::corrupt, "model share: malformed message ({})", e.what());
-  }
+  auto w = tessera::bounded_decode<share_wire>(b.data(), b.size());
+  if (!w) return make_error(errc::corrupt, "model share: malformed message ({})", w.error().message);
   return w;
 }
 
@@ -188,13 +183,10 @@ std::vector<std::uint8_t> encode(const chunk_table& t) {
 }
 
 result<chunk_table> decode_chunk_table(std::span<const std::uint8_t> bytes) {
-  chunk_table t;
-  try {
-    auto oh = tessera::bounded_unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    oh.get().convert(t);
-  } catch (const std::exception& e) {
-    return make_error(errc::corrupt, "model chunk table: malformed ({})", e.what());
-  }
+  auto decoded = tessera::bounded_decode<chunk_table>(bytes.data(), bytes.size());
+  if (!decoded)
+    return make_error(errc::corrupt, "model chunk table: malformed ({})", decoded.error().message);
+  const chunk_table& t = *decoded;
   if (t.chunk_bytes < kMinChunkBytes || t.chunk_bytes > kMaxChunkBytes ||
       t.hashes.size() % kHashBytes != 0 || t.chunks() > kMaxChunks ||
       t.chunks() != (t.file_size + t.chunk_bytes - 1) / t.chunk_bytes ||

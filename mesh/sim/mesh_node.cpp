@@ -19,14 +19,9 @@ bytes encode(const T& value) {
 
 template <class T>
 std::optional<T> decode(const bytes& data) {
-  // msgpack-cxx reports malformed input by exception; this is the adapter that catches it.
-  try {
-    msgpack::object_handle oh =
-        tessera::bounded_unpack(reinterpret_cast<const char*>(data.data()), data.size());
-    return oh.get().as<T>();
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  auto r = tessera::bounded_decode<T>(data.data(), data.size());
+  if (!r) return std::nullopt;
+  return std::move(*r);
 }
 
 template bytes encode(const membership_message&);

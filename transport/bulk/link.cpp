@@ -57,13 +57,11 @@ result<connect_params> decode_connect_params(std::span<const std::byte> bytes) {
     return make_error(errc::corrupt, "bulk connect params: {} bytes exceeds the {} byte limit",
                       bytes.size(), max_params_bytes);
   }
-  connect_params params;
-  try {
-    auto handle = tessera::bounded_unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    handle.get().convert(params);
-  } catch (const std::exception& e) {
-    return make_error(errc::corrupt, "bulk connect params: malformed msgpack ({})", e.what());
-  }
+  auto decoded = tessera::bounded_decode<connect_params>(bytes.data(), bytes.size());
+  if (!decoded)
+    return make_error(errc::corrupt, "bulk connect params: malformed msgpack ({})",
+                      decoded.error().message);
+  connect_params& params = *decoded;
   if (params.version != connect_params::current_version) {
     return make_error(errc::unsupported, "bulk connect params: version {} (this node speaks {})",
                       params.version, connect_params::current_version);
