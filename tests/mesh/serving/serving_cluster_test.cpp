@@ -217,6 +217,33 @@ class ServingCluster : public ::testing::Test {
     return got;
   }
 
+  /// A split group that sums in a fixed order serves: `n` tokens with every index once, streamed
+  /// by its rank 0 `head`; the same request again gives the same tokens; three concurrent streams
+  /// of `batch_n` tokens (batched on the group; long enough to overlap whatever the clients'
+  /// start-up times) each start with them. Request ids begin with `id`.
+  void expect_split_group_serves(const std::string& id, std::uint32_t n, std::uint32_t batch_n,
+                                 const std::string& head) {
+    auto c = client::connect(options());
+    ASSERT_TRUE(c);
+    std::vector<std::uint32_t> indexes;
+    auto a = (*c)->ask(greedy(id + "-1", n),
+                       [&](const token_event& t) { indexes.push_back(t.index); });
+    ASSERT_TRUE(a) << a.error().describe() << "\n" << cluster_->logs();
+    ASSERT_EQ(a->tokens.size(), n);
+    for (std::uint32_t k = 0; k < n; ++k)
+      ASSERT_EQ(indexes[k], k);
+    EXPECT_EQ(a->nodes.back(), head);
+    auto b = (*c)->ask(greedy(id + "-2", n));
+    ASSERT_TRUE(b) << b.error().describe();
+    EXPECT_EQ(b->tokens, a->tokens) << "the group's reduction order is fixed";
+    std::vector<request> reqs;
+    for (int k = 0; k < 3; ++k) reqs.push_back(greedy(id + "-batch-" + std::to_string(k), batch_n));
+    for (const auto& g : ask_at_once(reqs)) {
+      ASSERT_EQ(g.size(), batch_n);
+      EXPECT_EQ(std::vector<std::int32_t>(g.begin(), g.begin() + n), a->tokens);
+    }
+  }
+
   /// Stream-units per forward pass node `i` ran so far (its status counters).
   double mean_batch(std::size_t i) {
     auto st = cluster_->status(i);
@@ -401,24 +428,7 @@ TEST_F(ServingCluster, PipelineStagesOfTensorParallelTeamsServe) {
     for (const auto& g : m["groups"])
       for (const auto& r : g) ++per_stage[r["stage"].get<std::uint64_t>()];
   ASSERT_EQ(per_stage, (std::map<std::uint64_t, int>{{0, 2}, {1, 2}})) << st->dump();
-  auto c = client::connect(options());
-  ASSERT_TRUE(c);
-  std::vector<std::uint32_t> indexes;
-  auto a = (*c)->ask(greedy("hybrid-1", 32), [&](const token_event& t) { indexes.push_back(t.index); });
-  ASSERT_TRUE(a) << a.error().describe() << "\n" << cluster_->logs();
-  ASSERT_EQ(a->tokens.size(), 32u);
-  for (std::uint32_t k = 0; k < 32; ++k)
-    ASSERT_EQ(indexes[k], k);
-  EXPECT_EQ(a->nodes.back(), groups[0][0]);
-  auto b = (*c)->ask(greedy("hybrid-2", 32));
-  ASSERT_TRUE(b) << b.error().describe();
-  EXPECT_EQ(b->tokens, a->tokens);
-  std::vector<request> reqs;
-  for (int k = 0; k < 3; ++k) reqs.push_back(greedy("hybrid-batch-" + std::to_string(k), 120));
-  for (const auto& g : ask_at_once(reqs)) {
-    ASSERT_EQ(g.size(), 120u);
-    EXPECT_EQ(std::vector<std::int32_t>(g.begin(), g.begin() + 32), a->tokens);
-  }
+  expect_split_group_serves("hybrid", 32, 120, groups[0][0]);
 }
 
 // A bridge partition between the two ranks of a pipeline group: both stay members (the spare
@@ -484,26 +494,9 @@ TEST_F(ServingCluster, TensorParallelGroupServes) {
   const auto groups = wait_one_group(2);
   ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
   ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
-  auto c = client::connect(options());
-  ASSERT_TRUE(c);
-  std::vector<std::uint32_t> indexes;
-  auto a = (*c)->ask(greedy("tp-1", 40), [&](const token_event& t) { indexes.push_back(t.index); });
-  ASSERT_TRUE(a) << a.error().describe() << "\n" << cluster_->logs();
-  ASSERT_EQ(a->tokens.size(), 40u);
-  for (std::uint32_t k = 0; k < 40; ++k)
-    ASSERT_EQ(indexes[k], k);
-  EXPECT_EQ(a->nodes.back(), groups[0][0]);
-  auto b = (*c)->ask(greedy("tp-2", 40));
-  ASSERT_TRUE(b) << b.error().describe();
-  EXPECT_EQ(b->tokens, a->tokens) << "the group's reduction order is fixed";
-  // Batched on the group (one all-reduce per layer half for all rows): the same tokens each.
-  std::vector<request> reqs;
-  // Long enough that the streams overlap whatever the clients' start-up times.
-  for (int k = 0; k < 3; ++k) reqs.push_back(greedy("tp-batch-" + std::to_string(k), 200));
-  for (const auto& g : ask_at_once(reqs)) {
-    ASSERT_EQ(g.size(), 200u);
-    EXPECT_EQ(std::vector<std::int32_t>(g.begin(), g.begin() + 40), a->tokens);
-  }
+  // Batched on the group: one all-reduce per layer half for all rows.
+  expect_split_group_serves("tp", 40, 200, groups[0][0]);
+  if (HasFatalFailure()) return;
   EXPECT_GT(mean_batch(index_of(groups[0][0])), 1.3);
   auto st = cluster_->status(index_of(groups[0][0]));
   ASSERT_TRUE(st);
