@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -263,35 +264,50 @@ TEST(SimRandom, SameSeedReplaysExactly) {
   }
 }
 
-TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
+// The seeds the environment names (TESSERA_SIM_SEED: that one; else TESSERA_SIM_FIRST_SEED and
+// `count_var`, default `count`) through run_seed; a failure is reported with the line that replays
+// it (at most 5), every passing seed's result goes to `passed`.
+struct seed_span {
+  std::uint64_t first = 0, last = 0, faults = 0;
+};
+seed_span run_seeds(const char* count_var, std::uint64_t count, bool serving, const char* filter,
+                    const std::function<void(const seed_result&)>& passed) {
   const std::uint64_t single = env_u64("TESSERA_SIM_SEED", 0);
   const std::uint64_t first = single ? single : env_u64("TESSERA_SIM_FIRST_SEED", 1);
-  const std::uint64_t count = single ? 1 : env_u64("TESSERA_SIM_SEEDS", 500);
+  const std::uint64_t n = single ? 1 : env_u64(count_var, count);
   const bool verbose = env_u64("TESSERA_SIM_VERBOSE", 0) != 0;
-  std::vector<std::uint64_t> cold, heal;
-  std::uint64_t failures = 0, faults = 0;
-  for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    seed_result r = run_seed(seed, verbose);
-    faults += r.faults;
+  seed_span span{first, first + n - 1, 0};
+  std::uint64_t failures = 0;
+  for (std::uint64_t seed = first; seed < first + n; ++seed) {
+    seed_result r = run_seed(seed, verbose, serving);
+    span.faults += r.faults;
     if (!r.failure.empty()) {
       ++failures;
       ADD_FAILURE() << r.failure << "\n  replay: TESSERA_SIM_SEED=" << seed
                     << " TESSERA_SIM_VERBOSE=1 "
-                    << "tessera_mesh_sim_tests --gtest_filter='SimRandom.*'";
+                    << "tessera_mesh_sim_tests --gtest_filter='" << filter << "'";
       if (failures >= 5) break;
       continue;
     }
+    passed(r);
+  }
+  return span;
+}
+
+TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
+  std::vector<std::uint64_t> cold, heal;
+  const auto s = run_seeds("TESSERA_SIM_SEEDS", 500, false, "SimRandom.*", [&](const seed_result& r) {
     cold.push_back(r.cold_start_ms);
     heal.insert(heal.end(), r.heal_ms.begin(), r.heal_ms.end());
-  }
+  });
   std::sort(cold.begin(), cold.end());
   std::sort(heal.begin(), heal.end());
   if (!cold.empty())
     std::printf(
         "seeds %llu..%llu: %llu fault episodes; cold start -> converged median %llu ms max "
         "%llu ms; heal -> converged median %llu ms max %llu ms (simulated)\n",
-        static_cast<unsigned long long>(first), static_cast<unsigned long long>(first + count - 1),
-        static_cast<unsigned long long>(faults),
+        static_cast<unsigned long long>(s.first), static_cast<unsigned long long>(s.last),
+        static_cast<unsigned long long>(s.faults),
         static_cast<unsigned long long>(cold[cold.size() / 2]),
         static_cast<unsigned long long>(cold.back()),
         static_cast<unsigned long long>(heal.empty() ? 0 : heal[heal.size() / 2]),
@@ -303,34 +319,21 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
 // and after every heal all nodes hold the leader's plan, serving from exactly the up nodes.
 // TESSERA_SIM_SERVING_SEEDS (default 200); replay one with TESSERA_SIM_SEED as above.
 TEST(SimServing, ManySeedsAgreeOnOnePlan) {
-  const std::uint64_t single = env_u64("TESSERA_SIM_SEED", 0);
-  const std::uint64_t first = single ? single : env_u64("TESSERA_SIM_FIRST_SEED", 1);
-  const std::uint64_t count = single ? 1 : env_u64("TESSERA_SIM_SERVING_SEEDS", 200);
-  const bool verbose = env_u64("TESSERA_SIM_VERBOSE", 0) != 0;
   std::vector<std::uint64_t> settle;
-  std::uint64_t failures = 0, faults = 0, epochs = 0;
-  for (std::uint64_t seed = first; seed < first + count; ++seed) {
-    seed_result r = run_seed(seed, verbose, true);
-    faults += r.faults;
-    if (!r.failure.empty()) {
-      ++failures;
-      ADD_FAILURE() << r.failure << "\n  replay: TESSERA_SIM_SEED=" << seed
-                    << " TESSERA_SIM_VERBOSE=1 "
-                    << "tessera_mesh_sim_tests --gtest_filter='SimServing.*'";
-      if (failures >= 5) break;
-      continue;
-    }
-    EXPECT_GE(r.plan_ms.size(), 1u);
-    settle.insert(settle.end(), r.plan_ms.begin(), r.plan_ms.end());
-    epochs += r.plan_epochs;
-  }
+  std::uint64_t epochs = 0;
+  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 200, true, "SimServing.*",
+                           [&](const seed_result& r) {
+                             EXPECT_GE(r.plan_ms.size(), 1u);
+                             settle.insert(settle.end(), r.plan_ms.begin(), r.plan_ms.end());
+                             epochs += r.plan_epochs;
+                           });
   std::sort(settle.begin(), settle.end());
   if (!settle.empty())
     std::printf(
         "seeds %llu..%llu: %llu fault episodes, %llu plan epochs; election converged -> every node "
         "on the leader's plan: median %llu ms, p99 %llu ms, max %llu ms (simulated)\n",
-        static_cast<unsigned long long>(first), static_cast<unsigned long long>(first + count - 1),
-        static_cast<unsigned long long>(faults), static_cast<unsigned long long>(epochs),
+        static_cast<unsigned long long>(s.first), static_cast<unsigned long long>(s.last),
+        static_cast<unsigned long long>(s.faults), static_cast<unsigned long long>(epochs),
         static_cast<unsigned long long>(settle[settle.size() / 2]),
         static_cast<unsigned long long>(settle[settle.size() * 99 / 100]),
         static_cast<unsigned long long>(settle.back()));
