@@ -505,6 +505,11 @@ std::optional<chunk_table> model_fetch::complete_table() const {
   return complete_;
 }
 
+bool model_fetch::complete() const {
+  std::lock_guard lock(mu_);
+  return complete_.has_value();
+}
+
 bool model_fetch::ready_for(const inference::model::shard_spec& shard) const {
   std::lock_guard lock(mu_);
   return std::find(ready_.begin(), ready_.end(), shard) != ready_.end();

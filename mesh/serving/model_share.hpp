@@ -193,7 +193,7 @@ class model_fetch {
   [[nodiscard]] std::string path() const;
   /// Every chunk of the file is here and verified: its table (the holder's), else nullopt.
   [[nodiscard]] std::optional<chunk_table> complete_table() const;
-  [[nodiscard]] bool complete() const { return complete_table().has_value(); }
+  [[nodiscard]] bool complete() const;  ///< the same, without copying the table
   [[nodiscard]] std::uint64_t fetch_id() const { return opt_.fetch_id; }
   [[nodiscard]] const std::string& root() const { return opt_.root; }
 
