@@ -438,13 +438,12 @@ struct engine::impl {
       if (q.attempt == f->second.first) send(f->second.second);
       return;
     }
-    auto d = decide(q, p.get(), members, opt.self, model_names);
+    std::vector<std::string> fetching;
+    for (const auto& [name, f] : fetches)
+      if (std::find(model_names.begin(), model_names.end(), name) == model_names.end())
+        fetching.push_back(name);
+    auto d = decide(q, p.get(), members, opt.self, model_names, fetching);
     if (d.action == intake_action::ignore) return;
-    // This peer is fetching the model's bytes: stay silent (the client re-publishes) rather than
-    // refuse a request the plan rightly sent here.
-    if (d.action == intake_action::reject && d.code == error_code::no_capacity &&
-        fetches.contains(q.model))
-      return;
     if (d.action == intake_action::reject) {
       ++rejected;
       send_error(q, d.code, d.message);

@@ -40,7 +40,8 @@ member_id responder_for(std::string_view request_id, std::span<const member_id> 
 
 intake_decision decide(const request& r, const placement::plan* plan,
                        std::span<const member_id> live, member_id self,
-                       std::span<const std::string> local_models) {
+                       std::span<const std::string> local_models,
+                       std::span<const std::string> fetching) {
   const bool responder = responder_for(r.id, live) == self;
   if (auto v = validate(r); !v) {
     // A request without a usable id cannot be answered (there is no topic to answer on).
@@ -64,10 +65,12 @@ intake_decision decide(const request& r, const placement::plan* plan,
                    [&](const placement::model_plan& m) { return m.spec.name == r.model; });
   const auto& group = it->groups[*g];
   if (group.ranks.empty() || group.ranks.front().node != self) return {};
-  if (std::find(local_models.begin(), local_models.end(), r.model) == local_models.end())
+  if (std::find(local_models.begin(), local_models.end(), r.model) == local_models.end()) {
+    if (std::find(fetching.begin(), fetching.end(), r.model) != fetching.end()) return {};
     return {intake_action::reject, std::string(error_code::no_capacity),
             fmt::format("model '{}': the plan assigns it to peer {:016x}, which has not loaded it",
                         r.model, self)};
+  }
   // A group split over several peers is accepted here too; the engine checks it has formed.
   return {intake_action::accept, {}, {}, *g};
 }

@@ -36,9 +36,12 @@ struct intake_decision {
                                       std::span<const member_id> live) noexcept;
 
 /// Decides what `self` does with `r`. `plan` may be null (no plan yet: everyone ignores, the
-/// client re-publishes until one exists). `local_models`: the models `self` has loaded.
+/// client re-publishes until one exists). `local_models`: the models `self` has loaded;
+/// `fetching`: models whose bytes `self` is still fetching from peers (routed here, it stays
+/// silent and the client re-publishes, instead of refusing).
 [[nodiscard]] intake_decision decide(const request& r, const placement::plan* plan,
                                      std::span<const member_id> live, member_id self,
-                                     std::span<const std::string> local_models);
+                                     std::span<const std::string> local_models,
+                                     std::span<const std::string> fetching = {});
 
 }  // namespace tessera::mesh::serving

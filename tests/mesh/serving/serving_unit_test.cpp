@@ -236,6 +236,13 @@ TEST(ServingIntake, NoCapacityAndMissingModelAreExplicit) {
   auto m = decide(valid_request(), &plan, ids, 11, {});
   EXPECT_EQ(m.action, intake_action::reject);
   EXPECT_NE(m.message.find("has not loaded"), std::string::npos) << m.message;
+  // Unless it is fetching the model's bytes: then it stays silent (the client re-publishes)...
+  auto f = decide(valid_request(), &plan, ids, 11, {}, std::vector<std::string>{"tiny"});
+  EXPECT_EQ(f.action, intake_action::ignore);
+  // ...but a model without capacity is still refused by its responder, fetching or not.
+  auto n = decide(valid_request(), &*p, ids, 11, {}, std::vector<std::string>{"tiny"});
+  EXPECT_EQ(n.action, intake_action::reject);
+  EXPECT_EQ(n.code, error_code::no_capacity);
 }
 
 // ------------------------------------------------------------------ plan from the view
