@@ -117,7 +117,7 @@ std::uint64_t world::local_time(member_id id, std::uint64_t global_ms) const {
 }
 
 void world::partition(const std::vector<std::vector<member_id>>& groups) {
-  heal();
+  blocked_.clear();  // replaces the partition in force (clogs stay)
   for (std::size_t i = 0; i < groups.size(); ++i)
     for (std::size_t j = 0; j < groups.size(); ++j)
       if (i != j)
@@ -134,7 +134,8 @@ void world::block(member_id from, member_id to) {
 
 void world::bridge(const std::vector<member_id>& a, member_id bridge_node,
                    const std::vector<member_id>& b) {
-  heal();
+  blocked_.clear();
+  clean_groups_.clear();
   for (member_id x : a)
     for (member_id y : b) {
       if (x == bridge_node || y == bridge_node) continue;
@@ -146,6 +147,32 @@ void world::bridge(const std::vector<member_id>& a, member_id bridge_node,
 void world::heal() {
   blocked_.clear();
   clean_groups_.clear();
+  while (!clogged_.empty())
+    unclog(*clogged_.begin());
+}
+
+void world::clog(member_id id) {
+  (void)at(id);
+  clogged_.insert(id);
+}
+
+void world::unclog(member_id id) {
+  if (clogged_.erase(id) == 0) return;
+  // Release what no longer touches a clogged node; the rest waits for its other end.
+  std::vector<event> still;
+  for (event& e : held_) {
+    if (clogged_.contains(e.msg->from) || clogged_.contains(e.msg->to)) {
+      still.push_back(std::move(e));
+      continue;
+    }
+    const std::uint64_t delay =
+        rng_.uniform(faults_.delay_min_ms, std::uint64_t{faults_.delay_max_ms} + 1);
+    e.at_ms = now_ms_ + delay;
+    e.seq = next_seq_++;
+    queue_.push(std::move(e));
+    ++in_flight_;
+  }
+  held_ = std::move(still);
 }
 
 bool world::can_deliver(member_id from, member_id to) const {
@@ -208,6 +235,15 @@ void world::dispatch(const event& e) {
     }
     if (!can_deliver(e.msg->from, e.msg->to)) {
       ++counters_.dropped_partition;
+      return;
+    }
+    if (clogged_.contains(e.msg->from) || clogged_.contains(e.msg->to)) {
+      if (held_.size() >= max_clogged) {
+        ++counters_.dropped_overflow;
+      } else {
+        ++counters_.clogged;
+        held_.push_back(e);
+      }
       return;
     }
     if (s.paused) {

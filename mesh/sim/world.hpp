@@ -2,7 +2,8 @@
 // one process, one event at a time.
 //
 // Owns: virtual time, the in-flight messages, the fault model (delay/jitter, drop, duplicate,
-// reorder by jitter, partitions clean / one-way / bridge, crash/restart, pause, clock skew) and the
+// reorder by jitter, partitions clean / one-way / bridge, clogging (swizzle-clog), crash/restart,
+// pause, clock skew) and the
 // per-node durable bytes that survive a crash. Generic: a node is any sim_node (a bundle of state
 // machines with step()); payloads are opaque bytes (msgpack in practice, so the wire encoding is
 // exercised too). Same seed + same calls = the same run, event for event.
@@ -79,7 +80,8 @@ struct world_counters {
   std::uint64_t dropped_random = 0;
   std::uint64_t dropped_partition = 0;
   std::uint64_t dropped_down = 0;      ///< destination crashed or not started
-  std::uint64_t dropped_overflow = 0;  ///< in-flight or pause backlog bound reached
+  std::uint64_t dropped_overflow = 0;  ///< in-flight, pause or clog backlog bound reached
+  std::uint64_t clogged = 0;           ///< messages held by a clog (delivered on unclog)
   std::uint64_t duplicated = 0;
   std::uint64_t events = 0;
 };
@@ -88,6 +90,7 @@ class world {
  public:
   static constexpr std::size_t max_in_flight = 200'000;  ///< beyond: new messages dropped
   static constexpr std::size_t max_paused_backlog = 10'000;
+  static constexpr std::size_t max_clogged = 50'000;  ///< held messages, all clogs together
 
   world(std::uint64_t seed, node_factory factory);
 
@@ -113,7 +116,13 @@ class world {
   void block(member_id from, member_id to);
   /// Bridge: two sides that cannot talk, and `bridge` that talks to both.
   void bridge(const std::vector<member_id>& a, member_id bridge, const std::vector<member_id>& b);
-  /// Removes every partition and block.
+  /// Clog (FoundationDB's swizzle-clog): messages from or to `id` are held, not lost, until
+  /// both ends are unclogged; then they arrive after a fresh link delay, in the order they were
+  /// held. Unlike a partition nothing is dropped, so a clogged node looks slow, then floods.
+  void clog(member_id id);
+  void unclog(member_id id);
+  [[nodiscard]] bool is_clogged(member_id id) const { return clogged_.contains(id); }
+  /// Removes every partition, block and clog (held messages are released).
   void heal();
   void set_link_faults(const link_faults& f) { faults_ = f; }
 
@@ -182,6 +191,8 @@ class world {
   std::priority_queue<event, std::vector<event>, std::greater<>> queue_;
   std::size_t in_flight_ = 0;
   std::set<std::pair<member_id, member_id>> blocked_;
+  std::set<member_id> clogged_;
+  std::vector<event> held_;  // messages stopped by a clog, in the order they were held
   std::vector<std::vector<member_id>> clean_groups_;
   link_faults faults_;
   world_counters counters_;

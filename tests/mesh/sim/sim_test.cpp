@@ -1,8 +1,8 @@
 // Randomized deterministic simulation of the mesh protocols (membership + election) under faults.
 //
 // Each seed builds a cluster, lets it converge, then runs a schedule of fault episodes (clean
-// partitions, one-way links, bridges, crash/restart, pause, lossy/duplicating/slow links, leader
-// isolation) with clock skew throughout, healing after each; the checkers watch every event.
+// partitions, one-way links, bridges, swizzle-clog, crash/restart, pause, lossy/duplicating/slow
+// links, leader isolation) with clock skew throughout, healing after each; the checkers watch every event.
 // A failure prints its seed; replay exactly with TESSERA_SIM_SEED=<seed>.
 //
 //   TESSERA_SIM_SEEDS=5000 TESSERA_SIM_FIRST_SEED=1 ./tessera_mesh_sim_tests
@@ -137,7 +137,9 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
     const member_id leader = current == no_member ? ids[0] : current;
     std::vector<member_id> crashed, paused;
     std::string what;
-    switch (rng.uniform(0, 8)) {
+    const std::uint64_t duration = rng.uniform(100, 3'500);
+    bool ran = false;  // the episode ran its own course (swizzle-clog)
+    switch (rng.uniform(0, 9)) {
       case 0: {
         const std::size_t k = rng.uniform(1, n);
         std::vector<member_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
@@ -196,6 +198,26 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
                            f.duplicate_ppm, f.delay_max_ms);
         break;
       }
+      case 8: {
+        // Swizzle-clog: clog a random subset one node at a time, then unclog them in another
+        // random order; messages are held, not lost, and arrive in a burst.
+        const std::size_t k = 1 + rng.uniform(0, n);
+        std::vector<member_id> set(ids.begin(), ids.begin() + static_cast<long>(k));
+        for (member_id id : set) {
+          w->clog(id);
+          w->run_for(rng.uniform(0, duration / k + 1));
+        }
+        std::vector<member_id> order = set;
+        for (std::size_t i = order.size(); i > 1; --i)
+          std::swap(order[i - 1], order[rng.uniform(0, i)]);
+        for (member_id id : order) {
+          w->unclog(id);
+          w->run_for(rng.uniform(0, duration / k + 1));
+        }
+        what = fmt::format("swizzle-clog {} unclogged as {}", set, order);
+        ran = true;
+        break;
+      }
       default: {  // crash a minority and partition the rest
         const member_id victim = ids[0];
         w->crash(victim);
@@ -206,12 +228,11 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
       }
     }
     ++r.faults;
-    const std::uint64_t duration = rng.uniform(100, 3'500);
     if (verbose)
       std::printf("seed %llu t=%llu %s for %llu ms\n", static_cast<unsigned long long>(seed),
                   static_cast<unsigned long long>(w->now_ms()), what.c_str(),
                   static_cast<unsigned long long>(duration));
-    w->run_for(duration);
+    if (!ran) w->run_for(duration);
     w->heal();
     w->set_link_faults(base);
     for (member_id id : crashed)

@@ -84,6 +84,43 @@ TEST(SimWorld, PartitionsOneWayAndBridgeBlockTheRightLinks) {
   EXPECT_TRUE(w->can_deliver(1, 2));
 }
 
+// A clog holds messages from and to the node (nothing lost); they arrive once both ends are
+// unclogged, in the order they were held; a partition in force then still applies.
+TEST(SimWorld, ClogHoldsMessagesUntilBothEndsAreUnclogged) {
+  auto w = make_world(3);
+  w->clog(2);
+  w->clog(3);
+  send(*w, 1, 2, 1);
+  send(*w, 2, 1, 2);
+  send(*w, 2, 3, 3);
+  w->run_for(5);
+  send(*w, 1, 2, 4);
+  w->run_for(100);
+  EXPECT_TRUE(at(*w, 1).received.empty());
+  EXPECT_TRUE(at(*w, 2).received.empty());
+  EXPECT_EQ(w->counters().clogged, 4u);
+  w->unclog(2);
+  w->run_for(10);
+  EXPECT_EQ(at(*w, 2).received, (std::vector<int>{1, 4}));  // held order kept
+  EXPECT_EQ(at(*w, 1).received, std::vector<int>{2});
+  EXPECT_TRUE(at(*w, 3).received.empty());  // 3 is still clogged
+  w->partition({{1, 2}, {3}});
+  w->heal();  // unclogs 3 too
+  w->run_for(10);
+  EXPECT_EQ(at(*w, 3).received, std::vector<int>{3});
+  EXPECT_FALSE(w->is_clogged(3));
+  EXPECT_EQ(w->counters().dropped_partition + w->counters().dropped_random, 0u);
+
+  w->clog(1);
+  send(*w, 1, 2, 5);
+  w->run_for(10);
+  w->partition({{1}, {2, 3}});
+  w->unclog(1);  // released into a partition: lost like any message crossing it
+  w->run_for(10);
+  EXPECT_EQ(at(*w, 2).received, (std::vector<int>{1, 4}));
+  EXPECT_EQ(w->counters().dropped_partition, 1u);
+}
+
 TEST(SimWorld, CrashLosesVolatileStateAndInFlightMessagesButKeepsDurableBytes) {
   auto w = make_world(2);
   send(*w, 1, 2, 9);
