@@ -20,14 +20,6 @@ std::optional<std::uint16_t> port_of(std::string_view s) {
   return static_cast<std::uint16_t>(v);
 }
 
-errc errc_of(std::string_view code) {
-  if (code == error_code::unknown_model) return errc::not_found;
-  if (code == error_code::no_capacity) return errc::no_capacity;
-  if (code == error_code::invalid_request) return errc::invalid_argument;
-  if (code == error_code::overloaded) return errc::overloaded;
-  return errc::internal;
-}
-
 }  // namespace
 
 result<peer_endpoint> parse_peer(std::string_view text) {
@@ -133,59 +125,35 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
     }
   } guard{s.sub, topic};
 
-  outcome out;
   const auto t0 = clock_type::now();
-  const auto deadline = t0 + std::chrono::milliseconds(s.opt.deadline_ms);
-  r.attempt = 0;
-  r.resume.clear();
-  bool accepted = false;
-  std::uint32_t republish_ms = std::min<std::uint32_t>(25, s.opt.republish_ms);
-  auto last_publish = t0;
-  auto last_heard = t0;
-  s.publish(r);
-
-  const auto resume = [&](std::string_view why) -> result<void> {
-    if (r.attempt + 1 >= s.opt.max_attempts)
-      return make_error(errc::timeout, "request {}: gave up after {} attempts (last: {})", r.id,
-                        r.attempt + 1, why);
-    ++r.attempt;
-    r.resume = out.tokens;
-    accepted = false;
-    republish_ms = std::min<std::uint32_t>(25, s.opt.republish_ms);
-    last_publish = last_heard = clock_type::now();
-    s.publish(r);
-    return ok();
+  const auto now_us = [&t0] {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - t0).count());
   };
+  follower_options fo;
+  fo.republish_ms = s.opt.republish_ms;
+  fo.stall_ms = s.opt.stall_ms;
+  fo.deadline_ms = s.opt.deadline_ms;
+  fo.max_attempts = s.opt.max_attempts;
+  stream_follower f(std::move(r), fo, now_us());
+  s.publish(f.first_publication());
 
   while (true) {
-    const auto now = clock_type::now();
+    follower_step step;
     if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
-      // Tell the serving peer, so that it stops generating for nobody (docs/PROTOCOL.md).
-      request c;
-      c.id = r.id;
-      c.attempt = r.attempt;
-      c.cancel = true;
-      s.publish(c);
-      return make_error(errc::cancelled, "request {}: cancelled after {} tokens", r.id,
-                        out.tokens.size());
+      step = f.cancel(now_us());
+    } else {
+      step = f.on_tick(now_us());
     }
-    if (now >= deadline)
-      return make_error(errc::timeout, "request {}: {} after {} ms ({} tokens received)", r.id,
-                        accepted ? "the stream stalled" : "no peer accepted it", s.opt.deadline_ms,
-                        out.tokens.size());
-    if (!accepted && now - last_publish >= std::chrono::milliseconds(republish_ms)) {
-      // Not accepted yet: the peers may not have connected (a PUB drops what it sends before the
-      // connection is up), or the plan may be moving. Early retries are quick, then back off.
-      last_publish = now;
-      republish_ms = std::min(republish_ms * 2, s.opt.republish_ms);
-      s.publish(r);
-    }
-    if (accepted && now - last_heard >= std::chrono::milliseconds(s.opt.stall_ms))
-      TESSERA_TRY(resume("the serving peer went silent"));
+    if (step.publish) s.publish(*step.publish);
+    if (step.done) return std::move(*step.done);
 
+    // Wake for the follower's next deadline, or every 50 ms to look at `cancel`.
+    const auto wait_us = std::min<std::uint64_t>(
+        50'000, f.wake_at_us() > now_us() ? f.wake_at_us() - now_us() : 0);
     zmq::pollitem_t item{s.sub.handle(), 0, ZMQ_POLLIN, 0};
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      zmq::poll(&item, 1, std::chrono::milliseconds((wait_us + 999) / 1000));
     } catch (const zmq::error_t& e) {
       return make_error(errc::internal, "client: poll: {}", e.what());
     }
@@ -203,45 +171,14 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
     }
     if (t.to_string_view() != topic) continue;
     auto m = decode_response(body.to_string_view());
-    if (!m || m->id != r.id || m->attempt != r.attempt) continue;  // stale attempts are dropped
-    last_heard = clock_type::now();
-    if (m->kind == "accepted") {
-      if (!accepted && (out.nodes.empty() || out.nodes.back() != m->node))
-        out.nodes.push_back(m->node);
-      accepted = true;
-    } else if (m->kind == "token") {
-      accepted = true;
-      if (m->index < out.tokens.size()) continue;  // a duplicate
-      if (m->index > out.tokens.size()) {
-        TESSERA_TRY(
-            resume(fmt::format("index {} arrived while {} was due", m->index, out.tokens.size())));
-        continue;
-      }
-      if (out.tokens.empty())
-        out.first_token_s = std::chrono::duration<double>(last_heard - t0).count();
-      if (out.nodes.empty() || out.nodes.back() != m->node) out.nodes.push_back(m->node);
-      out.tokens.push_back(m->token);
+    if (!m) continue;
+    step = f.on_response(*m, now_us());
+    if (step.token && on_token) {
       const std::string_view text(m->text.data(), m->text.size());
-      out.text.append(text);
-      if (on_token) on_token({m->index, m->token, text, m->node});
-    } else if (m->kind == "done") {
-      if (m->tokens != out.tokens.size()) {
-        TESSERA_TRY(
-            resume(fmt::format("done after {} tokens, {} received", m->tokens, out.tokens.size())));
-        continue;
-      }
-      out.stop = m->stop;
-      out.prompt_tokens = m->prompt_tokens;
-      out.attempts = r.attempt + 1;
-      out.total_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-      return out;
-    } else if (m->kind == "error") {
-      if (m->code == error_code::unavailable) {
-        TESSERA_TRY(resume(m->message));
-        continue;
-      }
-      return make_error(errc_of(m->code), "{} ({}, from peer {})", m->message, m->code, m->node);
+      on_token({m->index, m->token, text, m->node});
     }
+    if (step.publish) s.publish(*step.publish);
+    if (step.done) return std::move(*step.done);
   }
 }
 

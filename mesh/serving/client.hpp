@@ -1,7 +1,8 @@
 // The C++ client of the pub-sub protocol (docs/PROTOCOL.md): publishes a request to every peer it
 // knows (the peers it was given and those their peer lists name), follows the token stream, and
 // resumes the stream on another peer when it goes silent or skips an index — so the caller sees
-// every index exactly once, in order, or one explicit error.
+// every index exactly once, in order, or one explicit error. The rules themselves are the pure
+// stream_follower (follower.hpp), which the simulator runs too; this is its ZeroMQ driver.
 #pragma once
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "actors/base/result.hpp"
+#include "mesh/serving/follower.hpp"
 #include "mesh/serving/protocol.hpp"
 
 namespace tessera::mesh::serving {
@@ -42,17 +44,6 @@ struct token_event {
   std::int32_t token = -1;
   std::string_view text;  ///< the token's bytes (may split a UTF-8 sequence)
   std::string_view node;  ///< the peer that generated it
-};
-
-struct outcome {
-  std::string stop;  ///< done: why the stream ended
-  std::uint32_t prompt_tokens = 0;
-  std::vector<std::int32_t> tokens;  ///< every token id, index order
-  std::string text;                  ///< their bytes concatenated
-  std::vector<std::string> nodes;    ///< the peers that served the stream, in order
-  std::uint32_t attempts = 1;        ///< 1 + resumptions
-  double first_token_s = 0;          ///< publish to the first token
-  double total_s = 0;
 };
 
 class client {

@@ -83,7 +83,12 @@ result<placement::plan> plan_from_view(const topology::view& v, const placement:
     for (auto& m : p->models)
       out.models.push_back(std::move(m));
   }
-  if (previous && placement::plan_equal_content(*previous, out)) return *previous;
+  // Same content: the plan in force stays, epoch and all — unless it was issued in an earlier
+  // term. A new leader re-issues it under its own term once: a follower may hold a later plan of
+  // the old leader that this leader never received, and only a newer epoch replaces it (the
+  // content is the same, so nothing is reloaded: peers reconcile by content, not by epoch).
+  if (previous && placement::plan_equal_content(*previous, out) && previous->epoch.term >= term)
+    return *previous;
   out.epoch = {std::max(term, previous ? previous->epoch.term : 0),
                previous ? previous->epoch.version + 1 : 1};
   return out;

@@ -1,6 +1,7 @@
 // The leader's serving plan, computed from the published view. Pure: the same view and previous
-// plan give the same plan on every peer that may lead, so a new leader reproduces the plan in
-// force (same epoch) and a leader change alone unloads nothing and drops nothing.
+// plan give the same plan on every peer that may lead, so a new leader reproduces the content of
+// the plan in force (under its own term: see plan_from_view) and a leader change alone unloads
+// nothing and drops nothing.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,11 @@ namespace tessera::mesh::serving {
 /// Plans every model some live member of `v` holds. A model is planned over the members that hold
 /// it and report the same spec (content included) as the holder with the lowest id, plus the
 /// members that fetch models (capabilities::fetches_models) and hold no file of that name: they
-/// receive their shard's bytes from holders (model_share). With `previous`, a plan whose content does not change keeps its epoch;
-/// otherwise the epoch is {term, previous.version + 1}.
+/// receive their shard's bytes from holders (model_share). With `previous`, a plan whose content
+/// does not change keeps its epoch if that epoch is of this term (or a later one); otherwise the
+/// epoch is {term, previous.version + 1}: a new leader re-issues the plan in force once under its
+/// own term, so that it replaces any later plan of the old leader a follower holds and this
+/// leader never saw (found by the simulator's swizzle-clog).
 [[nodiscard]] result<placement::plan> plan_from_view(const topology::view& v,
                                                      const placement::plan* previous,
                                                      std::uint64_t term,

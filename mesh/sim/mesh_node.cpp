@@ -103,6 +103,8 @@ void mesh_node::on_message(node_context& ctx, const envelope& msg) {
       ++undecodable_;
       return;
     }
+    // As the runtime: views only from the leader this node follows, naming itself leader.
+    if (v->leader != msg.from || msg.from != election_->leader()) return;
     topo_->on_view(*v);
   } else if (topo_ && msg.channel == plan_channel) {
     auto p = decode<placement::plan>(msg.payload);
@@ -110,6 +112,9 @@ void mesh_node::on_message(node_context& ctx, const envelope& msg) {
       ++undecodable_;
       return;
     }
+    // As the runtime: plans only from the leader this node follows (a stale leader must not
+    // adopt its successor's plan and then issue epochs in that term).
+    if (msg.from != election_->leader()) return;
     auto a = serving::should_adopt(plan_.get(), *p);
     if (!a) {
       ++plans_refused_;

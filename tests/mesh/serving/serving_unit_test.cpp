@@ -1,5 +1,6 @@
 // Serving without processes: the client protocol codec and its bounds, intake (exactly one peer
-// takes or answers each request), the leader's plan from a view (sticky epochs), peer parsing.
+// takes or answers each request), the leader's plan from a view (sticky epochs), the client's
+// stream follower (re-publication, order, resumption, give-up), peer parsing.
 #include <algorithm>
 #include <set>
 #include <string>
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "mesh/serving/client.hpp"
+#include "mesh/serving/follower.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/planning.hpp"
 #include "mesh/serving/protocol.hpp"
@@ -273,11 +275,19 @@ TEST(ServingPlanning, PlansOnlyOverHoldersAndKeepsItsEpoch) {
       EXPECT_NE(r.node, 33u);
   EXPECT_EQ(p1->epoch, (placement::plan_epoch{1, 1}));
 
-  // A new leader (term 2) from the same view reproduces the plan: same epoch, nothing moves.
+  // A new leader (term 2) from the same view reproduces the plan's content (nothing moves) under
+  // its own term, once: that epoch replaces any later plan of the old leader a follower may hold.
   auto p2 = plan_from_view(v, &*p1, 2);
   ASSERT_TRUE(p2);
-  EXPECT_EQ(p2->epoch, p1->epoch);
-  EXPECT_EQ(*p2, *p1);
+  EXPECT_EQ(p2->epoch, (placement::plan_epoch{2, 2}));
+  EXPECT_TRUE(placement::plan_equal_content(*p2, *p1));
+  auto p2b = plan_from_view(v, &*p2, 2);  // then it is sticky within the term
+  ASSERT_TRUE(p2b);
+  EXPECT_EQ(*p2b, *p2);
+  // A stale leader (an older term) never issues an epoch: it keeps what it has.
+  auto stale = plan_from_view(v, &*p2, 1);
+  ASSERT_TRUE(stale);
+  EXPECT_EQ(*stale, *p2);
 
   // A holder dies: its group goes, the survivor's group stays, the version moves.
   v.members[1].status = 2;  // dead
@@ -285,7 +295,7 @@ TEST(ServingPlanning, PlansOnlyOverHoldersAndKeepsItsEpoch) {
   ASSERT_TRUE(p3);
   ASSERT_EQ(p3->models[0].groups.size(), 1u);
   EXPECT_EQ(p3->models[0].groups[0].ranks[0].node, 11u);
-  EXPECT_EQ(p3->epoch, (placement::plan_epoch{2, 2}));
+  EXPECT_EQ(p3->epoch, (placement::plan_epoch{2, 3}));
 
   // Nobody holds it any more: the model leaves the plan (requests get unknown_model).
   v.members[0].status = 2;
@@ -326,6 +336,128 @@ TEST(ServingPlanning, FetchersJoinModelsOfKnownContentOnly) {
 }
 
 // ------------------------------------------------------------------ client endpoints
+// ------------------------------------------------------------------ stream follower
+constexpr std::uint64_t ms = 1000;  // the follower's clock is in microseconds
+
+response msg(std::string_view kind, std::uint32_t attempt, std::string node = "a") {
+  response m;
+  m.kind = std::string(kind);
+  m.id = "r1";
+  m.attempt = attempt;
+  m.node = std::move(node);
+  return m;
+}
+response tok(std::uint32_t attempt, std::uint32_t index, std::int32_t id, std::string node = "a") {
+  auto m = msg("token", attempt, std::move(node));
+  m.index = index;
+  m.token = id;
+  m.text = {static_cast<char>('a' + id % 26)};
+  return m;
+}
+
+TEST(StreamFollower, RepublishesWithBackoffUntilAccepted) {
+  stream_follower f(valid_request(), {}, 0);
+  EXPECT_EQ(f.first_publication().attempt, 0u);
+  std::vector<std::uint64_t> at;
+  for (std::uint64_t t = 0; t <= 2000 * ms; t += ms)
+    if (f.on_tick(t).publish) at.push_back(t / ms);
+  EXPECT_EQ(at, (std::vector<std::uint64_t>{25, 75, 175, 375, 775, 1275, 1775}));
+  EXPECT_FALSE(f.on_response(msg("accepted", 0), 2000 * ms).publish);
+  EXPECT_TRUE(f.accepted());
+  EXPECT_FALSE(f.on_tick(2900 * ms).publish);  // accepted: no re-publication, not stalled yet
+  EXPECT_EQ(f.wake_at_us(), 5000 * ms);        // stall bound from the last message
+}
+
+TEST(StreamFollower, TokensInOrderOnceAndGapsResumeWithWhatArrived) {
+  stream_follower f(valid_request(), {}, 0);
+  EXPECT_TRUE(f.on_response(tok(0, 0, 5), ms).token);
+  EXPECT_FALSE(f.on_response(tok(0, 0, 5), 2 * ms).token);  // a duplicate
+  EXPECT_FALSE(f.on_response(tok(1, 1, 6), 3 * ms).token);  // another attempt: dropped
+  EXPECT_TRUE(f.on_response(tok(0, 1, 6), 4 * ms).token);
+  auto s = f.on_response(tok(0, 3, 8), 5 * ms);  // index 2 missing
+  EXPECT_FALSE(s.token);
+  ASSERT_TRUE(s.publish);
+  EXPECT_EQ(s.publish->attempt, 1u);
+  EXPECT_EQ(s.publish->resume, (std::vector<std::int32_t>{5, 6}));
+  EXPECT_FALSE(f.on_response(tok(0, 2, 7), 6 * ms).token);  // the old attempt is over
+  EXPECT_TRUE(f.on_response(tok(1, 2, 7, "b"), 7 * ms).token);
+  auto d = msg("done", 1, "b");
+  d.tokens = 3;
+  d.stop = "max_tokens";
+  auto e = f.on_response(d, 8 * ms);
+  ASSERT_TRUE(e.done);
+  ASSERT_TRUE(*e.done) << e.done->error().describe();
+  EXPECT_EQ((*e.done)->tokens, (std::vector<std::int32_t>{5, 6, 7}));
+  EXPECT_EQ((*e.done)->text, "fgh");
+  EXPECT_EQ((*e.done)->nodes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ((*e.done)->attempts, 2u);
+  EXPECT_TRUE(f.finished());
+  EXPECT_FALSE(f.on_tick(10'000 * ms).done);  // finished: nothing more, ever
+}
+
+TEST(StreamFollower, SilenceShortDoneAndUnavailableResumeOtherErrorsEnd) {
+  stream_follower f(valid_request(), {}, 0);
+  (void)f.on_response(tok(0, 0, 1), ms);
+  EXPECT_FALSE(f.on_tick(3000 * ms).publish);
+  auto s = f.on_tick(3001 * ms);  // 3 s of silence after the last token
+  ASSERT_TRUE(s.publish);
+  EXPECT_EQ(s.publish->attempt, 1u);
+  auto d = msg("done", 1);
+  d.tokens = 5;  // claims more than arrived
+  s = f.on_response(d, 3002 * ms);
+  ASSERT_TRUE(s.publish);
+  EXPECT_EQ(s.publish->attempt, 2u);
+  auto u = msg("error", 2);
+  u.code = std::string(error_code::unavailable);
+  s = f.on_response(u, 3003 * ms);
+  ASSERT_TRUE(s.publish);
+  EXPECT_EQ(s.publish->attempt, 3u);
+  EXPECT_EQ(s.publish->resume, std::vector<std::int32_t>{1});
+  auto x = msg("error", 3);
+  x.code = std::string(error_code::no_capacity);
+  x.message = "model 'tiny': no group fits";
+  s = f.on_response(x, 3004 * ms);
+  ASSERT_TRUE(s.done);
+  ASSERT_FALSE(*s.done);
+  EXPECT_EQ(s.done->error().code, errc::no_capacity);
+  EXPECT_NE(s.done->error().message.find("no group fits"), std::string::npos);
+}
+
+TEST(StreamFollower, GivesUpAfterItsAttemptsOrItsDeadlineAndCancelTellsThePeer) {
+  follower_options o;
+  o.max_attempts = 2;
+  o.deadline_ms = 10'000;
+  {
+    stream_follower f(valid_request(), o, 0);
+    auto u = msg("error", 0);
+    u.code = std::string(error_code::unavailable);
+    ASSERT_TRUE(f.on_response(u, ms).publish);
+    u.attempt = 1;
+    auto s = f.on_response(u, 2 * ms);
+    ASSERT_TRUE(s.done);
+    EXPECT_EQ(s.done->error().code, errc::timeout);
+    EXPECT_NE(s.done->error().message.find("2 attempts"), std::string::npos);
+  }
+  {
+    stream_follower f(valid_request(), o, 0);
+    follower_step s;
+    for (std::uint64_t t = 0; t <= 10'000 * ms && !s.done; t += 100 * ms) s = f.on_tick(t);
+    ASSERT_TRUE(s.done);
+    EXPECT_EQ(s.done->error().code, errc::timeout);
+    EXPECT_NE(s.done->error().message.find("no peer accepted it"), std::string::npos);
+  }
+  {
+    stream_follower f(valid_request(), o, 0);
+    (void)f.on_response(tok(0, 0, 1), ms);
+    auto s = f.cancel(2 * ms);
+    ASSERT_TRUE(s.publish);
+    EXPECT_TRUE(s.publish->cancel);
+    EXPECT_EQ(s.publish->id, "r1");
+    ASSERT_TRUE(s.done);
+    EXPECT_EQ(s.done->error().code, errc::cancelled);
+  }
+}
+
 TEST(ServingClient, PeerSyntax) {
   auto a = parse_peer("127.0.0.1:7402");
   ASSERT_TRUE(a);

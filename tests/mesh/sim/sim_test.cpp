@@ -79,6 +79,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
                            nd->election().config().term, nd->election().config().members,
                            nd->election().commit_version())
              : "down";
+      if (nd && serving && nd->plan())
+        s += fmt::format(" plan {}.{}", nd->plan()->epoch.term, nd->plan()->epoch.version);
       if (last[id] != s)
         std::printf("  t=%llu node %llu: %s\n", static_cast<unsigned long long>(w->now_ms()),
                     static_cast<unsigned long long>(id), s.c_str());

@@ -1,0 +1,138 @@
+#include "mesh/serving/follower.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace tessera::mesh::serving {
+
+namespace {
+constexpr std::uint64_t us_per_ms = 1000;
+// The first re-publication comes quickly (a PUB drops what it sends before its connections are
+// up), then the interval doubles up to follower_options::republish_ms.
+constexpr std::uint32_t first_republish_ms = 25;
+}  // namespace
+
+errc errc_of(std::string_view code) noexcept {
+  if (code == error_code::unknown_model) return errc::not_found;
+  if (code == error_code::no_capacity) return errc::no_capacity;
+  if (code == error_code::invalid_request) return errc::invalid_argument;
+  if (code == error_code::overloaded) return errc::overloaded;
+  if (code == error_code::cancelled) return errc::cancelled;
+  return errc::internal;
+}
+
+stream_follower::stream_follower(request r, follower_options options, std::uint64_t now_us)
+    : req_(std::move(r)), opt_(options) {
+  req_.attempt = 0;
+  req_.resume.clear();
+  req_.cancel = false;
+  t0_us_ = last_publish_us_ = last_heard_us_ = now_us;
+  deadline_us_ = now_us + std::uint64_t{opt_.deadline_ms} * us_per_ms;
+  republish_ms_ = std::min(first_republish_ms, opt_.republish_ms);
+}
+
+std::uint64_t stream_follower::wake_at_us() const {
+  std::uint64_t t = deadline_us_;
+  if (!accepted_) t = std::min(t, last_publish_us_ + std::uint64_t{republish_ms_} * us_per_ms);
+  if (accepted_) t = std::min(t, last_heard_us_ + std::uint64_t{opt_.stall_ms} * us_per_ms);
+  return t;
+}
+
+follower_step stream_follower::finish(result<outcome> r) {
+  finished_ = true;
+  follower_step s;
+  s.done.emplace(std::move(r));
+  return s;
+}
+
+follower_step stream_follower::resume(std::string_view why, std::uint64_t now_us) {
+  if (req_.attempt + 1 >= opt_.max_attempts)
+    return finish(make_error(errc::timeout, "request {}: gave up after {} attempts (last: {})",
+                             req_.id, req_.attempt + 1, why));
+  ++req_.attempt;
+  req_.resume = out_.tokens;
+  accepted_ = false;
+  republish_ms_ = std::min(first_republish_ms, opt_.republish_ms);
+  last_publish_us_ = last_heard_us_ = now_us;
+  follower_step s;
+  s.publish = req_;
+  return s;
+}
+
+follower_step stream_follower::on_tick(std::uint64_t now_us) {
+  if (finished_) return {};
+  if (now_us >= deadline_us_)
+    return finish(make_error(errc::timeout, "request {}: {} after {} ms ({} tokens received)",
+                             req_.id, accepted_ ? "the stream stalled" : "no peer accepted it",
+                             opt_.deadline_ms, out_.tokens.size()));
+  if (!accepted_ && now_us - last_publish_us_ >= std::uint64_t{republish_ms_} * us_per_ms) {
+    // Not accepted yet: the peers may not have connected, or the plan may be moving.
+    last_publish_us_ = now_us;
+    republish_ms_ = std::min(republish_ms_ * 2, opt_.republish_ms);
+    follower_step s;
+    s.publish = req_;
+    return s;
+  }
+  if (accepted_ && now_us - last_heard_us_ >= std::uint64_t{opt_.stall_ms} * us_per_ms)
+    return resume("the serving peer went silent", now_us);
+  return {};
+}
+
+follower_step stream_follower::cancel(std::uint64_t now_us) {
+  (void)now_us;
+  if (finished_) return {};
+  // Tell the serving peer, so that it stops generating for nobody (docs/PROTOCOL.md).
+  request c;
+  c.id = req_.id;
+  c.attempt = req_.attempt;
+  c.cancel = true;
+  auto s = finish(make_error(errc::cancelled, "request {}: cancelled after {} tokens", req_.id,
+                             out_.tokens.size()));
+  s.publish = std::move(c);
+  return s;
+}
+
+follower_step stream_follower::on_response(const response& m, std::uint64_t now_us) {
+  if (finished_ || m.id != req_.id || m.attempt != req_.attempt) return {};  // stale attempts
+  last_heard_us_ = now_us;
+  const auto seconds = [&](std::uint64_t t) { return static_cast<double>(t - t0_us_) / 1e6; };
+  if (m.kind == "accepted") {
+    if (!accepted_ && (out_.nodes.empty() || out_.nodes.back() != m.node))
+      out_.nodes.push_back(m.node);
+    accepted_ = true;
+    return {};
+  }
+  if (m.kind == "token") {
+    accepted_ = true;
+    if (m.index < out_.tokens.size()) return {};  // a duplicate
+    if (m.index > out_.tokens.size())
+      return resume(fmt::format("index {} arrived while {} was due", m.index, out_.tokens.size()),
+                    now_us);
+    if (out_.tokens.empty()) out_.first_token_s = seconds(now_us);
+    if (out_.nodes.empty() || out_.nodes.back() != m.node) out_.nodes.push_back(m.node);
+    out_.tokens.push_back(m.token);
+    out_.text.append(m.text.data(), m.text.size());
+    follower_step s;
+    s.token = true;
+    return s;
+  }
+  if (m.kind == "done") {
+    if (m.tokens != out_.tokens.size())
+      return resume(fmt::format("done after {} tokens, {} received", m.tokens, out_.tokens.size()),
+                    now_us);
+    out_.stop = m.stop;
+    out_.prompt_tokens = m.prompt_tokens;
+    out_.attempts = req_.attempt + 1;
+    out_.total_s = seconds(now_us);
+    return finish(out_);
+  }
+  if (m.kind == "error") {
+    if (m.code == error_code::unavailable) return resume(m.message, now_us);
+    return finish(
+        make_error(errc_of(m.code), "{} ({}, from peer {})", m.message, m.code, m.node));
+  }
+  return {};  // a kind this client does not know: ignored (forward compatibility)
+}
+
+}  // namespace tessera::mesh::serving

@@ -1,0 +1,86 @@
+// stream_follower: the client rules of docs/PROTOCOL.md for one request, as a pure state machine —
+// time and responses in; requests to publish, tokens to hand on and the outcome out. No sockets,
+// no clock (times are microseconds of the caller's monotonic clock): the C++ client drives it with ZeroMQ and the steady clock, the simulator with its
+// simulated network and virtual time, so both run the very same failover logic.
+//
+//   stream_follower f(req, opts, now);        // publish f.first_publication() to every peer
+//   auto s = f.on_response(m, now);           // s.token: m is the next token, hand it on
+//   auto s = f.on_tick(now);                  // call by f.wake_at_us() at the latest
+//   if (s.publish) ...; if (s.done) ...       // re-publication / resumption; the outcome
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/base/result.hpp"
+#include "mesh/serving/protocol.hpp"
+
+namespace tessera::mesh::serving {
+
+struct follower_options {
+  std::uint32_t republish_ms = 500;     ///< re-publish while no peer has accepted (starts at 25)
+  std::uint32_t stall_ms = 3000;        ///< silence after "accepted" this long: resume elsewhere
+  std::uint32_t deadline_ms = 120'000;  ///< the whole request, whatever happens
+  std::uint32_t max_attempts = 32;      ///< resumptions before giving up (explicit error)
+};
+
+/// How a request ended well.
+struct outcome {
+  std::string stop;  ///< done: why the stream ended
+  std::uint32_t prompt_tokens = 0;
+  std::vector<std::int32_t> tokens;  ///< every token id, index order
+  std::string text;                  ///< their bytes concatenated
+  std::vector<std::string> nodes;    ///< the peers that served the stream, in order
+  std::uint32_t attempts = 1;        ///< 1 + resumptions
+  double first_token_s = 0;          ///< publish to the first token
+  double total_s = 0;
+};
+
+/// What one input made the follower do.
+struct follower_step {
+  std::optional<request> publish;       ///< publish this to every peer (at most one per step)
+  bool token = false;                   ///< on_response: the response is the next token
+  std::optional<result<outcome>> done;  ///< the request ended (the follower is finished)
+};
+
+class stream_follower {
+ public:
+  /// `r` must be valid (serving::validate); attempt and resume are managed here.
+  stream_follower(request r, follower_options options, std::uint64_t now_us);
+
+  /// The first publication (attempt 0), to send at construction time.
+  [[nodiscard]] const request& first_publication() const { return req_; }
+  follower_step on_response(const response& m, std::uint64_t now_us);
+  follower_step on_tick(std::uint64_t now_us);
+  /// The caller lost interest: the step publishes the cancel message and ends with
+  /// errc::cancelled.
+  follower_step cancel(std::uint64_t now_us);
+
+  /// When on_tick must run next at the latest (re-publication, stall, deadline).
+  [[nodiscard]] std::uint64_t wake_at_us() const;
+  [[nodiscard]] bool finished() const { return finished_; }
+  /// What has arrived so far (tokens in index order, the peers that sent them).
+  [[nodiscard]] const outcome& progress() const { return out_; }
+  [[nodiscard]] std::uint32_t attempt() const { return req_.attempt; }
+  [[nodiscard]] bool accepted() const { return accepted_; }
+
+ private:
+  follower_step resume(std::string_view why, std::uint64_t now_us);
+  follower_step finish(result<outcome> r);
+
+  request req_;
+  follower_options opt_;
+  outcome out_;
+  // Times in microseconds of the caller's monotonic clock.
+  std::uint64_t t0_us_ = 0, deadline_us_ = 0, last_publish_us_ = 0, last_heard_us_ = 0;
+  std::uint32_t republish_ms_ = 25;
+  bool accepted_ = false;
+  bool finished_ = false;
+};
+
+/// The errc a client reports for a peer's error code.
+[[nodiscard]] errc errc_of(std::string_view code) noexcept;
+
+}  // namespace tessera::mesh::serving
