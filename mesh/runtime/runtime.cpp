@@ -287,6 +287,7 @@ struct node_runtime::impl {
   std::uint64_t next_probe_ms = 0;
   std::uint64_t next_report_ms = 0;
   std::uint64_t next_view_resend_ms = 0;
+  std::uint64_t leading_since_ms = 0;  // when this node last became leader (ready_to_plan)
   struct known_peer {
     std::string hex;
     std::string endpoint;
@@ -444,6 +445,7 @@ struct node_runtime::impl {
       if (ev.kind == election_event_kind::leader_changed) {
         spdlog::info("node {}: leader {:016x} term {}", hex, ev.leader, ev.term);
         if (ev.leader != no_member) ++leader_changes;
+        if (ev.leader == self && !topo->is_leader()) leading_since_ms = now_ms();
         topo->on_leader(ev.term, ev.leader);
         next_report_ms = 0;  // the new leader needs our row at once
       } else if (ev.kind == election_event_kind::role_changed) {
@@ -547,6 +549,7 @@ struct node_runtime::impl {
   /// keeps the plan and its epoch (nothing is unloaded, nothing is dropped).
   void replan() {
     if (!topo || !topo->is_leader() || !topo->current()) return;
+    if (!serving::ready_to_plan(*topo->current(), now_ms() - leading_since_ms)) return;
     placement::planner_config pc;
     pc.max_tp_ranks = opt.config.max_tp_ranks;
     auto p = serving::plan_from_view(*topo->current(), plan.get(), elect->term(), pc);

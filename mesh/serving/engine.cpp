@@ -26,6 +26,7 @@
 #include "mesh/serving/group_host.hpp"
 #include "transport/faults/faulty_link.hpp"
 #include "mesh/serving/intake.hpp"
+#include "mesh/serving/ledger.hpp"
 #include "mesh/serving/model_share.hpp"
 #include "mesh/serving/protocol.hpp"
 
@@ -37,9 +38,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
 
-// Requests remembered after their stream ended, so that a duplicate of a finished attempt gets
-// its final message again instead of a second generation.
-constexpr std::size_t kFinishedMemory = 4096;
 // group_link messages waiting for the engine thread, and per group not formed here yet.
 constexpr std::size_t kMaxLinkMessages = 256;
 // A group that failed to form because a peer was late is formed again after this long.
@@ -237,8 +235,9 @@ struct engine::impl {
   std::shared_ptr<const placement::plan> current_plan;
   std::map<std::string, std::unique_ptr<session>> active;  // by request id
   std::deque<std::unique_ptr<session>> queued;
-  std::map<std::string, std::pair<std::uint32_t, response>> finished;
-  std::deque<std::string> finished_order;
+  // Requests remembered after their stream ended, so that a duplicate of a finished attempt
+  // gets its final message again instead of a second generation.
+  finished_ledger finished;
 
   // ------------------------------------------------------------------ io thread
   void io_loop() {
@@ -376,14 +375,7 @@ struct engine::impl {
   }
 
   void remember(const std::string& id, std::uint32_t attempt, const response& final_msg) {
-    if (!finished.contains(id)) {
-      finished_order.push_back(id);
-      if (finished_order.size() > kFinishedMemory) {
-        finished.erase(finished_order.front());
-        finished_order.pop_front();
-      }
-    }
-    finished[id] = {attempt, final_msg};
+    finished.remember(id, attempt, final_msg);
   }
 
   session* find_session(const std::string& id) {
@@ -425,18 +417,25 @@ struct engine::impl {
     }
     // Duplicates first: the client re-publishes until it hears "accepted", and after silence it
     // re-publishes with a higher attempt.
-    if (session* s = find_session(q.id)) {
-      if (q.attempt <= s->req.attempt) {
+    session* running = find_session(q.id);
+    switch (admit(q, running ? std::optional(running->req.attempt) : std::nullopt, finished)) {
+      case admission::running_duplicate:
         ++duplicates;
-        send(base(s->req, "accepted"));
+        send(base(running->req, "accepted"));
         return;
-      }
-      ++superseded;
-      drop_session(q.id);
-    } else if (auto f = finished.find(q.id); f != finished.end() && q.attempt <= f->second.first) {
-      ++duplicates;
-      if (q.attempt == f->second.first) send(f->second.second);
-      return;
+      case admission::supersedes:
+        ++superseded;
+        drop_session(q.id);
+        break;
+      case admission::finished_duplicate:
+        ++duplicates;
+        send(finished.find(q.id)->final_msg);
+        return;
+      case admission::stale:
+        ++duplicates;
+        return;
+      case admission::fresh:
+        break;
     }
     std::vector<std::string> fetching;
     for (const auto& [name, f] : fetches)

@@ -94,6 +94,13 @@ result<placement::plan> plan_from_view(const topology::view& v, const placement:
   return out;
 }
 
+bool ready_to_plan(const topology::view& v, std::uint64_t leading_ms) {
+  if (leading_ms >= max_plan_wait_ms) return true;
+  return std::all_of(v.members.begin(), v.members.end(), [](const topology::view_member& m) {
+    return !topology::is_live_status(m.status) || !(m.caps == topology::capabilities{});
+  });
+}
+
 result<bool> should_adopt(const placement::plan* current, const placement::plan& incoming) {
   if (current != nullptr && incoming.epoch <= current->epoch) return false;
   for (const auto& m : incoming.models)

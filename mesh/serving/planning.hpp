@@ -25,6 +25,18 @@ namespace tessera::mesh::serving {
                                                      std::uint64_t term,
                                                      const placement::planner_config& cfg = {});
 
+/// How long a new leader waits for the capabilities of every live member before it plans without
+/// the ones still missing (members report every second; one that cannot reach the leader must not
+/// stop the cluster from serving).
+inline constexpr std::uint64_t max_plan_wait_ms = 3000;
+
+/// Whether a leader that has led for `leading_ms` may plan from `v`: every live member has
+/// reported its capabilities, or it has waited max_plan_wait_ms. Planning earlier — at a cold
+/// start, before any report — would issue a plan without the members' models, and peers would
+/// answer requests "unknown_model" (found by the simulator); without a plan they stay silent and
+/// clients re-publish.
+[[nodiscard]] bool ready_to_plan(const topology::view& v, std::uint64_t leading_ms);
+
 /// Whether a peer adopts a plan the leader sent: true for a newer epoch whose every group is valid
 /// for its model; false for a stale one (or the one in force); an error naming the group for an
 /// invalid one (refused, never trusted). Pure: the node runtime and the simulator both use it.

@@ -12,6 +12,51 @@ const mesh_node* mesh_node_of(const world& w, member_id id) {
   return dynamic_cast<const mesh_node*>(w.node(id));
 }
 
+const client_node* client_node_of(const world& w, member_id id) {
+  return dynamic_cast<const client_node*>(w.node(id));
+}
+
+request_report check_requests(const world& w, std::uint32_t vocab) {
+  request_report r;
+  for (member_id id : w.ids()) {
+    const client_node* c = client_node_of(w, id);
+    if (c == nullptr) continue;
+    if (!c->all_done()) r.violations.push_back(fmt::format("client {}: requests still open", id));
+    if (c->undecodable() != 0)
+      r.violations.push_back(fmt::format("client {}: {} undecodable responses", id, c->undecodable()));
+    for (const auto& [rid, rec] : c->records()) {
+      ++r.requests;
+      r.publications += rec.publications;
+      const auto bad = [&](std::string what) {
+        r.violations.push_back(fmt::format("client {} request {}: {}", id, rid, what));
+      };
+      if (rec.outcomes != 1 || !rec.outcome) {
+        bad(fmt::format("{} outcomes", rec.outcomes));
+        continue;
+      }
+      for (std::size_t i = 0; i < rec.indices.size(); ++i)
+        if (rec.indices[i] != i) {
+          bad(fmt::format("index {} handed on as the {}th token", rec.indices[i], i));
+          break;
+        }
+      if (!*rec.outcome) {
+        bad(fmt::format("ended in an error: {}", rec.outcome->error().describe()));
+        continue;
+      }
+      const auto& out = **rec.outcome;
+      const auto ref = sim_reference(rec.req, vocab);
+      if (out.tokens != ref || rec.tokens != ref)
+        bad(fmt::format("tokens {} differ from the single-peer reference {}", out.tokens, ref));
+      ++r.completed;
+      r.tokens += out.tokens.size();
+      if (out.attempts > 1) ++r.resumed;
+      r.max_attempts = std::max(r.max_attempts, out.attempts);
+      r.latency_ms.push_back(rec.ended_ms - rec.issued_ms);
+    }
+  }
+  return r;
+}
+
 election_checker::election_checker(world& w, std::uint64_t step_down_bound_ms)
     : world_(w), step_down_bound_ms_(step_down_bound_ms) {}
 
@@ -127,7 +172,11 @@ std::string describe(const world& w) {
   for (member_id id : w.ids()) {
     const mesh_node* n = mesh_node_of(w, id);
     if (!n) {
-      s += fmt::format("[{}: down] ", id);
+      if (const client_node* c = client_node_of(w, id))
+        s += fmt::format("[{}: client, {} requests{}] ", id, c->records().size(),
+                         c->all_done() ? "" : " open");
+      else
+        s += fmt::format("[{}: down] ", id);
       continue;
     }
     const auto& e = n->election();

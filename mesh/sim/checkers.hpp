@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "mesh/sim/client_node.hpp"
 #include "mesh/sim/mesh_node.hpp"
 #include "mesh/sim/world.hpp"
 
@@ -68,6 +69,23 @@ class plan_checker {
 /// and every rank of it is an up node, and every up node serves (every node can hold the model);
 /// otherwise what differs. Call once converged() holds.
 [[nodiscard]] std::optional<std::string> plans_converged(const world& w);
+
+/// Requests of the world's client_nodes, once they are all done (client_node::all_done):
+///  - every published request ended in exactly one outcome, and it is a completed stream (in
+///    these runs the cluster always heals and every peer can hold the model, so an error — no
+///    capacity, a timeout, attempts exhausted — is a failure too);
+///  - the indices handed to the caller are 0..k-1, each once, in order;
+///  - the tokens equal the single-peer reference (sim_reference), across every resumption.
+struct request_report {
+  std::uint64_t requests = 0, completed = 0, resumed = 0, tokens = 0, publications = 0;
+  std::uint32_t max_attempts = 0;
+  std::vector<std::uint64_t> latency_ms;  ///< publish -> outcome, per request
+  std::vector<std::string> violations;
+};
+[[nodiscard]] request_report check_requests(const world& w, std::uint32_t vocab);
+
+/// The client_node of `id`, or nullptr (down, or a mesh node).
+[[nodiscard]] const client_node* client_node_of(const world& w, member_id id);
 
 /// The mesh_node of `id`, or nullptr while down.
 [[nodiscard]] const mesh_node* mesh_node_of(const world& w, member_id id);

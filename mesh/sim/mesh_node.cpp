@@ -6,6 +6,7 @@
 #include <msgpack.hpp>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "mesh/serving/intake.hpp"
 #include "mesh/serving/planning.hpp"
 
 namespace tessera::mesh::sim {
@@ -33,6 +34,21 @@ template std::optional<durable_election_state> decode(const bytes&);
 template std::optional<topology::row_report> decode(const bytes&);
 template std::optional<topology::view> decode(const bytes&);
 template std::optional<placement::plan> decode(const bytes&);
+
+std::int32_t sim_token(const serving::request& r, std::int32_t prev, std::uint32_t index,
+                       std::uint32_t vocab) {
+  const std::uint64_t h = mix64(fnv1a64(r.prompt) ^ mix64(r.seed + 1) ^
+                                mix64(static_cast<std::uint64_t>(prev + 2) << 20 | index));
+  return static_cast<std::int32_t>(h % vocab);
+}
+
+std::vector<std::int32_t> sim_reference(const serving::request& r, std::uint32_t vocab) {
+  std::vector<std::int32_t> out;
+  std::int32_t prev = -1;
+  for (std::uint32_t i = 0; i < r.max_tokens; ++i)
+    out.push_back(prev = sim_token(r, prev, i, vocab));
+  return out;
+}
 
 mesh_node::mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed)
     : self_(self), options_(options) {
@@ -106,6 +122,14 @@ void mesh_node::on_message(node_context& ctx, const envelope& msg) {
     // As the runtime: views only from the leader this node follows, naming itself leader.
     if (v->leader != msg.from || msg.from != election_->leader()) return;
     topo_->on_view(*v);
+  } else if (topo_ && options_.serve_requests && msg.channel == request_channel) {
+    auto q = serving::decode_request(std::string_view(
+        reinterpret_cast<const char*>(msg.payload.data()), msg.payload.size()));
+    if (!q) {
+      ++undecodable_;
+      return;
+    }
+    on_request(ctx, msg.from, std::move(*q));
   } else if (topo_ && msg.channel == plan_channel) {
     auto p = decode<placement::plan>(msg.payload);
     if (!p) {
@@ -140,6 +164,7 @@ void mesh_node::on_timer(node_context& ctx) {
     replan(ctx);
     broadcast_plan(ctx);
   }
+  generate(ctx);
   rearm(ctx);
 }
 
@@ -170,6 +195,7 @@ void mesh_node::apply(node_context& ctx, election_output out) {
   if (topo_)
     for (const auto& ev : out.events)
       if (ev.kind == election_event_kind::leader_changed) {
+        if (ev.leader == self_ && !topo_->is_leader()) leading_since_ms_ = ctx.now_ms();
         topo_->on_leader(ev.term, ev.leader);
         next_report_ms_ = ctx.now_ms();  // the new leader needs our row at once
         publish_if_leader(ctx);
@@ -219,6 +245,7 @@ void mesh_node::publish_if_leader(node_context& ctx) {
 
 void mesh_node::replan(node_context& ctx) {
   if (!topo_->is_leader() || !topo_->current()) return;
+  if (!serving::ready_to_plan(*topo_->current(), ctx.now_ms() - leading_since_ms_)) return;
   auto p = serving::plan_from_view(*topo_->current(), plan_.get(), election_->term());
   if (!p || (plan_ && p->epoch == plan_->epoch)) return;
   adopt(std::make_shared<const placement::plan>(std::move(*p)));
@@ -243,6 +270,102 @@ void mesh_node::adopt(std::shared_ptr<const placement::plan> p) {
   plan_ = std::move(p);
 }
 
+// ------------------------------------------------------------------ requests (the engine's part)
+
+serving::response mesh_node::base(const serving::request& q, std::string_view kind) const {
+  serving::response r;
+  r.kind = std::string(kind);
+  r.id = q.id;
+  r.attempt = q.attempt;
+  r.node = fmt::format("{:016x}", self_);
+  return r;
+}
+
+void mesh_node::respond(node_context& ctx, member_id client, const serving::response& r) {
+  const std::string body = serving::encode(r);  // the client protocol's own codec
+  ctx.send(client, response_channel, bytes(body.begin(), body.end()));
+}
+
+void mesh_node::on_request(node_context& ctx, member_id client, serving::request q) {
+  if (q.cancel) return;  // the simulated clients never cancel
+  auto running = streams_.find(q.id);
+  switch (serving::admit(q, running != streams_.end() ? std::optional(running->second.req.attempt)
+                                                       : std::nullopt,
+                         finished_)) {
+    case serving::admission::running_duplicate:
+      respond(ctx, client, base(running->second.req, "accepted"));
+      return;
+    case serving::admission::supersedes:
+      streams_.erase(running);
+      break;
+    case serving::admission::finished_duplicate:
+      respond(ctx, client, finished_.find(q.id)->final_msg);
+      return;
+    case serving::admission::stale:
+      return;
+    case serving::admission::fresh:
+      break;
+  }
+  std::vector<member_id> live{self_};
+  for (const auto& [id, m] : membership_->members())
+    if (m.status == member_status::alive || m.status == member_status::suspect) live.push_back(id);
+  const std::vector<std::string> models{options_.model.name};
+  auto d = serving::decide(q, plan_.get(), live, self_, models);
+  if (d.action == serving::intake_action::ignore) return;
+  if (d.action == serving::intake_action::reject) {
+    auto r = base(q, "error");
+    r.code = d.code;
+    r.message = d.message;
+    finished_.remember(q.id, q.attempt, r);
+    respond(ctx, client, r);
+    return;
+  }
+  ++streams_started_;
+  respond(ctx, client, base(q, "accepted"));
+  stream st;
+  st.client = client;
+  st.index = static_cast<std::uint32_t>(q.resume.size());
+  st.prev = q.resume.empty() ? -1 : q.resume.back();
+  // Re-reading prompt + resume takes longer the more there is to read.
+  st.next_ms = ctx.now_ms() + options_.prefill_ms + st.index;
+  st.req = std::move(q);
+  const std::string id = st.req.id;
+  streams_[id] = std::move(st);
+  rearm(ctx);
+}
+
+void mesh_node::generate(node_context& ctx) {
+  const std::uint64_t now = ctx.now_ms();
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    stream& st = it->second;
+    if (st.next_ms > now) {
+      ++it;
+      continue;
+    }
+    if (st.index < st.req.max_tokens) {
+      auto t = base(st.req, "token");
+      t.index = st.index;
+      t.token = sim_token(st.req, st.prev, st.index, options_.model.n_vocab);
+      t.text = {static_cast<char>('a' + t.token % 26)};
+      respond(ctx, st.client, t);
+      st.prev = t.token;
+      ++st.index;
+      st.next_ms = now + options_.token_ms;
+    }
+    if (st.index >= st.req.max_tokens) {
+      auto d = base(st.req, "done");
+      d.tokens = st.index;
+      d.prompt_tokens = 1;
+      d.stop = "max_tokens";
+      finished_.remember(st.req.id, st.req.attempt, d);
+      respond(ctx, st.client, d);
+      it = streams_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
 void mesh_node::rearm(node_context& ctx) {
   std::optional<std::uint64_t> t = membership_timer_;
   if (election_timer_) t = t ? std::min(*t, *election_timer_) : *election_timer_;
@@ -250,6 +373,8 @@ void mesh_node::rearm(node_context& ctx) {
     t = t ? std::min(*t, next_report_ms_) : next_report_ms_;
     if (topo_->is_leader() && topo_->current()) t = std::min(*t, next_view_resend_ms_);
   }
+  for (const auto& [id, st] : streams_)
+    t = t ? std::min(*t, st.next_ms) : st.next_ms;
   ctx.set_timer(t);
 }
 

@@ -4,9 +4,11 @@
 // With `serving` on, also the serving layer's control as mesh/runtime runs it: row reports to the
 // leader every second (capabilities: one model, memory), the leader's topology view and its plan
 // (serving::plan_from_view, sticky), re-sent every 2 s, adopted by serving::should_adopt.
+// With `serve_requests`, also the peers' side of the client protocol (see mesh_node_options).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +17,8 @@
 #include "mesh/election/election.hpp"
 #include "mesh/membership/membership.hpp"
 #include "mesh/placement/placement.hpp"
+#include "mesh/serving/ledger.hpp"
+#include "mesh/serving/protocol.hpp"
 #include "mesh/sim/world.hpp"
 #include "mesh/topology/topology.hpp"
 
@@ -26,6 +30,8 @@ inline constexpr std::uint8_t election_channel = 2;
 inline constexpr std::uint8_t report_channel = 3;  ///< topology row reports, to the leader
 inline constexpr std::uint8_t view_channel = 4;    ///< the leader's view, to every live member
 inline constexpr std::uint8_t plan_channel = 5;    ///< the leader's serving plan
+inline constexpr std::uint8_t request_channel = 6;   ///< client -> peer: a serving::request
+inline constexpr std::uint8_t response_channel = 7;  ///< peer -> client: a serving::response
 
 struct mesh_node_options {
   membership_config membership;      ///< self and rng_seed are filled in per node
@@ -35,7 +41,24 @@ struct mesh_node_options {
   bool serving = false;
   placement::model_spec model;
   std::uint64_t memory_mb = 4096;
+  /// Serve clients' requests (needs `serving`): what the engine decides, with the engine's own
+  /// pure parts — serving::admit for duplicates and resumptions, serving::decide for who takes a
+  /// request (over this node's plan and live members) — and a modelled generator: an accepted
+  /// stream re-reads prompt + resume (`prefill_ms`), then sends one token every `token_ms`, each
+  /// a function of the request, the previous token and the index (sim_token), then "done".
+  bool serve_requests = false;
+  std::uint32_t prefill_ms = 10;
+  std::uint32_t token_ms = 20;
 };
+
+/// The modelled generator's token at `index` after `prev` (the last prompt-side token: -1 at the
+/// start): deterministic, like greedy decoding, and dependent on the history, so that a stream
+/// resumed from wrong tokens goes wrong visibly.
+[[nodiscard]] std::int32_t sim_token(const serving::request& r, std::int32_t prev,
+                                     std::uint32_t index, std::uint32_t vocab);
+/// The whole stream a single peer would produce for `r` (max_tokens tokens).
+[[nodiscard]] std::vector<std::int32_t> sim_reference(const serving::request& r,
+                                                      std::uint32_t vocab);
 
 /// A node's plan as it changed: when, and the plan (null: none).
 struct observed_plan {
@@ -71,6 +94,8 @@ class mesh_node : public sim_node {
   [[nodiscard]] const std::shared_ptr<const placement::plan>& plan() const { return plan_; }
   [[nodiscard]] std::uint64_t plans_refused() const { return plans_refused_; }
   [[nodiscard]] const std::optional<topology::topology_state>& topology() const { return topo_; }
+  /// Requests: streams this node started (accepted attempts) and tokens it sent.
+  [[nodiscard]] std::uint64_t streams_started() const { return streams_started_; }
 
  private:
   void apply(node_context& ctx, membership_output out);
@@ -84,6 +109,18 @@ class mesh_node : public sim_node {
   void broadcast_view(node_context& ctx);
   void broadcast_plan(node_context& ctx);
   void adopt(std::shared_ptr<const placement::plan> p);
+  // requests
+  void on_request(node_context& ctx, member_id client, serving::request q);
+  void respond(node_context& ctx, member_id client, const serving::response& r);
+  void generate(node_context& ctx);
+  [[nodiscard]] serving::response base(const serving::request& q, std::string_view kind) const;
+  struct stream {
+    serving::request req;
+    member_id client = no_member;
+    std::uint32_t index = 0;  // the next token's index
+    std::int32_t prev = -1;   // the token before it
+    std::uint64_t next_ms = 0;
+  };
 
   member_id self_;
   mesh_node_options options_;
@@ -97,6 +134,10 @@ class mesh_node : public sim_node {
   std::shared_ptr<const placement::plan> plan_;
   std::uint64_t plans_refused_ = 0;
   std::uint64_t next_report_ms_ = 0, next_view_resend_ms_ = 0;
+  std::uint64_t leading_since_ms_ = 0;  // when this node last became leader (ready_to_plan)
+  std::map<std::string, stream> streams_;  // running, by request id
+  serving::finished_ledger finished_;
+  std::uint64_t streams_started_ = 0;
 };
 
 /// Options for a cluster of nodes 1..n with default timeouts, each seeded with all the others

@@ -165,9 +165,7 @@ void world::unclog(member_id id) {
       still.push_back(std::move(e));
       continue;
     }
-    const std::uint64_t delay =
-        rng_.uniform(faults_.delay_min_ms, std::uint64_t{faults_.delay_max_ms} + 1);
-    e.at_ms = now_ms_ + delay;
+    e.at_ms = arrival(*e.msg);
     e.seq = next_seq_++;
     queue_.push(std::move(e));
     ++in_flight_;
@@ -198,11 +196,22 @@ void world::send(member_id from, envelope e) {
       ++counters_.dropped_overflow;
       return;
     }
-    const std::uint64_t delay =
-        rng_.uniform(faults_.delay_min_ms, std::uint64_t{faults_.delay_max_ms} + 1);
-    queue_.push(event{now_ms_ + delay, next_seq_++, shared->to, at(shared->to).epoch, 0, shared});
+    queue_.push(event{arrival(*shared), next_seq_++, shared->to, at(shared->to).epoch, 0, shared});
     ++in_flight_;
   }
+}
+
+std::uint64_t world::arrival(const envelope& e) {
+  const std::uint64_t delay =
+      rng_.uniform(faults_.delay_min_ms, std::uint64_t{faults_.delay_max_ms} + 1);
+  std::uint64_t at_ms = now_ms_ + delay;
+  if (fifo_.contains(e.channel)) {
+    // Same time as the previous one is enough: equal times are delivered in sequence order.
+    auto& last = last_arrival_[{e.from, e.to, e.channel}];
+    at_ms = std::max(at_ms, last);
+    last = at_ms;
+  }
+  return at_ms;
 }
 
 void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {

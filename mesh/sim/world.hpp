@@ -125,6 +125,10 @@ class world {
   /// Removes every partition, block and clog (held messages are released).
   void heal();
   void set_link_faults(const link_faults& f) { faults_ = f; }
+  /// Messages of `channel` between two nodes arrive in the order they were sent (a TCP stream,
+  /// like the clients' ZeroMQ sockets); jitter then delays, never reorders them. Drops,
+  /// duplicates and partitions still apply.
+  void set_fifo(std::uint8_t channel) { fifo_.insert(channel); }
 
   [[nodiscard]] bool can_deliver(member_id from, member_id to) const;
   /// The groups of the current clean partition (empty if none or not clean).
@@ -175,6 +179,9 @@ class world {
   };
 
   void send(member_id from, envelope e);
+  /// When a message sent now from `e.from` to `e.to` arrives (a FIFO channel: never before the
+  /// previous one on the same link).
+  std::uint64_t arrival(const envelope& e);
   void set_timer(member_id id, std::optional<std::uint64_t> local_at_ms);
   void dispatch(const event& e);
   void deliver(slot& s, member_id id, const envelope& e);
@@ -192,6 +199,8 @@ class world {
   std::size_t in_flight_ = 0;
   std::set<std::pair<member_id, member_id>> blocked_;
   std::set<member_id> clogged_;
+  std::set<std::uint8_t> fifo_;
+  std::map<std::tuple<member_id, member_id, std::uint8_t>, std::uint64_t> last_arrival_;
   std::vector<event> held_;  // messages stopped by a clog, in the order they were held
   std::vector<std::vector<member_id>> clean_groups_;
   link_faults faults_;

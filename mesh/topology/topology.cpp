@@ -23,6 +23,20 @@ void topology_state::on_leader(std::uint64_t term, member_id leader) {
     // Versions restart per term, but never go back within one (a re-election in the same term
     // cannot happen: at most one leader per term).
     next_version_ = (current_ && current_->at.term == term) ? current_->at.version + 1 : 1;
+    // Start from the view in force: its members' capabilities and links stand for their rows
+    // until their own reports arrive (within a report period). Publishing a view without them
+    // would plan without their models: a plan that serves nothing and drops every group split
+    // over several peers — exactly what a leader change must not do (found by the simulator).
+    if (current_) {
+      rows_.clear();
+      for (const auto& m : current_->members) {
+        if (m.caps == capabilities{}) continue;
+        row_report r{m.id, m.caps, {}};
+        for (const auto& l : current_->links)
+          if (l.from == m.id) r.links.push_back(l);
+        rows_[m.id] = std::move(r);
+      }
+    }
   }
 }
 

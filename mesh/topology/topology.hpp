@@ -129,7 +129,8 @@ class topology_state {
   explicit topology_state(topology_config cfg);
 
   /// Leadership as election knows it now. Becoming leader at `term` starts a fresh version
-  /// sequence (and a publication); losing it stops publishing.
+  /// sequence (and a publication) from the view in force: its members' capabilities and links
+  /// count as their rows until they report; losing it stops publishing.
   void on_leader(std::uint64_t term, member_id leader);
   /// Membership's current table (self included by the caller). Replaces the previous one.
   void on_members(std::vector<member_fact> members);

@@ -11,6 +11,7 @@
 #include "mesh/serving/client.hpp"
 #include "mesh/serving/follower.hpp"
 #include "mesh/serving/intake.hpp"
+#include "mesh/serving/ledger.hpp"
 #include "mesh/serving/planning.hpp"
 #include "mesh/serving/protocol.hpp"
 
@@ -336,6 +337,38 @@ TEST(ServingPlanning, FetchersJoinModelsOfKnownContentOnly) {
 }
 
 // ------------------------------------------------------------------ client endpoints
+// ------------------------------------------------------------------ duplicates (ledger)
+TEST(ServingLedger, EachAttemptGeneratesOnceAndFinishedOnesRepeatTheirAnswer) {
+  finished_ledger done(3);
+  auto q = valid_request("a");
+  q.attempt = 2;
+  EXPECT_EQ(admit(q, std::nullopt, done), admission::fresh);
+  EXPECT_EQ(admit(q, 2u, done), admission::running_duplicate);
+  EXPECT_EQ(admit(q, 3u, done), admission::running_duplicate);  // an older re-publication
+  EXPECT_EQ(admit(q, 1u, done), admission::supersedes);
+  response fin;
+  fin.kind = "done";
+  fin.tokens = 4;
+  done.remember("a", 2, fin);
+  EXPECT_EQ(admit(q, std::nullopt, done), admission::finished_duplicate);
+  EXPECT_EQ(done.find("a")->final_msg.tokens, 4u);
+  q.attempt = 1;
+  EXPECT_EQ(admit(q, std::nullopt, done), admission::stale);
+  q.attempt = 3;
+  EXPECT_EQ(admit(q, std::nullopt, done), admission::fresh);  // a resumption after an error
+  EXPECT_EQ(admit(q, 3u, done), admission::running_duplicate);  // the running stream comes first
+  // Bounded: the oldest id is forgotten first; remembering an id again does not reorder.
+  done.remember("b", 0, fin);
+  done.remember("c", 0, fin);
+  done.remember("a", 3, fin);
+  EXPECT_EQ(done.size(), 3u);
+  done.remember("d", 0, fin);
+  EXPECT_EQ(done.size(), 3u);
+  EXPECT_EQ(done.find("a"), nullptr);
+  EXPECT_NE(done.find("b"), nullptr);
+  EXPECT_NE(done.find("d"), nullptr);
+}
+
 // ------------------------------------------------------------------ stream follower
 constexpr std::uint64_t ms = 1000;  // the follower's clock is in microseconds
 

@@ -40,8 +40,13 @@ member_id leader_of(const world& w) {
   return no_member;
 }
 
+// What runs on the nodes: membership + election; + the serving layer's control (plans); + clients
+// publishing requests that the peers route and serve, with failover (requests).
+enum class layer { mesh, plans, requests };
+
 struct seed_result {
   std::string failure;  // empty = passed
+  request_report requests;
   std::uint64_t cold_start_ms = 0;
   std::vector<std::uint64_t> heal_ms;
   std::vector<std::uint64_t> plan_ms;  // serving: election converged -> every node on one plan
@@ -55,11 +60,41 @@ constexpr std::uint64_t converge_bound_ms = 15'000;
 // With `serving`, every node also runs the serving layer's control (topology reports, the leader's
 // view and plan): the plan checker watches every event, and after each convergence every node must
 // hold the leader's plan, serving from exactly the up nodes.
-seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
+seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::mesh) {
   seed_result r;
+  const bool serving = what_runs != layer::mesh;
   det_rng rng(seed * 0x2545f4914f6cdd1dULL + 7);
   const std::size_t n = 3 + rng.uniform(0, 3);  // 3, 4 or 5 nodes
-  auto w = make_mesh_world(seed, n, serving ? serving_cluster_options(n) : cluster_options(n));
+  std::vector<member_id> nodes;  // the cluster (clients come after it)
+  for (member_id i = 1; i <= n; ++i)
+    nodes.push_back(i);
+  std::unique_ptr<world> w;
+  if (what_runs == layer::requests) {
+    // Two clients publishing 6-12 greedy requests each over the first 20 s (while the faults
+    // run), 5-40 tokens each, with the C++ client's own rules and timeouts.
+    auto o = serving_cluster_options(n);
+    o.serve_requests = true;
+    std::vector<std::vector<scheduled_request>> schedules(2);
+    for (std::size_t c = 0; c < schedules.size(); ++c) {
+      const std::uint64_t k = 6 + rng.uniform(0, 7);
+      for (std::uint64_t i = 0; i < k; ++i) {
+        scheduled_request q;
+        q.at_ms = rng.uniform(200, 20'000);
+        q.req.id = fmt::format("c{}-r{}", c, i);
+        q.req.model = o.model.name;
+        q.req.prompt = fmt::format("prompt {} {} {}", seed, c, i);
+        q.req.max_tokens = static_cast<std::uint32_t>(rng.uniform(5, 41));
+        q.req.temperature = 0;
+        q.req.seed = rng.uniform(0, 1000);
+        schedules[c].push_back(std::move(q));
+      }
+      std::sort(schedules[c].begin(), schedules[c].end(),
+                [](const auto& a, const auto& b) { return a.at_ms < b.at_ms; });
+    }
+    w = make_request_world(seed, n, o, std::move(schedules), serving::follower_options{});
+  } else {
+    w = make_mesh_world(seed, n, serving ? serving_cluster_options(n) : cluster_options(n));
+  }
   const auto& eopt = cluster_options(n).election;
   // CheckQuorum bound: one election timeout after the last ack, checked at the next heartbeat,
   // stretched by clock skew (2%) and delivery delay.
@@ -80,7 +115,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
                            nd->election().commit_version())
              : "down";
       if (nd && serving && nd->plan())
-        s += fmt::format(" plan {}.{}", nd->plan()->epoch.term, nd->plan()->epoch.version);
+        s += fmt::format(" plan {}.{} ({} groups)", nd->plan()->epoch.term, nd->plan()->epoch.version,
+                         nd->plan()->models.empty() ? 0 : nd->plan()->models[0].groups.size());
       if (last[id] != s)
         std::printf("  t=%llu node %llu: %s\n", static_cast<unsigned long long>(w->now_ms()),
                     static_cast<unsigned long long>(id), s.c_str());
@@ -116,10 +152,12 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
   base.delay_min_ms = 1;
   base.delay_max_ms = static_cast<std::uint32_t>(rng.uniform(0, 2) == 0 ? 3 : rng.uniform(10, 40));
   w->set_link_faults(base);
-  for (member_id id : w->ids())
+  for (member_id id : nodes)
     w->set_clock(id, rng.uniform(0, 10'000),
                  static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000);
-  for (member_id id : w->ids()) {
+  for (member_id id : w->ids())
+    if (id > n) w->start(id);  // clients: on the global clock, their schedule from t=0
+  for (member_id id : nodes) {
     w->run_for(rng.uniform(0, 200));
     w->start(id);
   }
@@ -132,7 +170,7 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
   if (!plans_settle("cold start")) return r;
   const std::uint64_t episodes = 4 + rng.uniform(0, 4);
   for (std::uint64_t ep = 0; ep < episodes; ++ep) {
-    std::vector<member_id> ids = w->ids();
+    std::vector<member_id> ids = nodes;
     for (std::size_t i = ids.size(); i > 1; --i)
       std::swap(ids[i - 1], ids[rng.uniform(0, i)]);
     const member_id current = leader_of(*w);
@@ -254,10 +292,24 @@ seed_result run_seed(std::uint64_t seed, bool verbose, bool serving = false) {
     if (!plans_settle(what)) return r;
     w->run_for(rng.uniform(0, 500));
   }
-  for (member_id id : w->ids())
+  for (member_id id : nodes)
     if (mesh_node_of(*w, id)->undecodable() != 0)
       fail(fmt::format("node {} got undecodable bytes", id));
   r.plan_epochs = plans.epochs();
+  if (what_runs == layer::requests && r.failure.empty()) {
+    // Every request ends: within the clients' own deadline (120 s) at the latest.
+    const auto all_done = [&] {
+      return std::all_of(w->ids().begin(), w->ids().end(), [&](member_id id) {
+        const client_node* c = client_node_of(*w, id);
+        return c == nullptr || c->all_done();
+      });
+    };
+    const std::uint64_t start = w->now_ms();
+    while (!all_done() && w->now_ms() - start < 130'000)
+      w->run_for(50);
+    r.requests = check_requests(*w, serving_cluster_options(n).model.n_vocab);
+    if (!r.requests.violations.empty()) fail(r.requests.violations.front());
+  }
   return r;
 }
 
@@ -293,7 +345,7 @@ TEST(SimRandom, SameSeedReplaysExactly) {
 struct seed_span {
   std::uint64_t first = 0, last = 0, faults = 0;
 };
-seed_span run_seeds(const char* count_var, std::uint64_t count, bool serving, const char* filter,
+seed_span run_seeds(const char* count_var, std::uint64_t count, layer what_runs, const char* filter,
                     const std::function<void(const seed_result&)>& passed) {
   const std::uint64_t single = env_u64("TESSERA_SIM_SEED", 0);
   const std::uint64_t first = single ? single : env_u64("TESSERA_SIM_FIRST_SEED", 1);
@@ -302,7 +354,7 @@ seed_span run_seeds(const char* count_var, std::uint64_t count, bool serving, co
   seed_span span{first, first + n - 1, 0};
   std::uint64_t failures = 0;
   for (std::uint64_t seed = first; seed < first + n; ++seed) {
-    seed_result r = run_seed(seed, verbose, serving);
+    seed_result r = run_seed(seed, verbose, what_runs);
     span.faults += r.faults;
     if (!r.failure.empty()) {
       ++failures;
@@ -319,7 +371,7 @@ seed_span run_seeds(const char* count_var, std::uint64_t count, bool serving, co
 
 TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
   std::vector<std::uint64_t> cold, heal;
-  const auto s = run_seeds("TESSERA_SIM_SEEDS", 500, false, "SimRandom.*", [&](const seed_result& r) {
+  const auto s = run_seeds("TESSERA_SIM_SEEDS", 500, layer::mesh, "SimRandom.*", [&](const seed_result& r) {
     cold.push_back(r.cold_start_ms);
     heal.insert(heal.end(), r.heal_ms.begin(), r.heal_ms.end());
   });
@@ -344,7 +396,7 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
 TEST(SimServing, ManySeedsAgreeOnOnePlan) {
   std::vector<std::uint64_t> settle;
   std::uint64_t epochs = 0;
-  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 200, true, "SimServing.*",
+  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 200, layer::plans, "SimServing.ManySeeds*",
                            [&](const seed_result& r) {
                              EXPECT_GE(r.plan_ms.size(), 1u);
                              settle.insert(settle.end(), r.plan_ms.begin(), r.plan_ms.end());
@@ -360,6 +412,45 @@ TEST(SimServing, ManySeedsAgreeOnOnePlan) {
         static_cast<unsigned long long>(settle[settle.size() / 2]),
         static_cast<unsigned long long>(settle[settle.size() * 99 / 100]),
         static_cast<unsigned long long>(settle.back()));
+}
+
+// The same schedules with clients publishing requests while the faults run: the peers route them
+// (serving::decide over each one's own plan and members), admit duplicates and resumptions
+// (serving::admit) and generate modelled streams; the clients follow them with the C++ client's
+// stream_follower. Every request must end in exactly one outcome — a completed stream whose
+// indices arrived once each and whose tokens equal the single-peer reference — across crashes,
+// pauses, partitions and swizzle-clogs of the serving peers.
+// TESSERA_SIM_REQUEST_SEEDS (default 200); replay one with TESSERA_SIM_SEED as above.
+TEST(SimRequests, ManySeedsServeEveryRequestOnceAndRight) {
+  request_report all;
+  const auto s = run_seeds("TESSERA_SIM_REQUEST_SEEDS", 200, layer::requests, "SimRequests.*",
+                           [&](const seed_result& r) {
+                             all.requests += r.requests.requests;
+                             all.completed += r.requests.completed;
+                             all.resumed += r.requests.resumed;
+                             all.tokens += r.requests.tokens;
+                             all.publications += r.requests.publications;
+                             all.max_attempts = std::max(all.max_attempts, r.requests.max_attempts);
+                             all.latency_ms.insert(all.latency_ms.end(),
+                                                   r.requests.latency_ms.begin(),
+                                                   r.requests.latency_ms.end());
+                           });
+  EXPECT_GT(all.requests, 0u);
+  EXPECT_EQ(all.completed, all.requests);
+  std::sort(all.latency_ms.begin(), all.latency_ms.end());
+  if (!all.latency_ms.empty())
+    std::printf(
+        "seeds %llu..%llu: %llu fault episodes; %llu requests, %llu completed (%llu tokens), %llu "
+        "resumed at least once (most attempts %u), %llu publications; publish -> done: median "
+        "%llu ms, p99 %llu ms, max %llu ms (simulated)\n",
+        static_cast<unsigned long long>(s.first), static_cast<unsigned long long>(s.last),
+        static_cast<unsigned long long>(s.faults), static_cast<unsigned long long>(all.requests),
+        static_cast<unsigned long long>(all.completed), static_cast<unsigned long long>(all.tokens),
+        static_cast<unsigned long long>(all.resumed), all.max_attempts,
+        static_cast<unsigned long long>(all.publications),
+        static_cast<unsigned long long>(all.latency_ms[all.latency_ms.size() / 2]),
+        static_cast<unsigned long long>(all.latency_ms[all.latency_ms.size() * 99 / 100]),
+        static_cast<unsigned long long>(all.latency_ms.back()));
 }
 
 // Simulated failover and cold-start times with default timeouts on a LAN-like link (1-3 ms).

@@ -153,6 +153,47 @@ TEST(Topology, NewLeaderSupersedesThePreviousLeadersViews) {
   EXPECT_EQ(v->at, (epoch{4, 1}));
 }
 
+// A new leader's first view is the view in force (capabilities and links of every member that had
+// reported), not an empty one: a view without capabilities plans no model at all.
+TEST(Topology, NewLeaderStartsFromTheViewInForce) {
+  topology_state old_leader({.self = 1});
+  old_leader.on_members(facts({1, 2, 3}));
+  old_leader.on_leader(3, 1);
+  for (member_id id : {1, 2, 3}) {
+    auto r = row(id, {id == 1 ? 2u : 1u, id == 3 ? 2u : 3u});
+    r.caps.memory_free_mb = 1000 * id;
+    ASSERT_TRUE(old_leader.on_report(r));
+  }
+  auto published = old_leader.maybe_publish(0);
+  ASSERT_TRUE(published.has_value());
+
+  topology_state t({.self = 2});
+  t.on_members(facts({1, 2, 3}));
+  t.on_leader(3, 1);
+  ASSERT_TRUE(t.on_view(*published));
+  t.on_members({{1, dead, "addr"}, {2, alive, "addr"}, {3, alive, "addr"}});  // the leader died
+  t.on_leader(4, 2);
+  auto v = t.maybe_publish(0);
+  ASSERT_TRUE(v.has_value());
+  ASSERT_EQ(v->members.size(), 3u);
+  EXPECT_EQ(v->members[1].caps.memory_free_mb, 2000u);
+  EXPECT_EQ(v->members[2].caps.memory_free_mb, 3000u);
+  EXPECT_EQ(v->members[0].status, dead);
+  // The live members' links between live members: 2 -> 3 and 3 -> 2 (1 is dead).
+  ASSERT_EQ(v->links.size(), 2u);
+  EXPECT_EQ(v->links[0].from, 2u);
+  EXPECT_EQ(v->links[0].to, 3u);
+  EXPECT_EQ(v->links[1].from, 3u);
+  EXPECT_EQ(v->links[1].to, 2u);
+  // A fresh report replaces the row taken from the view.
+  auto r = row(3, {2});
+  r.caps.memory_free_mb = 42;
+  ASSERT_TRUE(t.on_report(r));
+  auto v2 = t.maybe_publish(10);
+  ASSERT_TRUE(v2.has_value());
+  EXPECT_EQ(v2->members[2].caps.memory_free_mb, 42u);
+}
+
 TEST(Topology, MemberTableIsBoundedAndRowsOfGoneMembersForgotten) {
   topology_state t({.self = 1, .max_members = 3});
   t.on_members(facts({1, 2, 3, 4, 5}));
