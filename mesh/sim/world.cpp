@@ -6,6 +6,83 @@
 
 namespace tessera::mesh::sim {
 
+namespace {
+// The network actor's messages to itself: its timer fired (alarm), or events were queued (wake).
+struct sim_alarm {
+  TESSERA_MESSAGE("tessera.sim.alarm");
+  std::uint8_t unused = 0;
+  MSGPACK_DEFINE(unused);
+};
+struct sim_wake {
+  TESSERA_MESSAGE("tessera.sim.wake");
+  std::uint8_t unused = 0;
+  MSGPACK_DEFINE(unused);
+};
+// One event for a node's actor: a message, or its timer (timer_gen != 0).
+struct sim_event {
+  TESSERA_MESSAGE("tessera.sim.event");
+  std::uint64_t epoch = 0;
+  std::uint64_t timer_gen = 0;
+  envelope msg;
+  MSGPACK_DEFINE(epoch, timer_gen, msg);
+};
+}  // namespace
+
+/// Holds what is in flight (world::queue_) and hands each event to its node when it is due.
+class network_actor final : public actors::actor {
+ public:
+  explicit network_actor(world& w) : world_(w) {}
+  void on_start() override {
+    on<sim_alarm>([this](sim_alarm&) {
+      armed_.reset();
+      world_.pump();
+    });
+    on<sim_wake>([this](sim_wake&) {
+      world_.kicked_ = false;
+      world_.pump();
+    });
+  }
+  /// One actor timer, for the earliest event.
+  void arm(std::uint64_t at_ms) {
+    if (armed_ && armed_->first == at_ms) return;
+    if (armed_) cancel_timer(armed_->second);
+    const auto at = std::chrono::milliseconds(at_ms);
+    const auto t = now().time_since_epoch();
+    const auto delay = at > t ? at - t : actors::clock::duration(0);
+    armed_.emplace(at_ms, after(delay, sim_alarm{}));
+  }
+
+ private:
+  world& world_;
+  std::optional<std::pair<std::uint64_t, actors::timer_id>> armed_;
+};
+
+/// Hosts one life of a node: runs its events one at a time.
+class node_actor final : public actors::actor {
+ public:
+  node_actor(world& w, member_id id) : world_(w), id_(id) {}
+  void on_start() override {
+    on<sim_event>([this](sim_event& e) {
+      world_.run_event(id_, e.epoch, e.timer_gen, e.timer_gen == 0 ? &e.msg : nullptr);
+    });
+  }
+
+ private:
+  world& world_;
+  member_id id_;
+};
+
+namespace {
+actors::config system_config(std::uint64_t seed) {
+  actors::config c;
+  c.mode = actors::run_mode::deterministic;
+  c.seed = seed;
+  // Every message in flight may come due at one instant (a paused node's backlog included).
+  c.data_capacity = world::max_in_flight + world::max_paused_backlog + world::max_clogged;
+  return c;
+}
+}  // namespace
+
 std::uint64_t node_context::now_ms() const {
   return world_.local_time(self_, world_.now_ms());
 }
@@ -23,7 +100,31 @@ bytes& node_context::durable() {
 }
 
 world::world(std::uint64_t seed, node_factory factory)
-    : seed_(seed), rng_(seed), factory_(std::move(factory)) {}
+    : seed_(seed), rng_(seed), factory_(std::move(factory)), sys_(system_config(seed)) {
+  auto net = std::make_unique<network_actor>(*this);
+  net_actor_ = net.get();
+  auto ref = sys_.spawn(std::move(net));
+  TESSERA_ASSERT(ref.has_value(), "sim: cannot start the network actor: {}", ref.error().describe());
+  net_ = *ref;
+}
+
+world::~world() {
+  // The actors refer to this world: stop them before the slots go.
+  sys_.shutdown(std::chrono::nanoseconds(0));
+}
+
+std::uint64_t world::now_ms() const {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(sys_.clock().now().time_since_epoch())
+          .count());
+}
+
+void world::kick() {
+  if (kicked_) return;
+  kicked_ = true;
+  auto r = sys_.send(net_, sim_wake{});
+  TESSERA_ASSERT(r.has_value(), "sim: cannot wake the network actor: {}", r.error().describe());
+}
 
 world::slot& world::at(member_id id) {
   auto it = slots_.find(id);
@@ -60,6 +161,9 @@ void world::start(member_id id) {
   s.paused = false;
   s.backlog.clear();
   s.timer_pending = false;
+  auto a = sys_.spawn(std::make_unique<node_actor>(*this, id));
+  TESSERA_ASSERT(a.has_value(), "sim: cannot start node {}'s actor: {}", id, a.error().describe());
+  s.actor = *a;
   s.node = factory_(id);
   node_context ctx(*this, id);
   s.node->on_start(ctx);
@@ -67,6 +171,9 @@ void world::start(member_id id) {
 
 void world::crash(member_id id) {
   slot& s = at(id);
+  if (s.actor) (void)sys_.stop(s.actor, {actors::exit_kind::killed, "crashed by the simulation"});
+  s.actor = {};
+  sys_.run_until_idle();  // the actor stops now (its mailbox is empty: the world is idle)
   s.node.reset();
   s.epoch += 1;
   s.paused = false;
@@ -84,16 +191,17 @@ void world::resume(member_id id) {
   if (!s.paused) return;
   s.paused = false;
   // Everything that arrived while stopped is handled now, in arrival order, then the late timer.
+  const std::uint64_t now = now_ms();
   for (auto& e : s.backlog) {
-    queue_.push(
-        event{now_ms_, next_seq_++, id, s.epoch, 0, std::make_shared<envelope>(std::move(e))});
+    queue_.push(event{now, next_seq_++, id, s.epoch, 0, std::make_shared<envelope>(std::move(e))});
     ++in_flight_;
   }
   s.backlog.clear();
   if (s.timer_pending) {
     s.timer_pending = false;
-    queue_.push(event{now_ms_, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
+    queue_.push(event{now, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
   }
+  kick();
 }
 
 void world::set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_ppm) {
@@ -102,10 +210,10 @@ void world::set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_pp
   slot& s = at(id);
   // Keep the local clock monotonic across the change: shift the offset so local(now) does not
   // go back.
-  const std::uint64_t before = local_time(id, now_ms_);
+  const std::uint64_t before = local_time(id, now_ms());
   s.offset_ms = offset_ms;
   s.rate_ppm = rate_ppm;
-  const std::uint64_t after = local_time(id, now_ms_);
+  const std::uint64_t after = local_time(id, now_ms());
   if (after < before) s.offset_ms += static_cast<std::int64_t>(before - after);
 }
 
@@ -171,6 +279,7 @@ void world::unclog(member_id id) {
     ++in_flight_;
   }
   held_ = std::move(still);
+  kick();
 }
 
 bool world::can_deliver(member_id from, member_id to) const {
@@ -199,12 +308,13 @@ void world::send(member_id from, envelope e) {
     queue_.push(event{arrival(*shared), next_seq_++, shared->to, at(shared->to).epoch, 0, shared});
     ++in_flight_;
   }
+  kick();
 }
 
 std::uint64_t world::arrival(const envelope& e) {
   const std::uint64_t delay =
       rng_.uniform(faults_.delay_min_ms, std::uint64_t{faults_.delay_max_ms} + 1);
-  std::uint64_t at_ms = now_ms_ + delay;
+  std::uint64_t at_ms = now_ms() + delay;
   if (fifo_.contains(e.channel)) {
     // Same time as the previous one is enough: equal times are delivered in sequence order.
     auto& last = last_arrival_[{e.from, e.to, e.channel}];
@@ -222,16 +332,52 @@ void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {
   // Invert the node's clock, rounding up so the node's local time has reached its deadline.
   const double scale = 1'000'000.0 / (1'000'000.0 + s.rate_ppm);
   const double g = (static_cast<double>(*local_at_ms) - static_cast<double>(s.offset_ms)) * scale;
-  std::uint64_t at_ms = g <= static_cast<double>(now_ms_) ? now_ms_ : static_cast<std::uint64_t>(g);
+  const std::uint64_t now = now_ms();
+  std::uint64_t at_ms = g <= static_cast<double>(now) ? now : static_cast<std::uint64_t>(g);
   while (local_time(id, at_ms) < *local_at_ms)
     ++at_ms;
   queue_.push(event{at_ms, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
+  kick();
 }
 
-void world::deliver(slot& s, member_id id, const envelope& e) {
-  ++counters_.delivered;
+void world::hand_to_node(slot& s, member_id id, std::uint64_t timer_gen, const envelope* msg) {
+  sim_event ev;
+  ev.epoch = s.epoch;
+  ev.timer_gen = timer_gen;
+  if (msg != nullptr) ev.msg = *msg;
+  if (auto r = sys_.send(s.actor, std::move(ev)); !r) {
+    // The node's mailbox is bounded like everything else: beyond it the event is lost, counted.
+    if (msg != nullptr) ++counters_.dropped_overflow;
+    (void)id;
+  }
+}
+
+void world::run_event(member_id id, std::uint64_t epoch, std::uint64_t timer_gen, envelope* msg) {
+  slot& s = at(id);
+  if (epoch != s.epoch || !s.node) {
+    if (msg != nullptr) ++counters_.dropped_down;
+    return;
+  }
   node_context ctx(*this, id);
-  s.node->on_message(ctx, e);
+  if (msg != nullptr) {
+    ++counters_.delivered;
+    s.node->on_message(ctx, *msg);
+  } else {
+    if (timer_gen != s.timer_gen) return;  // re-armed since it was handed over
+    s.node->on_timer(ctx);
+  }
+  if (observer_) observer_();
+}
+
+void world::pump() {
+  const std::uint64_t now = now_ms();
+  while (!queue_.empty() && queue_.top().at_ms <= now) {
+    event e = queue_.top();
+    queue_.pop();
+    ++counters_.events;
+    dispatch(e);
+  }
+  if (!queue_.empty()) net_actor_->arm(queue_.top().at_ms);
 }
 
 void world::dispatch(const event& e) {
@@ -263,7 +409,7 @@ void world::dispatch(const event& e) {
       }
       return;
     }
-    deliver(s, e.node, *e.msg);
+    hand_to_node(s, e.node, 0, e.msg.get());
     return;
   }
   if (e.epoch != s.epoch || e.timer_gen != s.timer_gen || !s.node) return;
@@ -271,8 +417,7 @@ void world::dispatch(const event& e) {
     s.timer_pending = true;
     return;
   }
-  node_context ctx(*this, e.node);
-  s.node->on_timer(ctx);
+  hand_to_node(s, e.node, e.timer_gen, nullptr);
 }
 
 void world::invoke(member_id id, const std::function<void(sim_node&, node_context&)>& fn) {
@@ -284,16 +429,8 @@ void world::invoke(member_id id, const std::function<void(sim_node&, node_contex
 }
 
 void world::run_until(std::uint64_t t_ms) {
-  while (!queue_.empty() && queue_.top().at_ms <= t_ms) {
-    event e = queue_.top();
-    queue_.pop();
-    TESSERA_ASSERT(e.at_ms >= now_ms_, "sim: time went back ({} < {})", e.at_ms, now_ms_);
-    now_ms_ = e.at_ms;
-    ++counters_.events;
-    dispatch(e);
-    if (observer_) observer_();
-  }
-  now_ms_ = std::max(now_ms_, t_ms);
+  const std::uint64_t now = now_ms();
+  sys_.advance(std::chrono::milliseconds(t_ms > now ? t_ms - now : 0));
 }
 
 }  // namespace tessera::mesh::sim

@@ -1,5 +1,11 @@
 // A deterministic simulated network and clock for running N nodes of protocol state machines in
-// one process, one event at a time.
+// one process, on the actor runtime's deterministic mode (actors::run_mode::deterministic): one
+// thread, the runtime's virtual clock, and its seeded choice among runnable actors.
+//
+// Every node is an actor hosting its bundle of state machines; a network actor holds the messages
+// in flight and the nodes' timers and hands each to its node's actor when it is due (one actor
+// timer for the earliest). Events due at the same instant reach their nodes in an order the
+// system seed picks, so seeds explore interleavings, and a seed replays exactly.
 //
 // Owns: virtual time, the in-flight messages, the fault model (delay/jitter, drop, duplicate,
 // reorder by jitter, partitions clean / one-way / bridge, clogging (swizzle-clog), crash/restart,
@@ -20,9 +26,15 @@
 #include <tuple>
 #include <vector>
 
+#include <msgpack.hpp>
+
+#include "actors/system.hpp"
 #include "mesh/membership/ids.hpp"
 
 namespace tessera::mesh::sim {
+
+class network_actor;
+class node_actor;
 
 using bytes = std::vector<std::uint8_t>;
 
@@ -32,6 +44,7 @@ struct envelope {
   member_id to = no_member;
   std::uint8_t channel = 0;
   bytes payload;
+  MSGPACK_DEFINE(from, to, channel, payload);
 };
 
 class world;
@@ -93,9 +106,13 @@ class world {
   static constexpr std::size_t max_clogged = 50'000;  ///< held messages, all clogs together
 
   world(std::uint64_t seed, node_factory factory);
+  ~world();
+  world(const world&) = delete;
+  world& operator=(const world&) = delete;
 
   [[nodiscard]] std::uint64_t seed() const { return seed_; }
-  [[nodiscard]] std::uint64_t now_ms() const { return now_ms_; }
+  /// Global simulated time: the actor system's virtual clock.
+  [[nodiscard]] std::uint64_t now_ms() const;
 
   /// Adds a node (down until start()).
   void add_node(member_id id);
@@ -138,7 +155,7 @@ class world {
 
   /// Runs events until global time `t_ms` (inclusive); then now_ms() == t_ms.
   void run_until(std::uint64_t t_ms);
-  void run_for(std::uint64_t ms) { run_until(now_ms_ + ms); }
+  void run_for(std::uint64_t ms) { run_until(now_ms() + ms); }
   /// Runs `fn` as an event of node `id` now (a test injecting an input, e.g. a graceful leave);
   /// does nothing while the node is down.
   void invoke(member_id id, const std::function<void(sim_node&, node_context&)>& fn);
@@ -150,6 +167,8 @@ class world {
   [[nodiscard]] bool is_paused(member_id id) const;
   /// The node object, or nullptr while down.
   [[nodiscard]] sim_node* node(member_id id) const;
+  /// The actor system the world runs on (deterministic mode; owner thread only).
+  [[nodiscard]] actors::actor_system& system() { return sys_; }
   [[nodiscard]] const world_counters& counters() const { return counters_; }
   [[nodiscard]] std::uint64_t local_time(member_id id, std::uint64_t global_ms) const;
   /// A node's durable bytes (its data dir), also while it is down (tests edit them).
@@ -157,8 +176,11 @@ class world {
 
  private:
   friend class node_context;
+  friend class node_actor;
+  friend class network_actor;
   struct slot {
     std::unique_ptr<sim_node> node;
+    actors::actor_ref actor;  // hosts `node` while it is up
     bytes durable;
     std::uint64_t epoch = 0;  // bumps on crash: events of an older life are ignored
     bool paused = false;
@@ -179,19 +201,28 @@ class world {
   };
 
   void send(member_id from, envelope e);
+  /// Network actor: hands every event due now to its node's actor, then re-arms for the next.
+  void pump();
+  /// After an event was queued: make sure the network actor looks at the queue again.
+  void kick();
+  /// Node actor: runs one event on the node (or, if it no longer applies, counts it).
+  void run_event(member_id id, std::uint64_t epoch, std::uint64_t timer_gen, envelope* msg);
+  void hand_to_node(slot& s, member_id id, std::uint64_t timer_gen, const envelope* msg);
   /// When a message sent now from `e.from` to `e.to` arrives (a FIFO channel: never before the
   /// previous one on the same link).
   std::uint64_t arrival(const envelope& e);
   void set_timer(member_id id, std::optional<std::uint64_t> local_at_ms);
   void dispatch(const event& e);
-  void deliver(slot& s, member_id id, const envelope& e);
   slot& at(member_id id);
   const slot& at(member_id id) const;
 
   std::uint64_t seed_;
   det_rng rng_;
   node_factory factory_;
-  std::uint64_t now_ms_ = 0;
+  actors::actor_system sys_;
+  actors::actor_ref net_;
+  network_actor* net_actor_ = nullptr;  // owned by sys_
+  bool kicked_ = false;  // a wake for the network actor is on its way
   std::uint64_t next_seq_ = 0;
   std::map<member_id, slot> slots_;
   std::vector<member_id> ids_;
