@@ -392,11 +392,12 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
 // The same schedules with the serving layer's control on every node (topology reports, the
 // leader's view and sticky plan, adoption by epoch): plan epochs name one content, never go back,
 // and after every heal all nodes hold the leader's plan, serving from exactly the up nodes.
-// TESSERA_SIM_SERVING_SEEDS (default 200); replay one with TESSERA_SIM_SEED as above.
+// TESSERA_SIM_SERVING_SEEDS (default 100: SimRequests runs these checks too, on 200 more);
+// replay one with TESSERA_SIM_SEED as above.
 TEST(SimServing, ManySeedsAgreeOnOnePlan) {
   std::vector<std::uint64_t> settle;
   std::uint64_t epochs = 0;
-  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 200, layer::plans, "SimServing.ManySeeds*",
+  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 100, layer::plans, "SimServing.ManySeeds*",
                            [&](const seed_result& r) {
                              EXPECT_GE(r.plan_ms.size(), 1u);
                              settle.insert(settle.end(), r.plan_ms.begin(), r.plan_ms.end());
