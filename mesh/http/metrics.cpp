@@ -67,6 +67,16 @@ void node_metrics(family_writer& w, const json& s) {
              "Control messages that failed to decode.");
     w.sample(num(s["stats"], "undecodable"));
   }
+  if (s.contains("control") && s["control"].is_object() && s["control"].contains("rejected") &&
+      s["control"]["rejected"].is_object()) {
+    w.family("tessera_control_frames_rejected_total", "counter",
+             "Control-plane frames refused, by reason (oversized, truncated, bad_body, ...).");
+    for (const auto& [reason, v] : s["control"]["rejected"].items())
+      w.sample(v.is_number() ? v.get<double>() : 0.0, {{"reason", reason}});
+    w.family("tessera_control_handshakes_refused_total", "counter",
+             "Connections refused at the CURVE/ZAP handshake (not of this cluster).");
+    w.sample(num(s["control"], "handshakes_refused"));
+  }
 }
 
 void membership_metrics(family_writer& w, const json& s) {

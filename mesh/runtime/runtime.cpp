@@ -546,7 +546,8 @@ struct node_runtime::impl {
 
   // ------------------------------------------------------------------ serving plan
   /// Leader: the plan for the current view. Sticky: a view change that leaves every group valid
-  /// keeps the plan and its epoch (nothing is unloaded, nothing is dropped).
+  /// keeps the plan (and, within a term, its epoch): nothing is unloaded, nothing is dropped.
+  /// Not before every live member reported or max_plan_wait_ms passed (serving::ready_to_plan).
   void replan() {
     if (!topo || !topo->is_leader() || !topo->current()) return;
     if (!serving::ready_to_plan(*topo->current(), now_ms() - leading_since_ms)) return;
@@ -1035,6 +1036,21 @@ struct node_runtime::impl {
     return fmt::format("{:016x}", id);
   }
 
+  /// The control plane's counters: what arrived, and every frame refused by reason (malformed,
+  /// truncated, oversized, ... from any peer, the cluster's own included), so an operator sees a
+  /// hostile or broken peer.
+  json control_json() const {
+    const auto st = control->stats();
+    json rejected = json::object();
+    for (std::size_t r = 1; r < transport::control::kRejectReasonCount; ++r)
+      rejected[std::string(transport::control::to_string(
+          static_cast<transport::control::reject_reason>(r)))] = st.rejected[r];
+    return {{"frames_received", st.frames_received},
+            {"frames_sent", st.frames_sent},
+            {"rejected", rejected},
+            {"handshakes_refused", st.zap_denied + st.handshake_failed_inbound}};
+  }
+
   /// The fault layer's state (what `tessera fault` changed) and what it did to our frames.
   json faults_json() const {
     const auto st = control->stats();
@@ -1080,6 +1096,7 @@ struct node_runtime::impl {
                  {"host_id", caps.host_id},
                  {"link_dead_after_ms", link_dead_after_ms}};
     j["faults"] = faults_json();
+    j["control"] = control_json();
     json ms = json::array();
     ms.push_back({{"id", hex},
                   {"status", "alive"},

@@ -29,7 +29,9 @@ json sample_status() {
                 "share": {"sessions": 1, "bytes": 8192},
                 "streams": [{"id": "r1"}, {"id": "r2", "queued": true}]},
     "faults": {"partitions": [{}], "rules": []},
-    "stats": {"leader_changes": 2, "dropped_events": 0, "undecodable": 0}
+    "stats": {"leader_changes": 2, "dropped_events": 0, "undecodable": 0},
+    "control": {"frames_received": 10, "rejected": {"oversized": 4, "bad_body": 0},
+                "handshakes_refused": 1}
   })");
 }
 
@@ -123,6 +125,8 @@ TEST(Metrics, TheTextParsesAndCarriesTheStatusNumbers) {
   EXPECT_EQ(value(R"(tessera_streams{state="queued"})"), "1");
   EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="aa",to="b\"b",backend="shm"})"), "0.00025");
   EXPECT_EQ(value("tessera_fault_partitions"), "1");
+  EXPECT_EQ(value(R"(tessera_control_frames_rejected_total{reason="oversized"})"), "4");
+  EXPECT_EQ(value("tessera_control_handshakes_refused_total"), "1");
   EXPECT_EQ(value(R"(tessera_http_requests_total{route="/v1/completions",code="200"})"), "3");
   EXPECT_EQ(value("tessera_http_streamed_tokens_total"), "12");
 }

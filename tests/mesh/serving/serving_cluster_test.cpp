@@ -800,8 +800,9 @@ TEST_F(ServingCluster, AFloodOfHostileRequestsDoesNotStopHonestClients) {
 // garbage — empty, random bytes, a msgpack header claiming 2^32 elements, valid msgpack of the
 // wrong shape — and forges what only others may say: election heartbeats and votes in the leader's
 // name at a far higher term, a view and a plan naming itself leader with a far higher epoch, group
-// link params for another rank. Nothing changes: same leader, same term, same plan, every member
-// alive, the garbage counted, and honest clients get the reference tokens.
+// link params for another rank — and frames of 2 and 8 MiB (the members' limit is 1 MiB). Nothing
+// changes: same leader, same term, same plan, every member alive, the garbage and the oversized
+// frames counted, and honest clients get the reference tokens.
 TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
   start_all();
   wait_plan({0, 1, 2}, 3);
@@ -822,6 +823,9 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
   transport::control::node_config cc;
   cc.node_id = "6666666666666666aaaaaaaaaaaaaaaa";  // looks like a member id; is not one
   cc.keys = *keys;
+  // Its own limits let it send frames far above the members' (1 MiB): they must refuse them.
+  cc.limits.max_frame_size = transport::control::kHardMaxFrameSize;
+  cc.limits.max_body_size = transport::control::kHardMaxFrameSize - 4096;
   auto hostile = transport::control::control_node::start(cc, {});
   ASSERT_TRUE(hostile) << hostile.error().describe();
   auto pack = [](const auto& v) {
@@ -869,6 +873,16 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
     gl.key = "tiny/anything";
     gl.from_rank = 1;
     msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::group_link), pack(gl)});
+    // Oversized: valid msgpack (a bin of 2 and 8 MiB) in otherwise well-formed frames.
+    for (std::size_t mib : {2, 8}) {
+      std::vector<char> big(mib << 20, 'x');
+      msgpack::sbuffer b;
+      msgpack::pack(b, msgpack::type::raw_ref(big.data(), static_cast<std::uint32_t>(big.size())));
+      std::vector<std::byte> body(reinterpret_cast<const std::byte*>(b.data()),
+                                  reinterpret_cast<const std::byte*>(b.data()) + b.size());
+      msgs.push_back({static_cast<std::uint16_t>(runtime::runtime_msg::plan), body});
+      msgs.push_back({64, std::move(body)});
+    }
     for (const auto& [type, body] : msgs)
       (void)(*hostile)->send(peer, type, body);  // some are refused locally (unknown types)
   }
@@ -880,6 +894,7 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
     EXPECT_EQ((*st)["node"]["term"], term) << "node " << i;
     EXPECT_EQ((*st)["plan"]["epoch"], plan_epoch) << "node " << i;
     EXPECT_GT((*st)["stats"]["undecodable"].get<std::uint64_t>(), 0u) << "node " << i;
+    EXPECT_GE((*st)["control"]["rejected"]["oversized"].get<std::uint64_t>(), 4u) << "node " << i;
     std::size_t alive = 0;
     for (const auto& m : (*st)["view"]["members"]) alive += m["status"] == "alive" ? 1 : 0;
     EXPECT_EQ(alive, 3u) << "node " << i;
