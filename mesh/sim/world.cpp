@@ -171,9 +171,10 @@ void world::start(member_id id) {
 
 void world::crash(member_id id) {
   slot& s = at(id);
+  // The actor stops at its next turn; anything it still holds belongs to an older epoch and is
+  // dropped (counted) rather than run.
   if (s.actor) (void)sys_.stop(s.actor, {actors::exit_kind::killed, "crashed by the simulation"});
   s.actor = {};
-  sys_.run_until_idle();  // the actor stops now (its mailbox is empty: the world is idle)
   s.node.reset();
   s.epoch += 1;
   s.paused = false;
@@ -340,16 +341,14 @@ void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {
   kick();
 }
 
-void world::hand_to_node(slot& s, member_id id, std::uint64_t timer_gen, const envelope* msg) {
+void world::hand_to_node(slot& s, std::uint64_t timer_gen, const envelope* msg) {
   sim_event ev;
   ev.epoch = s.epoch;
   ev.timer_gen = timer_gen;
   if (msg != nullptr) ev.msg = *msg;
-  if (auto r = sys_.send(s.actor, std::move(ev)); !r) {
-    // The node's mailbox is bounded like everything else: beyond it the event is lost, counted.
-    if (msg != nullptr) ++counters_.dropped_overflow;
-    (void)id;
-  }
+  // The node's mailbox is bounded like everything else (beyond: lost and counted); its bound is
+  // above everything that can be in flight, so this does not happen in practice.
+  if (auto r = sys_.send(s.actor, std::move(ev)); !r && msg != nullptr) ++counters_.dropped_overflow;
 }
 
 void world::run_event(member_id id, std::uint64_t epoch, std::uint64_t timer_gen, envelope* msg) {
@@ -409,7 +408,7 @@ void world::dispatch(const event& e) {
       }
       return;
     }
-    hand_to_node(s, e.node, 0, e.msg.get());
+    hand_to_node(s, 0, e.msg.get());
     return;
   }
   if (e.epoch != s.epoch || e.timer_gen != s.timer_gen || !s.node) return;
@@ -417,7 +416,7 @@ void world::dispatch(const event& e) {
     s.timer_pending = true;
     return;
   }
-  hand_to_node(s, e.node, e.timer_gen, nullptr);
+  hand_to_node(s, e.timer_gen, nullptr);
 }
 
 void world::invoke(member_id id, const std::function<void(sim_node&, node_context&)>& fn) {

@@ -207,7 +207,7 @@ class world {
   void kick();
   /// Node actor: runs one event on the node (or, if it no longer applies, counts it).
   void run_event(member_id id, std::uint64_t epoch, std::uint64_t timer_gen, envelope* msg);
-  void hand_to_node(slot& s, member_id id, std::uint64_t timer_gen, const envelope* msg);
+  void hand_to_node(slot& s, std::uint64_t timer_gen, const envelope* msg);
   /// When a message sent now from `e.from` to `e.to` arrives (a FIFO channel: never before the
   /// previous one on the same link).
   std::uint64_t arrival(const envelope& e);
