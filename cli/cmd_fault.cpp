@@ -1,7 +1,8 @@
 // tessera fault: breaks a live cluster on purpose, the way an operator or a chaos runner would.
 //
-// Network faults (partition, heal, clear, drop, delay, duplicate, reorder, ok, slow) are fault
-// commands (transport/faults) sent to every member over the authenticated control plane; each
+// Network faults (partition, heal, clear, drop, delay, duplicate, reorder, ok, slow) and clock
+// faults (clock: the named node's protocol clock) are fault commands (transport/faults) sent to
+// every member over the authenticated control plane; each
 // node's fault layer judges the frames it sends to other members, so a two-way partition needs
 // the command on both sides, and a heal must reach members the others have given up on. The
 // reply to each is the node's status, sent after the command over the same link: the command is
@@ -318,6 +319,10 @@ int list_faults(const options& o) {
     std::string what;
     for (const auto& c : f.at("partitions"))
       what += fmt::format(" cut->{}", c.at("to").get<std::string>().substr(0, 8));
+    if (f.contains("clock") && f["clock"].is_object() && f["clock"].value("rate", 1.0) != 1.0)
+      what += fmt::format(" clock[rate {}]", f["clock"].value("rate", 1.0));
+    if (f.contains("clock") && f["clock"].is_object() && f["clock"].value("offset_ms", 0LL) != 0)
+      what += fmt::format(" clock[{:+} ms]", f["clock"].value("offset_ms", 0LL));
     for (const auto& r : f.at("rules"))
       what += fmt::format(" {}->{}[drop {} delay {}ms jitter {}ms dup {} reorder {}]",
                           r.at("from").get<std::string>().substr(0, 8),
@@ -537,10 +542,13 @@ void register_fault(CLI::App& root, int& exit_code) {
       "  partition A,B '|' C     two-way partition      partition A '->' C   one-way (A's frames to C "
       "vanish)\n"
       "  (a bridge: partition A '|' C leaves B talking to both)\n"
-      "  heal | clear            remove partitions | partitions and rules\n"
+      "  heal | clear            remove partitions | partitions, rules and clock faults\n"
       "  drop A->B 0.3 | delay A->B 50ms [10ms] | duplicate A->B 0.1 | reorder A->B 0.2 [5ms]\n"
       "  ok A->B                 remove the faults on A->B   (A<->B: both ways; * = any node)\n"
       "  slow A 50ms [10ms]      delay everything A sends\n"
+      "  clock A rate 2 | clock A bump 5s | clock A ok\n"
+      "                          A's protocol clock runs 0.25-4x as fast | jumps forward | runs\n"
+      "                          at the real rate again (timers of membership, election, plans)\n"
       "  list                    the faults in force on every member\n"
       "process (on the node's own host):\n"
       "  kill A | stop A         SIGKILL | SIGTERM (graceful leave)\n"

@@ -43,6 +43,7 @@
 #include "mesh/node/identity_conflict.hpp"
 #include "mesh/node/node_id.hpp"
 #include "mesh/runtime/bandwidth_probe.hpp"
+#include "mesh/runtime/protocol_clock.hpp"
 #include "mesh/serving/engine.hpp"
 #include "mesh/serving/planning.hpp"
 #include "mesh/topology/topology.hpp"
@@ -320,11 +321,38 @@ struct node_runtime::impl {
   std::uint32_t link_dead_after_ms = 0;  // control links: silence before down (set at start)
   std::uint64_t plans_refused = 0;              // undecodable or failing validation
   std::shared_ptr<transport::faults::fault_injector> injector;  // shared with the control plane
+  mutable std::mutex clock_mu;  // guards pclock and clock_seen (now_ms() is called from any thread)
+  mutable protocol_clock pclock;
+  mutable transport::faults::clock_rule clock_seen;
 
-  std::uint64_t now_ms() const {
+  std::uint64_t real_ms() const {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
             .count());
+  }
+
+  /// The protocols' time: real time unless `tessera fault clock` skews this node's clock.
+  std::uint64_t now_ms() const {
+    transport::faults::clock_rule r;
+    if (injector)
+      injector->update([&](const transport::faults::fault_policy& p) {
+        if (const auto* c = p.clock_for(hex)) r = *c;
+      });
+    std::lock_guard g(clock_mu);
+    const auto real = real_ms();
+    if (!(r == clock_seen)) {
+      spdlog::warn("node {}: clock fault: rate {}, bumped {} ms in all", hex, r.rate,
+                   r.bump_ns / 1'000'000);
+      pclock.apply(r.rate, static_cast<std::uint64_t>(r.bump_ns / 1'000'000), real);
+      clock_seen = r;
+    }
+    return pclock.at(real);
+  }
+
+  /// Real milliseconds until the protocols' clock moved `local_ms` (a fast clock: fewer).
+  std::uint64_t real_wait_ms(std::uint64_t local_ms) const {
+    std::lock_guard g(clock_mu);
+    return pclock.real_wait(local_ms);
   }
 
   void push(event e, bool droppable) {
@@ -924,7 +952,8 @@ struct node_runtime::impl {
         wake = std::min(wake, next_report_ms);
         const auto now = now_ms();
         if (queue.empty() && !stop_loop && wake > now)
-          cv.wait_for(lock, std::chrono::milliseconds(std::min<std::uint64_t>(wake - now, 100)));
+          cv.wait_for(lock, std::chrono::milliseconds(
+                                std::min<std::uint64_t>(real_wait_ms(wake - now), 100)));
         if (stop_loop) return;
         batch.swap(queue);
       }
@@ -1061,7 +1090,10 @@ struct node_runtime::impl {
               {"frames_duplicated", st.fault_duplicated}};
     json cuts = json::array();
     json rules = json::array();
+    json clocks = json::array();
     injector->update([&](const transport::faults::fault_policy& pol) {
+      for (const auto& [node, c] : pol.clocks())
+        clocks.push_back({{"node", node}, {"rate", c.rate}, {"bump_ms", c.bump_ns / 1'000'000}});
       for (const auto& [from, to] : pol.cuts())
         cuts.push_back({{"from", from}, {"to", to}});
       for (const auto& [pair, r] : pol.rules())
@@ -1075,6 +1107,12 @@ struct node_runtime::impl {
     });
     f["partitions"] = cuts;
     f["rules"] = rules;
+    f["clocks"] = clocks;
+    {
+      std::lock_guard g(clock_mu);
+      const auto real = real_ms();
+      f["clock"] = {{"rate", pclock.rate()}, {"offset_ms", pclock.offset_ms(real)}};
+    }
     return f;
   }
 

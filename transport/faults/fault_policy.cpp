@@ -246,6 +246,30 @@ result<fault_command> parse_partition(std::string_view rest) {
 
 }  // namespace
 
+result<void> fault_policy::set_clock(std::string_view node, std::optional<double> rate,
+                                     std::int64_t add_bump_ns, bool reset) {
+  if (rate && !(*rate >= min_clock_rate && *rate <= max_clock_rate))
+    return make_error(errc::invalid_argument, "fault clock: rate {} is outside [{}, {}]", *rate,
+                      min_clock_rate, max_clock_rate);
+  if (add_bump_ns < 0 || add_bump_ns > max_clock_bump_ns)
+    return make_error(errc::invalid_argument, "fault clock: a bump must be forward and at most 1 h");
+  auto it = clocks_.find(node);
+  clock_rule r = it == clocks_.end() ? clock_rule{} : it->second;
+  if (reset) r.rate = 1.0;
+  if (rate) r.rate = *rate;
+  if (r.bump_ns + add_bump_ns > max_clock_bump_ns)
+    return make_error(errc::invalid_argument, "fault clock: bumps add up to more than 1 h");
+  r.bump_ns += add_bump_ns;
+  // The bump total stays (the node's clock keeps the time it reached); a node back at the real
+  // rate with no bump ever has no entry.
+  if (r == clock_rule{}) {
+    if (it != clocks_.end()) clocks_.erase(it);
+    return ok();
+  }
+  clocks_[std::string(node)] = r;
+  return ok();
+}
+
 result<fault_command> parse_fault_command(std::string_view text) {
   constexpr std::size_t max_command_bytes = 4096;
   if (text.size() > max_command_bytes) {
@@ -264,6 +288,43 @@ result<fault_command> parse_fault_command(std::string_view text) {
       return make_error(errc::invalid_argument, "fault command: '{}' takes no arguments", verb);
     }
     c.what = verb == "heal" ? fault_command::verb::heal : fault_command::verb::clear;
+    return c;
+  }
+  if (verb == "clock") {
+    // clock NODE rate R | clock NODE bump D | clock NODE ok
+    if (w.size() < 3 || (w[2] != "ok" && w.size() != 4) || (w[2] == "ok" && w.size() != 3))
+      return make_error(errc::invalid_argument,
+                        "fault command: 'clock' takes a node and 'rate R', 'bump D' or 'ok'");
+    auto node = parse_names(w[1]);
+    if (!node) return std::move(node).error();
+    if (node->size() != 1 || (*node)[0] == "*")
+      return make_error(errc::invalid_argument, "fault command: 'clock' takes one node, got '{}'",
+                        w[1]);
+    c.what = fault_command::verb::clock;
+    c.side_a = std::move(*node);
+    if (w[2] == "ok") {
+      c.clock_reset = true;
+    } else if (w[2] == "rate") {
+      double r = 0;
+      const std::string t(w[3]);
+      char* end = nullptr;
+      r = std::strtod(t.c_str(), &end);
+      if (end != t.c_str() + t.size() || !(r >= min_clock_rate && r <= max_clock_rate))
+        return make_error(errc::invalid_argument,
+                          "fault command: clock rate '{}' is not a number in [{}, {}]", w[3],
+                          min_clock_rate, max_clock_rate);
+      c.clock_rate = r;
+    } else if (w[2] == "bump") {
+      auto d = parse_duration_ns(w[3]);
+      if (!d) return std::move(d).error();
+      if (*d <= 0 || *d > max_clock_bump_ns)
+        return make_error(errc::invalid_argument,
+                          "fault command: clock bump '{}' must be forward and at most 1 h", w[3]);
+      c.clock_bump_ns = *d;
+    } else {
+      return make_error(errc::invalid_argument,
+                        "fault command: 'clock' takes 'rate', 'bump' or 'ok', got '{}'", w[2]);
+    }
     return c;
   }
   c.what = fault_command::verb::rule;
@@ -313,7 +374,7 @@ result<fault_command> parse_fault_command(std::string_view text) {
   } else {
     return make_error(errc::invalid_argument,
                       "fault command: unknown verb '{}' (partition, heal, clear, drop, delay, "
-                      "duplicate, reorder, ok)",
+                      "duplicate, reorder, ok, clock)",
                       verb);
   }
   return c;
@@ -332,6 +393,12 @@ result<void> apply(fault_policy& policy, const fault_command& c) {
       policy.partition(c.side_a, c.side_b, c.two_way);
       return ok();
     case verb::rule: break;
+    case verb::clock:
+      if (c.side_a.size() != 1)
+        return make_error(errc::invalid_argument, "fault clock: needs exactly one node");
+      return policy.set_clock(c.side_a[0],
+                              c.clock_rate > 0 ? std::optional(c.clock_rate) : std::nullopt,
+                              c.clock_bump_ns, c.clock_reset);
     default:
       return make_error(errc::invalid_argument, "fault command: unknown verb {}",
                         static_cast<int>(c.what));

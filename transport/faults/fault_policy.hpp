@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -58,6 +59,19 @@ struct decision {
   [[nodiscard]] bool lost() const noexcept { return copies == 0; }
 };
 
+/// A node's protocol clock fault (Jepsen's clock nemesis): the node's timers run `rate` times as
+/// fast as real time, and its clock has been bumped forward by `bump_ns` in all. Forward only: the
+/// protocols' clocks are monotonic, and a node whose clock went back would be a broken node, not a
+/// skewed one. Applied by the node whose name it carries (mesh/runtime reads it).
+struct clock_rule {
+  double rate = 1.0;         ///< in [min_clock_rate, max_clock_rate]
+  std::int64_t bump_ns = 0;  ///< total forward jumps so far, in [0, max_clock_bump_ns]
+  bool operator==(const clock_rule&) const = default;
+};
+inline constexpr double min_clock_rate = 0.25;
+inline constexpr double max_clock_rate = 4.0;
+inline constexpr std::int64_t max_clock_bump_ns = 3600LL * 1'000'000'000;
+
 /// Orders (from, to) pairs of std::string or std::string_view alike (heterogeneous lookup).
 struct pair_less {
   using is_transparent = void;
@@ -85,11 +99,27 @@ class fault_policy {
                  bool two_way = true);
   /// Removes every partition (rules stay).
   void heal() { cuts_.clear(); }
-  /// Removes every partition and rule. Random streams keep their positions.
+  /// Removes every partition, rule and clock fault (a node's clock keeps the time it reached and
+  /// runs at the real rate again). Random streams keep their positions.
   void clear() {
     cuts_.clear();
     rules_.clear();
+    clocks_.clear();
   }
+
+  /// The clock fault of `node` (nullptr: none).
+  [[nodiscard]] const clock_rule* clock_for(std::string_view node) const {
+    auto it = clocks_.find(node);
+    return it == clocks_.end() ? nullptr : &it->second;
+  }
+  /// Every clock fault in force, by node.
+  [[nodiscard]] std::vector<std::pair<std::string, clock_rule>> clocks() const {
+    return {clocks_.begin(), clocks_.end()};
+  }
+  /// Sets the rate, adds a forward bump, or (rate 1 and no bump ever) removes the entry. Errors
+  /// name the bound a value is outside of.
+  [[nodiscard]] result<void> set_clock(std::string_view node, std::optional<double> rate,
+                                       std::int64_t add_bump_ns, bool reset);
 
   /// True when from -> to is cut.
   [[nodiscard]] bool is_cut(std::string_view from, std::string_view to) const;
@@ -117,6 +147,7 @@ class fault_policy {
 
   std::uint64_t seed_;
   std::map<std::pair<std::string, std::string>, link_rule, pair_less> rules_;
+  std::map<std::string, clock_rule, std::less<>> clocks_;
   std::set<std::pair<std::string, std::string>, pair_less> cuts_;
   std::map<std::pair<std::string, std::string>, pair_stream, pair_less> streams_;
 };
@@ -129,6 +160,7 @@ struct fault_command {
     heal = 2,
     clear = 3,
     rule = 4,  ///< set `rule` on from -> to (and back when two_way)
+    clock = 5,  ///< side_a = [node]: clock_rate (when > 0), add clock_bump_ns, or clock_reset
   };
   /// For verb::rule: which part of the pair's rule this command sets (reset = remove the rule).
   enum class aspect : std::uint8_t { reset = 0, drop = 1, delay = 2, duplicate = 3, reorder = 4 };
@@ -144,8 +176,12 @@ struct fault_command {
   double duplicate = 0;
   double reorder = 0;
   std::int64_t reorder_hold_ns = 5'000'000;
+  // clock fields
+  double clock_rate = 0;  ///< > 0: set the rate
+  std::int64_t clock_bump_ns = 0;
+  bool clock_reset = false;  ///< back to the real rate (the time reached is kept)
   MSGPACK_DEFINE_MAP(what, part, side_a, side_b, two_way, drop, delay_ns, jitter_ns, duplicate, reorder,
-                     reorder_hold_ns)
+                     reorder_hold_ns, clock_rate, clock_bump_ns, clock_reset)
 };
 
 /// Parses the command language:
@@ -158,6 +194,9 @@ struct fault_command {
 ///   duplicate a->b 0.05
 ///   reorder a->b 0.2 [10ms]    hold 20% of messages back by 10 ms
 ///   ok a->b                    remove faults on a->b (a rule with nothing in it)
+///   clock a rate 2             node a's protocol clock runs twice as fast (0.25 .. 4)
+///   clock a bump 5s            node a's protocol clock jumps 5 s forward (up to 1 h in all)
+///   clock a ok                 node a's clock runs at the real rate again (the time it reached stays)
 /// Errors name the offending token.
 [[nodiscard]] result<fault_command> parse_fault_command(std::string_view text);
 

@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -313,6 +316,73 @@ TEST(ClusterFault, PauseResumeRestartAndKillAPeer) {
   auto k = fault(*c, via, {"kill", fid.substr(0, 8)});
   ASSERT_TRUE(k.has_value()) << k.error().message;
   ASSERT_TRUE(wait_until([&] { return seen_by_via() == "dead"; }, 30s)) << seen_by_via();
+}
+
+// Clock faults (Jepsen's clock nemesis) against live processes: a follower's protocol clock runs 4x
+// fast, the leader's jumps 20 s forward. Each node reports its own skew; the cluster may change
+// leaders (the leader's lease and CheckQuorum timers see 20 s pass at once) but never has two
+// leaders in one term, and after `clear` it converges again.
+TEST(ClusterFault, ClockFaultsSkewPeersAndTheClusterStaysOne) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  for (std::size_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string leader, why;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
+      << why << "\n"
+      << c->logs();
+  const std::size_t l = index_of(*c, leader);
+  ASSERT_LT(l, 3u);
+  const std::size_t f = (l + 1) % 3;
+  auto applied_everywhere = [](const result<std::string>& out) {
+    if (!out) return false;
+    auto j = nlohmann::json::parse(*out);
+    return j.at("ok").get<bool>() && j.at("members").size() == 3u;
+  };
+  auto clock_of = [&](std::size_t i) -> nlohmann::json {
+    auto s = c->status(i);
+    return s ? s->at("faults").at("clock") : nlohmann::json();
+  };
+  std::map<std::uint64_t, std::set<std::string>> leaders;  // term -> who claimed to lead it
+  auto sample = [&] {
+    for (std::size_t i = 0; i < 3; ++i)
+      if (auto s = c->status(i); s && s->at("node").at("role") == "leader")
+        leaders[s->at("node").at("term").get<std::uint64_t>()].insert(c->node_id(i));
+  };
+  ASSERT_TRUE(applied_everywhere(fault(*c, l, {"clock", c->node_id(f).substr(0, 8), "rate", "4"})));
+  ASSERT_TRUE(wait_until([&] { return clock_of(f).value("offset_ms", 0LL) > 1500; }, 10s))
+      << clock_of(f).dump();
+  EXPECT_EQ(clock_of(f).value("rate", 0.0), 4.0);
+  EXPECT_EQ(clock_of(l).value("rate", 0.0), 1.0);  // only the named node skews itself
+  ASSERT_TRUE(
+      applied_everywhere(fault(*c, f, {"clock", c->node_id(l).substr(0, 8), "bump", "20s"})));
+  ASSERT_TRUE(wait_until([&] { return clock_of(l).value("offset_ms", 0LL) >= 20'000; }, 10s))
+      << clock_of(l).dump();
+  for (int k = 0; k < 25; ++k) {
+    sample();
+    std::this_thread::sleep_for(200ms);
+  }
+  auto listed = fault(*c, f, {"list"});
+  ASSERT_TRUE(listed.has_value()) << listed.error().message;
+  std::size_t clocks = 0;
+  for (const auto& m : nlohmann::json::parse(*listed)) clocks += m.at("faults").at("clocks").size();
+  EXPECT_EQ(clocks, 3u * 2u) << "every member holds both clock faults";
+  ASSERT_TRUE(applied_everywhere(fault(*c, f, {"clear"})));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        sample();
+        return c->converged({0, 1, 2}, nullptr, &why);
+      },
+      60s))
+      << why << "\n"
+      << c->logs();
+  EXPECT_EQ(clock_of(f).value("rate", 0.0), 1.0);
+  EXPECT_GE(clock_of(l).value("offset_ms", 0LL), 20'000);  // time never goes back
+  for (const auto& [term, who] : leaders)
+    EXPECT_EQ(who.size(), 1u) << "term " << term << " had " << who.size() << " leaders";
+  std::printf("[fault] clock: follower 4x fast, leader +20 s: %zu terms seen, each with one "
+              "leader; converged after clear\n",
+              leaders.size());
 }
 
 TEST(ClusterFault, BadFaultCommandsAreClearErrors) {

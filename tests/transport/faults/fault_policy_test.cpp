@@ -25,6 +25,13 @@ TEST(fault_command, bad_commands_are_refused_naming_the_offending_token) {
       {"partition a, | c", "''"},
       {"heal now", "no arguments"},
       {"reorder a->b 0.5 10ms extra", "takes"},
+      {"clock a", "'clock' takes"},
+      {"clock a rate 9", "'9'"},
+      {"clock a rate fast", "'fast'"},
+      {"clock * rate 2", "one node"},
+      {"clock a bump 0s", "forward"},
+      {"clock a bump 2h", "2h"},
+      {"clock a warp 1", "'warp'"},
   };
   for (const auto& [text, needle] : cases) {
     auto c = parse_fault_command(text);
@@ -232,6 +239,39 @@ TEST(fault_command, parses_every_verb_and_survives_msgpack) {
   ASSERT_TRUE(dup);
   EXPECT_TRUE(dup->two_way);
   EXPECT_EQ(dup->side_a[0], "*");
+}
+
+// Clock faults: a node's rate and its forward bumps accumulate per node; ok restores the real rate
+// (the bumps stay: time never goes back); clear removes them; they travel as msgpack.
+TEST(fault_command, clock_faults_set_rate_and_bumps_per_node) {
+  fault_policy p(1);
+  for (const char* text : {"clock n1 rate 2.5", "clock n1 bump 3s", "clock n1 bump 500ms",
+                           "clock n2 rate 0.5"}) {
+    auto c = parse_fault_command(text);
+    ASSERT_TRUE(c) << text << ": " << c.error().describe();
+    msgpack::sbuffer buf;
+    msgpack::pack(buf, *c);
+    fault_command back;
+    msgpack::unpack(buf.data(), buf.size()).get().convert(back);
+    ASSERT_TRUE(apply(p, back)) << text;
+  }
+  ASSERT_NE(p.clock_for("n1"), nullptr);
+  EXPECT_EQ(p.clock_for("n1")->rate, 2.5);
+  EXPECT_EQ(p.clock_for("n1")->bump_ns, 3'500'000'000LL);
+  EXPECT_EQ(p.clock_for("n2")->rate, 0.5);
+  EXPECT_EQ(p.clock_for("n3"), nullptr);
+  ASSERT_TRUE(apply(p, *parse_fault_command("clock n1 ok")));
+  EXPECT_EQ(p.clock_for("n1")->rate, 1.0);
+  EXPECT_EQ(p.clock_for("n1")->bump_ns, 3'500'000'000LL);
+  ASSERT_TRUE(apply(p, *parse_fault_command("clock n2 ok")));
+  EXPECT_EQ(p.clock_for("n2"), nullptr);  // nothing left to remember
+  p.heal();
+  EXPECT_EQ(p.clocks().size(), 1u);  // heal is about partitions
+  p.clear();
+  EXPECT_TRUE(p.clocks().empty());
+  EXPECT_FALSE(p.set_clock("n1", 5.0, 0, false));
+  EXPECT_FALSE(p.set_clock("n1", std::nullopt, max_clock_bump_ns, false) &&
+               p.set_clock("n1", std::nullopt, 1, false));  // bumps add up to more than 1 h
 }
 
 TEST(fault_injector, rules_switched_at_run_time_apply_to_the_next_decision) {
