@@ -181,6 +181,7 @@ void world::crash(member_id id) {
   s.backlog.clear();
   s.timer_pending = false;
   s.timer_gen += 1;
+  s.timer_local.reset();
 }
 
 void world::pause(member_id id) {
@@ -216,6 +217,20 @@ void world::set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_pp
   s.rate_ppm = rate_ppm;
   const std::uint64_t after = local_time(id, now_ms());
   if (after < before) s.offset_ms += static_cast<std::int64_t>(before - after);
+}
+
+void world::skew_clock(member_id id, std::int32_t rate_ppm, std::uint64_t bump_ms) {
+  TESSERA_ASSERT(rate_ppm > -500'000 && rate_ppm <= 3'000'000, "sim: clock rate {} out of range",
+                 rate_ppm);
+  slot& s = at(id);
+  const std::uint64_t now = now_ms();
+  const auto before = static_cast<std::int64_t>(local_time(id, now));
+  const auto g = static_cast<std::int64_t>(now);
+  s.rate_ppm = rate_ppm;
+  // Continue from the time the clock shows (plus the bump) at the new rate.
+  s.offset_ms = before + static_cast<std::int64_t>(bump_ms) - g - g * rate_ppm / 1'000'000;
+  // The node's timer was set in local time: it is due at another global time now.
+  if (s.node && s.timer_local) set_timer(id, s.timer_local);
 }
 
 std::uint64_t world::local_time(member_id id, std::uint64_t global_ms) const {
@@ -329,6 +344,7 @@ void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {
   slot& s = at(id);
   s.timer_gen += 1;
   s.timer_pending = false;
+  s.timer_local = local_at_ms;
   if (!local_at_ms) return;
   // Invert the node's clock, rounding up so the node's local time has reached its deadline.
   const double scale = 1'000'000.0 / (1'000'000.0 + s.rate_ppm);
@@ -363,6 +379,7 @@ void world::run_event(member_id id, std::uint64_t epoch, std::uint64_t timer_gen
     s.node->on_message(ctx, *msg);
   } else {
     if (timer_gen != s.timer_gen) return;  // re-armed since it was handed over
+    s.timer_local.reset();
     s.node->on_timer(ctx);
   }
   if (observer_) observer_();

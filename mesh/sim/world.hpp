@@ -126,6 +126,9 @@ class world {
   void resume(member_id id);
   /// Local clock = offset_ms + global * (1e6 + rate_ppm) / 1e6 (rate_ppm > -1e6).
   void set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_ppm);
+  /// A clock fault as `tessera fault clock` makes one: the node's clock runs at `rate_ppm` from
+  /// now on (continuing from the time it shows) and jumps `bump_ms` forward. Never goes back.
+  void skew_clock(member_id id, std::int32_t rate_ppm, std::uint64_t bump_ms);
 
   /// Clean partition: nodes in different groups cannot talk; nodes in no group talk to all.
   void partition(const std::vector<std::vector<member_id>>& groups);
@@ -187,6 +190,7 @@ class world {
     std::vector<envelope> backlog;
     bool timer_pending = false;  // fired while paused
     std::uint64_t timer_gen = 0;
+    std::optional<std::uint64_t> timer_local;  // the pending timer's deadline, in local time
     std::int64_t offset_ms = 0;
     std::int32_t rate_ppm = 0;
   };

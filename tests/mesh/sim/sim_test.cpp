@@ -2,7 +2,7 @@
 //
 // Each seed builds a cluster, lets it converge, then runs a schedule of fault episodes (clean
 // partitions, one-way links, bridges, swizzle-clog, crash/restart, pause, lossy/duplicating/slow
-// links, leader isolation) with clock skew throughout, healing after each; the checkers watch every event.
+// links, leader isolation, clock faults: a node 0.5x/2x/3x as fast with a forward jump) with clock skew throughout, healing after each; the checkers watch every event.
 // A failure prints its seed; replay exactly with TESSERA_SIM_SEED=<seed>.
 //
 //   TESSERA_SIM_SEEDS=5000 TESSERA_SIM_FIRST_SEED=1 ./tessera_mesh_sim_tests
@@ -152,9 +152,11 @@ seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::
   base.delay_min_ms = 1;
   base.delay_max_ms = static_cast<std::uint32_t>(rng.uniform(0, 2) == 0 ? 3 : rng.uniform(10, 40));
   w->set_link_faults(base);
-  for (member_id id : nodes)
-    w->set_clock(id, rng.uniform(0, 10'000),
-                 static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000);
+  std::map<member_id, std::int32_t> base_rate;
+  for (member_id id : nodes) {
+    base_rate[id] = static_cast<std::int32_t>(rng.uniform(0, 40'001)) - 20'000;
+    w->set_clock(id, rng.uniform(0, 10'000), base_rate[id]);
+  }
   for (member_id id : w->ids())
     if (id > n) w->start(id);  // clients: on the global clock, their schedule from t=0
   for (member_id id : nodes) {
@@ -179,7 +181,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::
     std::string what;
     const std::uint64_t duration = rng.uniform(100, 3'500);
     bool ran = false;  // the episode ran its own course (swizzle-clog)
-    switch (rng.uniform(0, 9)) {
+    std::vector<member_id> skewed;
+    switch (rng.uniform(0, 10)) {
       case 0: {
         const std::size_t k = rng.uniform(1, n);
         std::vector<member_id> a(ids.begin(), ids.begin() + static_cast<long>(k));
@@ -258,6 +261,18 @@ seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::
         ran = true;
         break;
       }
+      case 9: {
+        // A clock fault (as `tessera fault clock`): one node's clock runs 0.5x, 2x or 3x as fast
+        // for the episode and jumps up to 10 s forward.
+        const member_id victim = rng.uniform(0, 2) == 0 ? leader : ids[0];
+        const std::int32_t rates[] = {-500'000 + 1, 1'000'000, 2'000'000};
+        const std::int32_t rate = rates[rng.uniform(0, 3)];
+        const std::uint64_t bump = rng.uniform(0, 10'001);
+        w->skew_clock(victim, rate, bump);
+        skewed.push_back(victim);
+        what = fmt::format("clock of {} at {:+} ppm, +{} ms", victim, rate, bump);
+        break;
+      }
       default: {  // crash a minority and partition the rest
         const member_id victim = ids[0];
         w->crash(victim);
@@ -275,6 +290,8 @@ seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::
     if (!ran) w->run_for(duration);
     w->heal();
     w->set_link_faults(base);
+    for (member_id id : skewed)
+      w->skew_clock(id, base_rate[id], 0);  // back to its own rate; the time it reached stays
     for (member_id id : crashed)
       w->restart(id);
     for (member_id id : paused)

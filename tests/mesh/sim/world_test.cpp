@@ -187,6 +187,27 @@ TEST(SimWorld, ClockSkewConvertsTimersToTheNodesLocalTime) {
   EXPECT_LE(at(*w, 1).fired_at[0], 1000u + 112u);  // ~100 global ms later
 }
 
+// A clock fault mid-run: the clock continues from the time it shows, jumps, runs at the new rate,
+// and the node's pending timer is looked at again (it is due at another global time now).
+TEST(SimWorld, ClockFaultJumpsAndRunsFastButNeverGoesBack) {
+  auto w = make_world(1);
+  w->run_for(100);
+  w->invoke(1, [](sim_node&, node_context& ctx) { ctx.set_timer(ctx.now_ms() + 5000); });
+  const std::uint64_t before = w->local_time(1, w->now_ms());
+  w->skew_clock(1, 1'000'000, 2000);  // twice as fast, 2 s forward
+  EXPECT_EQ(w->local_time(1, w->now_ms()), before + 2000);
+  w->run_for(100);
+  EXPECT_EQ(w->local_time(1, w->now_ms()), before + 2200);
+  w->run_for(1500);  // local +3000 more: the 5 s timer (3 s after the jump) is due
+  ASSERT_FALSE(at(*w, 1).fired_at.empty());
+  EXPECT_GE(at(*w, 1).fired_at.back(), before + 5000);
+  const std::uint64_t t = w->local_time(1, w->now_ms());
+  w->skew_clock(1, 0, 0);  // back to the real rate: no step back
+  EXPECT_EQ(w->local_time(1, w->now_ms()), t);
+  w->run_for(10);
+  EXPECT_EQ(w->local_time(1, w->now_ms()), t + 10);
+}
+
 TEST(SimWorld, DropAndDuplicateFollowTheConfiguredRates) {
   auto w = make_world(2);
   w->set_link_faults(link_faults{1, 5, 500'000, 500'000});
