@@ -239,15 +239,17 @@ result<void> resolve_all(const std::vector<member>& ms, std::vector<std::string>
 // ------------------------------------------------------------------ network faults
 
 int network_fault(const options& o, std::string text) {
-  auto ms = discover(o);
-  if (!ms) {
-    std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
-    return 1;
-  }
+  // A command that does not parse is the operator's mistake: say so at once, whatever the
+  // cluster's state.
   auto cmd = faults::parse_fault_command(text);
   if (!cmd) {
     std::fprintf(stderr, "tessera fault: %s\n", cmd.error().message.c_str());
     return 2;
+  }
+  auto ms = discover(o);
+  if (!ms) {
+    std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
+    return 1;
   }
   if (auto r = resolve_all(*ms, cmd->side_a); !r) {
     std::fprintf(stderr, "tessera fault: %s\n", r.error().message.c_str());

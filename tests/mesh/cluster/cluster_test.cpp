@@ -400,6 +400,10 @@ TEST(ClusterFault, BadFaultCommandsAreClearErrors) {
       << verb.error().message;
   auto rate = fault(*c, 0, {"drop", "*->*", "1.5"});
   ASSERT_FALSE(rate.has_value());
+  auto clock = fault(*c, 0, {"clock", c->node_id(0).substr(0, 8), "rate", "9"});
+  ASSERT_FALSE(clock.has_value());
+  EXPECT_NE(clock.error().message.find("clock rate '9'"), std::string::npos)
+      << clock.error().message;
   auto nokey = run_command({TESSERA_BINARY, "fault", "--connect", c->node(0).endpoint(),
                             "--cluster-key", c->dir() + "/missing.key", "heal"},
                            30s);
