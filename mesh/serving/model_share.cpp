@@ -461,8 +461,13 @@ model_fetch::~model_fetch() {
 }
 
 void model_fetch::stop() {
-  stopping_ = true;
-  cv_.notify_all();
+  {
+    // Under the lock: a caller still inside want() / on_answer() (they notify while holding it)
+    // is done with cv_ before this object can go away.
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
   if (thread_.joinable()) thread_.join();
 }
 
@@ -487,8 +492,8 @@ void model_fetch::want(std::vector<share_source> sources,
     if (shards == wants_ && (same_sources || prog_.st != state::failed)) return;
     wants_ = std::move(shards);
     ++want_gen_;
+    cv_.notify_all();  // under the lock: see stop()
   }
-  cv_.notify_all();
 }
 
 void model_fetch::on_answer(const std::string& from_hex, const share_setup& answer) {
@@ -496,8 +501,8 @@ void model_fetch::on_answer(const std::string& from_hex, const share_setup& answ
     std::lock_guard lock(mu_);
     if (prog_.st != state::connecting || prog_.from != from_hex) return;  // stale
     answer_ = answer;
+    cv_.notify_all();  // under the lock: see stop()
   }
-  cv_.notify_all();
 }
 
 std::optional<chunk_table> model_fetch::complete_table() const {

@@ -62,7 +62,15 @@ class ModelShare : public ::testing::Test {
     ASSERT_TRUE(r) << r.error().describe();
   }
   void TearDown() override {
-    fetch_.reset();
+    // The holders' callbacks reach fetch_ under mu_ (from their worker threads, or from the
+    // fetch's own thread for a refusal): take it away under mu_, destroy it outside (its
+    // destructor joins that thread, which may be waiting for mu_).
+    std::unique_ptr<model_fetch> gone;
+    {
+      std::lock_guard lock(mu_);
+      gone = std::move(fetch_);
+    }
+    gone.reset();
     servers_.clear();
     fs::remove_all(dir_);
   }
@@ -95,8 +103,12 @@ class ModelShare : public ::testing::Test {
       auto it = servers_.find(to);
       if (it != servers_.end()) it->second->on_offer("fetcher", m);
     };
-    std::lock_guard lock(mu_);
-    fetch_ = std::make_unique<model_fetch>(std::move(o));
+    auto fresh = std::make_unique<model_fetch>(std::move(o));
+    {
+      std::lock_guard lock(mu_);
+      std::swap(fetch_, fresh);
+    }
+    fresh.reset();  // an earlier fetch goes outside the lock (see TearDown)
   }
 
   /// Waits (30 s at most) until the fetch is ready for `shard`, or its `attempt`th try failed.
