@@ -61,9 +61,6 @@ class stream_follower {
   /// When on_tick must run next at the latest (re-publication, stall, deadline).
   [[nodiscard]] std::uint64_t wake_at_us() const;
   [[nodiscard]] bool finished() const { return finished_; }
-  /// What has arrived so far (tokens in index order, the peers that sent them).
-  [[nodiscard]] const outcome& progress() const { return out_; }
-  [[nodiscard]] std::uint32_t attempt() const { return req_.attempt; }
   [[nodiscard]] bool accepted() const { return accepted_; }
 
  private:

@@ -320,7 +320,6 @@ void mesh_node::on_request(node_context& ctx, member_id client, serving::request
     respond(ctx, client, r);
     return;
   }
-  ++streams_started_;
   respond(ctx, client, base(q, "accepted"));
   stream st;
   st.client = client;

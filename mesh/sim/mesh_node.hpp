@@ -94,8 +94,6 @@ class mesh_node : public sim_node {
   [[nodiscard]] const std::shared_ptr<const placement::plan>& plan() const { return plan_; }
   [[nodiscard]] std::uint64_t plans_refused() const { return plans_refused_; }
   [[nodiscard]] const std::optional<topology::topology_state>& topology() const { return topo_; }
-  /// Requests: streams this node started (accepted attempts) and tokens it sent.
-  [[nodiscard]] std::uint64_t streams_started() const { return streams_started_; }
 
  private:
   void apply(node_context& ctx, membership_output out);
@@ -137,7 +135,6 @@ class mesh_node : public sim_node {
   std::uint64_t leading_since_ms_ = 0;  // when this node last became leader (ready_to_plan)
   std::map<std::string, stream> streams_;  // running, by request id
   serving::finished_ledger finished_;
-  std::uint64_t streams_started_ = 0;
 };
 
 /// Options for a cluster of nodes 1..n with default timeouts, each seeded with all the others

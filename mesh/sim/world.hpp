@@ -170,8 +170,6 @@ class world {
   [[nodiscard]] bool is_paused(member_id id) const;
   /// The node object, or nullptr while down.
   [[nodiscard]] sim_node* node(member_id id) const;
-  /// The actor system the world runs on (deterministic mode; owner thread only).
-  [[nodiscard]] actors::actor_system& system() { return sys_; }
   [[nodiscard]] const world_counters& counters() const { return counters_; }
   [[nodiscard]] std::uint64_t local_time(member_id id, std::uint64_t global_ms) const;
   /// A node's durable bytes (its data dir), also while it is down (tests edit them).

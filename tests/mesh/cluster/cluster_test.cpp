@@ -33,6 +33,16 @@ std::size_t index_of(const cluster_fixture& c, const std::string& id) {
   return c.size();
 }
 
+/// A cluster of three started nodes that converged (60 s at most); the leader's id in `leader`.
+::testing::AssertionResult start_three_converged(cluster_fixture& c, std::string& leader) {
+  for (std::size_t i = 0; i < 3; ++i)
+    if (auto r = c.start(i); !r) return ::testing::AssertionFailure() << r.error().describe();
+  std::string why;
+  if (!wait_until([&] { return c.converged({0, 1, 2}, &leader, &why); }, 60s))
+    return ::testing::AssertionFailure() << why << "\n" << c.logs();
+  return ::testing::AssertionSuccess();
+}
+
 /// Leader every node in `nodes` names, if they all name the same non-null one.
 std::optional<std::string> agreed_leader(const cluster_fixture& c,
                                          const std::vector<std::size_t>& nodes) {
@@ -222,12 +232,8 @@ result<std::string> fault(cluster_fixture& c, std::size_t via,
 TEST(ClusterFault, PartitionTheLeaderAwayThenHeal) {
   auto c = cluster_fixture::create(TESSERA_BINARY, 3);
   ASSERT_TRUE(c.has_value()) << c.error().describe();
-  for (std::size_t i = 0; i < 3; ++i)
-    ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
-      << why << "\n"
-      << c->logs();
+  ASSERT_TRUE(start_three_converged(*c, leader));
   const std::size_t l = index_of(*c, leader);
   ASSERT_LT(l, 3u);
   std::vector<std::size_t> rest;
@@ -276,12 +282,8 @@ TEST(ClusterFault, PartitionTheLeaderAwayThenHeal) {
 TEST(ClusterFault, PauseResumeRestartAndKillAPeer) {
   auto c = cluster_fixture::create(TESSERA_BINARY, 3);
   ASSERT_TRUE(c.has_value()) << c.error().describe();
-  for (std::size_t i = 0; i < 3; ++i)
-    ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
-      << why << "\n"
-      << c->logs();
+  ASSERT_TRUE(start_three_converged(*c, leader));
   std::size_t f = 0;
   while (c->node_id(f) == leader) ++f;
   const std::size_t via = (f + 1) % 3;
@@ -325,12 +327,8 @@ TEST(ClusterFault, PauseResumeRestartAndKillAPeer) {
 TEST(ClusterFault, ClockFaultsSkewPeersAndTheClusterStaysOne) {
   auto c = cluster_fixture::create(TESSERA_BINARY, 3);
   ASSERT_TRUE(c.has_value()) << c.error().describe();
-  for (std::size_t i = 0; i < 3; ++i)
-    ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1, 2}, &leader, &why); }, 60s))
-      << why << "\n"
-      << c->logs();
+  ASSERT_TRUE(start_three_converged(*c, leader));
   const std::size_t l = index_of(*c, leader);
   ASSERT_LT(l, 3u);
   const std::size_t f = (l + 1) % 3;
