@@ -1,5 +1,6 @@
 #include "actors/actor.hpp"
 
+#include "actors/actor_cell.hpp"
 #include "actors/base/log.hpp"
 
 #include "actors/system.hpp"
@@ -48,8 +49,30 @@ void actor::add_handler(std::uint32_t type_id, std::string_view type_name, handl
 }
 
 result<void> actor::post(const actor_ref& to, message_node* node) {
-  node->sender = self_;
+  node->sender = lend_self();
   return sys_->post(to, node);
+}
+
+namespace {
+// A batch is small next to the count's range and large next to a turn's usual sends.
+constexpr std::uint32_t self_credit_batch = 256;
+}  // namespace
+
+actor_ref actor::lend_self() noexcept {
+  actor_cell* cell = self_.cell();
+  if (cell == nullptr) return self_;
+  if (self_credit_ == 0) {
+    cell->refs.fetch_add(self_credit_batch, std::memory_order_relaxed);
+    self_credit_ = self_credit_batch;
+  }
+  --self_credit_;
+  return actor_ref(self_.node(), self_.id(), cell_ptr(cell, /*add_ref=*/false));
+}
+
+void actor::return_self_credit() noexcept {
+  if (self_credit_ == 0) return;
+  // Never the last count: self_ itself holds one until the behaviour is destroyed.
+  self_.cell()->refs.fetch_sub(std::exchange(self_credit_, 0), std::memory_order_relaxed);
 }
 
 result<void> actor::send_request(const actor_ref& to, std::unique_ptr<message_node> node,

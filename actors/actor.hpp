@@ -205,6 +205,10 @@ class actor {
 
   void add_handler(std::uint32_t type_id, std::string_view type_name, handler_fn fn);
   result<void> post(const actor_ref& to, message_node* node);
+  /// `self_` for a node's sender field, its count paid from self_credit_.
+  actor_ref lend_self() noexcept;
+  /// Gives the unused credit back (actor_cell, when the actor stops).
+  void return_self_credit() noexcept;
   timer_id start_timer_node(clock::duration delay, bool periodic,
                             std::function<message_node*()> make);
   template <message T>
@@ -231,6 +235,11 @@ class actor {
 
   actor_system* sys_ = nullptr;
   actor_ref self_;
+  // Counts on our own cell taken in advance, a batch at a time: every message carries a counted
+  // sender, and one atomic increment per send on a line the receivers keep writing (they drop
+  // the counts) was a fifth of a fan-in's time. Kept across turns (self_ keeps the cell alive
+  // until the actor stops anyway) and given back when it stops. Only the actor's turns touch it.
+  std::uint32_t self_credit_ = 0;
   actors::rng rng_;
   std::vector<handler_entry> handlers_;
   std::unordered_map<std::uint64_t, pending_request> pending_;

@@ -98,24 +98,20 @@ resume_result actor_cell::resume(std::size_t max_batch) {
       behaviour_->quit(exit_reason{exit_kind::failed, fmt::format("on_start threw: {}", e.what())});
     }
   }
-  // The senders' counts the handled nodes held are dropped once per run of the same sender: in
-  // a fan-in every message would otherwise bounce the sender's count line between two cores.
-  actor_cell* sender = nullptr;
-  std::uint32_t sender_counts = 0;
   for (std::size_t i = 0; i < max_batch && !behaviour_->quitting_; ++i) {
     message_node* node = mailbox_.pop();
     if (node == nullptr) break;
     actor_cell* s = process(node);
     if (s == nullptr) continue;
-    if (s == sender) {
-      ++sender_counts;
+    if (s == held_sender_ && held_counts_ < held_counts_limit) {
+      ++held_counts_;
       continue;
     }
-    release_counts(sender, sender_counts);
-    sender = s;
-    sender_counts = 1;
+    release_counts(held_sender_, held_counts_);
+    held_sender_ = s;
+    held_counts_ = 1;
   }
-  release_counts(sender, sender_counts);
+  mailbox_.settle();
   if (behaviour_->quitting_) {
     finalize(behaviour_->quit_reason_);
     return resume_result::done;
@@ -132,6 +128,7 @@ resume_result actor_cell::resume(std::size_t max_batch) {
 void actor_cell::drain_after_close() {
   while (mailbox_.size() > 0) {
     message_node* node = mailbox_.pop();
+    mailbox_.settle();  // size() must count exactly what is left
     if (node == nullptr) {
       std::this_thread::yield();  // a push that passed the closed check is still linking
       continue;
@@ -174,6 +171,8 @@ void actor_cell::finalize(exit_reason reason) {
     watchers_.clear();
   }
   actor_ref self = b.self();
+  b.return_self_credit();  // before self_ goes: then the counts can reach zero
+  release_counts(std::exchange(held_sender_, nullptr), std::exchange(held_counts_, 0));
   behaviour_.reset();  // the state dies on its own thread; this also drops self's cycle
   sys_.cell_stopped(*this, self, reason, std::move(watchers), parent_);
 }

@@ -68,6 +68,14 @@ class actor_cell {
   std::mutex watch_mutex_;
   std::vector<actor_ref> watchers_;
   exit_reason exit_reason_;
+  // The counts on the last sender's cell that handled messages carried, dropped together when
+  // a message from another sender comes, at the bound, or when this actor stops. One atomic per
+  // message on a line the sender keeps using made every cross-thread message pay a second
+  // cache-line transfer. The cost: a sender's cell (not its state) may outlive it until this
+  // actor hears from someone else or stops; one cell per actor at most.
+  static constexpr std::uint32_t held_counts_limit = 1024;
+  actor_cell* held_sender_ = nullptr;
+  std::uint32_t held_counts_ = 0;
 };
 
 }  // namespace tessera::actors

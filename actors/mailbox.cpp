@@ -1,6 +1,7 @@
 #include "actors/mailbox.hpp"
 
 #include <thread>
+#include <utility>
 
 namespace tessera::actors {
 
@@ -53,13 +54,13 @@ result<void> mailbox::push(message_node* node, bool bypass_bound) noexcept {
 
 result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_node* node,
                                 bool bypass) {
-  std::int64_t before = l.count.fetch_add(1, std::memory_order_seq_cst);
+  std::int64_t before = l.queue.count.fetch_add(1, std::memory_order_seq_cst);
   if (before & closed_bit) {
-    l.count.fetch_sub(1, std::memory_order_relaxed);
+    l.queue.count.fetch_sub(1, std::memory_order_relaxed);
     return error{errc::closed, "mailbox closed"};
   }
   if (!bypass && static_cast<std::size_t>(before) >= capacity) {
-    l.count.fetch_sub(1, std::memory_order_relaxed);
+    l.queue.count.fetch_sub(1, std::memory_order_relaxed);
     return make_error(errc::overloaded, "{} lane full ({} messages)",
                       node->lane_ == lane::control ? "control" : "data", capacity);
   }
@@ -67,30 +68,47 @@ result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_nod
   return ok();
 }
 
-message_node* mailbox::pop_lane(lane_state& l) noexcept {
-  if ((l.count.load(std::memory_order_relaxed) & ~closed_bit) == 0) return nullptr;
+message_node* mailbox::pop_lane(lane_state& l, std::size_t capacity) noexcept {
+  // No look at the counter first: it lives on the line every sender writes. An empty queue is
+  // seen on the receiver's own line.
   message_node* n = l.queue.pop();
-  if (n) l.count.fetch_sub(1, std::memory_order_relaxed);
+  if (n == nullptr) return nullptr;
+  if (++l.unsettled >= settle_batch || l.near_bound) settle_lane(l, capacity);
   return n;
 }
 
+void mailbox::settle_lane(lane_state& l, std::size_t capacity) noexcept {
+  if (l.unsettled == 0) return;
+  std::int64_t popped = std::exchange(l.unsettled, 0);
+  std::int64_t before = l.queue.count.fetch_sub(popped, std::memory_order_relaxed) & ~closed_bit;
+  // Near the bound every pop is counted at once, so a sender is refused only when the lane is
+  // really full. Far from it the counter may run ahead of the truth by less than a batch; this
+  // view of it is at most a batch of pops old.
+  l.near_bound = before - popped + settle_batch >= static_cast<std::int64_t>(capacity);
+}
+
+void mailbox::settle() noexcept {
+  settle_lane(control_, control_capacity_);
+  settle_lane(data_, data_capacity_);
+}
+
 message_node* mailbox::pop() noexcept {
-  if (message_node* n = pop_lane(control_)) return n;
-  return pop_lane(data_);
+  if (message_node* n = pop_lane(control_, control_capacity_)) return n;
+  return pop_lane(data_, data_capacity_);
 }
 
 std::size_t mailbox::size() const noexcept {
-  return static_cast<std::size_t>((control_.count.load(std::memory_order_seq_cst) & ~closed_bit) +
-                                  (data_.count.load(std::memory_order_seq_cst) & ~closed_bit));
+  return static_cast<std::size_t>((control_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit) +
+                                  (data_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit));
 }
 
 void mailbox::close() noexcept {
-  control_.count.fetch_or(closed_bit, std::memory_order_seq_cst);
-  data_.count.fetch_or(closed_bit, std::memory_order_seq_cst);
+  control_.queue.count.fetch_or(closed_bit, std::memory_order_seq_cst);
+  data_.queue.count.fetch_or(closed_bit, std::memory_order_seq_cst);
 }
 
 bool mailbox::closed() const noexcept {
-  return (data_.count.load(std::memory_order_acquire) & closed_bit) != 0;
+  return (data_.queue.count.load(std::memory_order_acquire) & closed_bit) != 0;
 }
 
 }  // namespace tessera::actors

@@ -9,6 +9,17 @@ namespace {
 thread_local const void* tl_pool = nullptr;
 thread_local void* tl_worker = nullptr;
 constexpr unsigned next_slot_streak_limit = 32;
+// Idle spin: checks between two sched_yield calls (one check with its pause is ~50-100 ns; 16
+// measured no better on a quiet machine and worse beside CPU hogs: 3.9 vs 1.1 µs a round trip).
+constexpr unsigned yield_every = 64;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 }  // namespace
 
 thread_pool_scheduler::thread_pool_scheduler(unsigned workers, std::size_t max_batch,
@@ -46,7 +57,9 @@ void thread_pool_scheduler::push_pinned(worker& target, worker* self, actor_cell
     target.pinned.push_back(cell);  // our own deque: no atomics
     return;
   }
-  actor_cell* head = target.inbox.load(std::memory_order_relaxed);
+  // Guess an empty inbox (the usual case of a hand-off) rather than load it first: the CAS then
+  // takes the line in one transfer, where a load and a CAS took two.
+  actor_cell* head = nullptr;
   do {
     cell->sched_next = head;
   } while (!target.inbox.compare_exchange_weak(head, cell, std::memory_order_seq_cst,
@@ -196,12 +209,15 @@ void thread_pool_scheduler::worker_main(worker& w) {
       spinning_.fetch_add(1, std::memory_order_seq_cst);
       auto until = std::chrono::steady_clock::now() + spin_;
       bool found = false;
-      // Spin by yielding, not with pause instructions: when the machine has more runnable threads
-      // than cores, the thread this worker waits for (often the other worker, queued on this very
-      // core) then runs at once; on a quiet machine sched_yield returns at once and this is a spin.
-      while (!stopping_.load(std::memory_order_relaxed) &&
-             std::chrono::steady_clock::now() < until) {
+      // Pause spin, a sched_yield every `yield_every` checks (see the header): new work is seen
+      // within ~100 ns, and a thread queued behind this one on its core runs within a few µs.
+      for (unsigned spins = 1; !stopping_.load(std::memory_order_relaxed); ++spins) {
         if ((found = has_work(w))) break;
+        if (spins % yield_every != 0) {
+          cpu_relax();
+          continue;
+        }
+        if (std::chrono::steady_clock::now() >= until) break;  // the clock at yields only
         std::this_thread::yield();
       }
       spinning_.fetch_sub(1, std::memory_order_seq_cst);

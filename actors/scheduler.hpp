@@ -15,10 +15,13 @@
 //  - Fairness: an actor handles at most `max_batch` messages per turn, then goes to the back of a
 //    queue.
 //  - Idle: a worker with nothing to do spins for at most `spin` (config::spin, 50 µs by default),
-//    then parks on a condition variable. It spins by calling sched_yield between checks of the
-//    queue counters: when the machine has more runnable threads than cores, the thread it waits
-//    for (often the other worker, queued on the same core) then runs at once instead of waiting
-//    out a spinner's time slice; on a quiet machine sched_yield returns at once. The bound keeps a
+//    then parks on a condition variable. It spins with pause instructions between checks of the
+//    queue counters and calls sched_yield every 64 checks: the pause spin sees a hand-off within
+//    ~100 ns (a sched_yield round costs ~250 ns in this VM, which a yield-only spin put on every
+//    cross-thread message), and the yields let the thread it waits for (often the other worker,
+//    queued on the same core when the machine has more runnable threads than cores) run within
+//    a few µs instead of after a spinner's time slice. Measured: cross-thread ping-pong 0.84 µs
+//    yield-only vs 0.39 µs; with two CPU hogs beside it 254 µs vs 1.1 µs. The bound keeps a
 //    message arriving within `spin` from paying a futex wake-up, and keeps an idle system at zero
 //    CPU: past it every worker sleeps. Producers wake a parked worker only when no worker is
 //    spinning, so wake-ups are not wasted.

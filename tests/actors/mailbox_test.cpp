@@ -87,7 +87,48 @@ TEST(Mailbox, ManyProducersOneConsumerLoseNothingAndKeepPerProducerOrder) {
     ++got;
   }
   for (auto& t : threads) t.join();
+  box.settle();  // the owner does this at the end of every turn
   EXPECT_EQ(box.size(), 0u);
+}
+
+TEST(Mailbox, TheBoundIsExactNearTheLimitAndTheCountCatchesUpOnSettle) {
+  // Near the bound every pop is counted at once: a slot freed by a pop is there for the next
+  // push even before the owner settles.
+  mailbox small(100, 4);
+  for (std::uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(small.push(make(i)));
+  message_node* refused = make(100);
+  ASSERT_FALSE(small.push(refused));
+  std::unique_ptr<message_node> first(small.pop());
+  ASSERT_NE(first, nullptr);
+  auto again = small.push(refused);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(small.size(), 100u);
+  while (std::unique_ptr<message_node> n{small.pop()}) {
+  }
+  small.settle();
+  EXPECT_EQ(small.size(), 0u);
+
+  // Far from it pops are subtracted a batch at a time: the count may run ahead of the truth by
+  // less than a batch, never behind it, and is exact after settle().
+  mailbox big(10'000, 4);
+  for (std::uint64_t i = 0; i < 1000; ++i) ASSERT_TRUE(big.push(make(i)));
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    std::unique_ptr<message_node> n(big.pop());
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(static_cast<test::ping*>(n->payload())->seq, i);
+    EXPECT_GE(big.size(), 1000u - i - 1);
+    EXPECT_LT(big.size(), 1000u - i - 1 + static_cast<std::size_t>(mailbox::settle_batch));
+  }
+  big.settle();
+  EXPECT_EQ(big.size(), 990u);
+  for (std::uint64_t i = 10; i < 1000; ++i) {
+    std::unique_ptr<message_node> n(big.pop());
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(static_cast<test::ping*>(n->payload())->seq, i);
+  }
+  EXPECT_EQ(big.pop(), nullptr);
+  big.settle();
+  EXPECT_EQ(big.size(), 0u);
 }
 
 }  // namespace
