@@ -37,8 +37,11 @@ inline constexpr std::size_t decode_prefetch_bytes = 8192;
 
 // A prefetch hint for p + offset. Integer arithmetic on purpose: past the last row the address
 // lies outside the weights (a prefetch never faults, but forming such a pointer would be UB).
+// Into L2 (prefetcht2), not L1: L1 tracks only a few misses at once, so with a slow memory day
+// (~166 ns) L1 prefetches capped the stream at ~9 GB/s where L2 ones reached ~30 (005-kernels.md).
 inline void prefetch_ahead(const void* p, std::size_t offset) noexcept {
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + offset), 0, 3);
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + offset),
+                     /*rw=*/0, /*locality=*/1);
 }
 
 template <template <int, int> class Tile, int MaxR, int MaxT, std::size_t... I>
