@@ -16,8 +16,10 @@
 #include "inference/collectives/group.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -122,6 +124,10 @@ class group::impl {
   bulk::shared_buffer work_;
   std::size_t region_bytes_ = 0;
   std::optional<error> failed_;
+  // Set by group::abort() from any thread; pump() looks at it before every wait slice.
+  std::atomic<bool> external_abort_{false};
+  mutable std::mutex external_mu_;
+  std::string external_reason_;  // under external_mu_
   group_stats stats_;
   std::vector<std::uint32_t> all_ranks_;  // 0..n-1
   std::vector<std::uint32_t> team_;       // set by the first all_reduce_among: its members
@@ -213,9 +219,16 @@ class group::impl {
     return ok();
   }
 
+  result<void> check_external_abort() const {
+    if (!external_abort_.load(std::memory_order_acquire)) return ok();
+    std::lock_guard lock(external_mu_);
+    return make_error(errc::cancelled, "collectives: rank {} aborted: {}", rank_, external_reason_);
+  }
+
   // Polls every link without blocking, then blocks up to `slice` on `focus` (a rank != rank_).
   // Every completion taken from a link is filed (counts stay right) before an error is returned.
   result<void> pump(std::uint32_t focus, std::chrono::microseconds slice) {
+    TESSERA_TRY(check_external_abort());
     bulk::completion c[16];
     std::optional<error> first;
     auto file_all = [&](std::uint32_t q, std::size_t got) {
@@ -821,6 +834,15 @@ result<void> group::send(std::uint32_t to, std::uint64_t tag, std::span<const fl
 result<void> group::recv(std::uint32_t from, std::uint64_t tag, std::span<float> out) {
   return impl_->recv(from, tag, out);
 }
+void group::abort(std::string reason) {
+  {
+    std::lock_guard lock(impl_->external_mu_);
+    if (impl_->external_abort_.load(std::memory_order_relaxed)) return;  // the first reason stays
+    impl_->external_reason_ = std::move(reason);
+  }
+  impl_->external_abort_.store(true, std::memory_order_release);
+}
+
 result<void> group::set_epoch(std::uint32_t epoch) {
   if (epoch <= impl_->epoch_) {
     return make_error(errc::invalid_argument, "collectives: new epoch {} is not after the current {}",

@@ -112,6 +112,13 @@ class group {
   /// what the caller expects (the tensor is consumed).
   [[nodiscard]] result<void> recv(std::uint32_t from, std::uint64_t tag, std::span<float> out);
 
+  /// Any thread: fails the wait in progress (within one wait slice, 2 ms) and every later call
+  /// with errc::cancelled naming `reason`, telling the peers as any failure does. For a caller
+  /// that learns otherwise that a peer is gone (the cluster dropped it from its view) while this
+  /// rank waits on it: a paused or cut-off peer's link reports nothing, and the wait would last
+  /// the whole timeout. Not cleared by set_epoch().
+  void abort(std::string reason);
+
   /// Moves every rank to a new plan epoch (> the current one): a hand-shake with every peer after
   /// which older traffic is stale. Clears a failure left by an earlier call.
   [[nodiscard]] result<void> set_epoch(std::uint32_t epoch);

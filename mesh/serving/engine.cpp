@@ -226,6 +226,10 @@ struct engine::impl {
   std::set<std::string> served_on;         // fetched models the share server serves on
   std::map<std::string, clock_type::time_point> unformed_since;  // hosts that may form later
 
+  // The hosts below, for set_plan() on the node's thread: it aborts the groups of a member the
+  // view dropped, which the engine thread cannot do while it waits inside one of them.
+  group_registry registry;
+
   // --- engine thread only ---
   std::map<std::string, std::unique_ptr<group_host>> hosts;  // groups split over peers, by key
   std::map<std::string, std::deque<group_link_message>> early_links;  // for hosts not made yet
@@ -999,7 +1003,7 @@ struct engine::impl {
           unformed_since.erase(key);
           auto h = std::make_unique<group_host>(key, (*local)->info.path, g, me, opt.bind_address,
                                                 std::move(caps), opt.bulk_caps, std::move(sender),
-                                                opt.threads, std::move(wrap));
+                                                opt.threads, std::move(wrap), &registry);
           if (auto e = early_links.find(key); e != early_links.end()) {
             for (const auto& m : e->second)
               h->on_link_message(m);
@@ -1385,6 +1389,9 @@ std::uint16_t engine::response_port() const {
 void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<member_id> live,
                       std::vector<std::string> client_endpoints,
                       std::map<member_id, peer_facts> peers) {
+  // First, and on this thread: a rank waiting on a member that left waits no longer (the engine
+  // thread may be that rank, inside a forward pass).
+  impl_->registry.abort_without(live);
   {
     std::lock_guard lock(impl_->mu);
     impl_->plan = std::move(plan);

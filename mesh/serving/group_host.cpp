@@ -1,5 +1,7 @@
 #include "mesh/serving/group_host.hpp"
 
+#include <algorithm>
+
 #include <set>
 
 #include <fmt/format.h>
@@ -48,7 +50,7 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
                        std::uint32_t self_rank, std::string bind_address,
                        std::map<member_id, bulk::local_capabilities> caps,
                        bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
-                       link_wrapper wrap)
+                       link_wrapper wrap, group_registry* registry)
     : key_(std::move(key)),
       path_(std::move(model_path)),
       g_(std::move(g)),
@@ -58,11 +60,20 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
       own_caps_(std::move(own_caps)),
       send_(std::move(send)),
       wrap_(std::move(wrap)),
-      threads_(threads) {
+      threads_(threads),
+      registry_(registry) {
+  if (registry_ != nullptr) {
+    std::lock_guard lock(registry_->mu_);
+    registry_->hosts_.push_back(this);
+  }
   thread_ = std::thread([this] { run(); });
 }
 
 group_host::~group_host() {
+  if (registry_ != nullptr) {
+    std::lock_guard lock(registry_->mu_);  // waits for an abort_without() in progress
+    std::erase(registry_->hosts_, this);
+  }
   stopping_ = true;
   cv_.notify_all();
   // Rank 0 of a formed group tells the followers to stop (best effort: the links close anyway).
@@ -121,6 +132,38 @@ void group_host::fail(std::string why) {
   state_ = state::failed;
   failure_ = std::move(why);
   spdlog::warn("serving: group {} failed: {}", key_, failure_);
+}
+
+void group_host::abort(const std::string& why) {
+  std::lock_guard lock(mu_);
+  if (!abort_reason_.empty()) return;
+  abort_reason_ = why;
+  if (group_) group_->abort(why);
+}
+
+std::vector<member_id> group_host::members() const {
+  std::vector<member_id> out;
+  for (const auto& r : g_.ranks) out.push_back(r.node);
+  return out;
+}
+
+void group_registry::abort_without(const std::vector<member_id>& live) {
+  std::lock_guard lock(mu_);
+  const std::set<member_id> now(live.begin(), live.end());
+  std::set<member_id> keep = now;
+  for (group_host* h : hosts_) {
+    for (member_id m : h->members()) {
+      if (now.contains(m)) continue;
+      if (seen_live_.contains(m)) {
+        keep.insert(m);
+        h->abort(fmt::format("member {:016x} of group {} was declared dead", m, h->key()));
+        break;
+      }
+    }
+    for (member_id m : h->members())
+      if (seen_live_.contains(m)) keep.insert(m);
+  }
+  seen_live_ = std::move(keep);
 }
 
 void group_host::run() {
@@ -261,7 +304,11 @@ result<void> group_host::form() {
   go.timeout_ms = std::chrono::milliseconds(15'000);
   auto g = inf::collectives::group::create(self_, raw, go);
   if (!g) return g.error();
-  group_ = std::move(*g);
+  {
+    std::lock_guard lock(mu_);
+    group_ = std::move(*g);
+    if (!abort_reason_.empty()) group_->abort(abort_reason_);  // aborted while forming
+  }
   std::vector<std::uint32_t> stages;
   for (const auto& r : g_.ranks) stages.push_back(r.stage);
   auto ru = *kind == inf::sharded::layout::hybrid

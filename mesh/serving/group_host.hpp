@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,28 @@ struct group_link_message {
 [[nodiscard]] result<inference::model::shard_spec> shard_of(const placement::serving_group& g,
                                                             std::uint32_t rank);
 
+class group_host;
+
+/// The split groups of one engine, for a thread other than the one that drives them: the node's
+/// loop aborts a group whose member left the cluster's view. A paused or cut-off peer's bulk link
+/// reports nothing, so without this the ranks waiting on it would sit out the collectives'
+/// timeout (15 s) before the streams move on. A host is listed from its construction to the start
+/// of its destruction (which waits for an abort in progress).
+class group_registry {
+ public:
+  /// Aborts every listed group with a rank on a member that was in an earlier `live` list and is
+  /// not in this one (any thread). A member never seen live is left alone: a node that has not
+  /// heard of a member yet (its membership still joining) must not abort that member's groups.
+  void abort_without(const std::vector<member_id>& live);
+
+ private:
+  friend class group_host;
+  std::mutex mu_;
+  std::vector<group_host*> hosts_;
+  // Members seen live; bounded by the live list plus the members of the listed groups.
+  std::set<member_id> seen_live_;
+};
+
 class group_host {
  public:
   using sender = std::function<void(member_id to, const group_link_message& m)>;
@@ -61,7 +84,7 @@ class group_host {
              std::uint32_t self_rank, std::string bind_address,
              std::map<member_id, transport::bulk::local_capabilities> caps,
              transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
-             link_wrapper wrap = {});
+             link_wrapper wrap = {}, group_registry* registry = nullptr);
   ~group_host();  ///< closes the links (a follower's follow() fails) and joins
   group_host(const group_host&) = delete;
   group_host& operator=(const group_host&) = delete;
@@ -80,6 +103,11 @@ class group_host {
   [[nodiscard]] inference::sharded::runner* runner() const;
   /// Rank 0: marks the group failed (its runner returned an error).
   void fail(std::string why);
+  /// Any thread: the group's collectives fail now (errc::cancelled, `why`) instead of waiting on
+  /// a peer that is gone; the rank driving it then fails the group as on any collective error.
+  void abort(const std::string& why);
+  /// The members of the group's ranks, in rank order (fixed at construction; any thread).
+  [[nodiscard]] std::vector<member_id> members() const;
   [[nodiscard]] const std::string& key() const { return key_; }
   [[nodiscard]] std::uint32_t size() const { return static_cast<std::uint32_t>(g_.ranks.size()); }
 
@@ -96,6 +124,7 @@ class group_host {
   sender send_;
   link_wrapper wrap_;
   std::uint32_t threads_;
+  group_registry* registry_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -104,6 +133,7 @@ class group_host {
   bool was_ready_ = false;
   bool retry_ = false;
   std::string failure_;
+  std::string abort_reason_;  // set by abort(); applied to the group as soon as it exists
   std::atomic<bool> stopping_{false};
 
   std::unique_ptr<inference::thread_pool> pool_;

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "inference/collectives/group.hpp"
@@ -381,6 +383,56 @@ TEST_P(collectives, a_rank_that_leaves_mid_collective_fails_every_pending_call) 
     EXPECT_TRUE(errors[r]->code == errc::closed || errors[r]->code == errc::cancelled)
         << errors[r]->describe();
   }
+}
+
+TEST_P(collectives, an_abort_from_outside_ends_a_wait_on_a_silent_peer_at_once) {
+  // Rank 2 stays connected but silent (a paused process: its links report nothing). Without the
+  // abort, ranks 0 and 1 would wait out the whole timeout (30 s here).
+  auto mesh = make_local_mesh(GetParam(), 3);
+  ASSERT_TRUE(mesh);
+  std::vector<std::unique_ptr<group>> groups(3);
+  {
+    std::vector<std::thread> forming;
+    for (std::uint32_t r = 0; r < 3; ++r) {
+      forming.emplace_back([&, r] {
+        auto g = group::create(r, row(*mesh, r), opts(1 << 14));
+        ASSERT_TRUE(g) << g.error().describe();
+        groups[r] = std::move(*g);
+      });
+    }
+    for (auto& t : forming) t.join();
+  }
+  ASSERT_TRUE(groups[0] && groups[1] && groups[2]);
+  std::vector<std::optional<error>> errors(2);
+  std::vector<double> waited_s(2);
+  std::vector<std::thread> ranks;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto v = input(r, 0, 3000);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto res = groups[r]->all_reduce(v);
+      waited_s[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!res) errors[r] = res.error();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  groups[0]->abort("member 2a left the view");
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(errors[0] && errors[1]);
+  // Rank 0 names the reason; rank 1 learns it from rank 0's abort message.
+  EXPECT_EQ(errors[0]->code, errc::cancelled) << errors[0]->describe();
+  EXPECT_NE(errors[0]->message.find("member 2a left the view"), std::string::npos)
+      << errors[0]->describe();
+  EXPECT_EQ(errors[1]->code, errc::cancelled) << errors[1]->describe();
+  EXPECT_NE(errors[1]->message.find("rank 0"), std::string::npos) << errors[1]->describe();
+  for (std::uint32_t r = 0; r < 2; ++r) EXPECT_LT(waited_s[r], 10.0) << "rank " << r;
+  // The group stays failed, and a second abort keeps the first reason.
+  groups[0]->abort("another reason");
+  auto v = input(0, 1, 100);
+  auto again = groups[0]->all_reduce(v);
+  ASSERT_FALSE(again);
+  EXPECT_NE(again.error().message.find("member 2a left the view"), std::string::npos)
+      << again.error().describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, collectives,

@@ -2,6 +2,8 @@
 // every request ends in exactly one outcome, malformed client frames are dropped and counted, and a
 // stream whose peer dies (SIGKILL) or leaves (SIGTERM) mid-generation resumes on another peer with
 // every index exactly once and the same tokens.
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -409,6 +411,50 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0].size(), 2u);
   EXPECT_EQ(std::count(after[0].begin(), after[0].end(), groups[0][1]), 0);
+}
+
+// A split group's rank frozen mid-stream (SIGSTOP): its links stay up and say nothing, so the
+// rank driving the group would wait out the collectives' timeout (15 s). The node aborts the
+// group as soon as its membership declares the member dead; the stream resumes on the new group
+// after about that long, every index once, the tokens of one process.
+TEST_F(ServingCluster, AFrozenRankOfASplitGroupIsGivenUpWhenDeclaredDead) {
+  start_all({"--memory-limit-mb", "70", "--max-tp-ranks", "1"});
+  const auto groups = wait_one_group(2, true);
+  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+  ASSERT_EQ(groups[0].size(), 2u) << "expected one group of 2 peers\n" << cluster_->logs();
+  const auto tail = index_of(groups[0][1]);
+  ASSERT_LT(tail, cluster_->size());
+
+  constexpr std::uint32_t n = 120;
+  const auto ref = reference(n);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  std::vector<std::uint32_t> indexes;
+  bool frozen = false;
+  std::chrono::steady_clock::time_point frozen_at, next_at;
+  auto out = (*c)->ask(greedy("split-frozen", n), [&](const token_event& t) {
+    indexes.push_back(t.index);
+    if (frozen && next_at == std::chrono::steady_clock::time_point{})
+      next_at = std::chrono::steady_clock::now();
+    if (t.index == 15 && !frozen) {
+      frozen = true;
+      ASSERT_EQ(::kill(cluster_->node(tail).proc->pid(), SIGSTOP), 0);
+      frozen_at = std::chrono::steady_clock::now();
+    }
+  });
+  ::kill(cluster_->node(tail).proc->pid(), SIGCONT);  // whatever happened: the fixture stops it
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  ASSERT_TRUE(frozen);
+  ASSERT_EQ(indexes.size(), n);
+  for (std::uint32_t k = 0; k < n; ++k)
+    ASSERT_EQ(indexes[k], k);
+  EXPECT_EQ(out->tokens, ref);
+  EXPECT_GE(out->attempts, 2u);
+  const double gap_s = std::chrono::duration<double>(next_at - frozen_at).count();
+  // Dead after ~0.5 s of silence (suspicion), then a new plan and group; the collectives' own
+  // timeout would be 15 s. The bound leaves room for a loaded machine.
+  EXPECT_LT(gap_s, 12.0) << "the stream waited out the collectives' timeout\n" << cluster_->logs();
+  std::printf("frozen rank: next token after %.2f s\n", gap_s);
 }
 
 // Four peers that may each hold about a fifth of the model, at most 2 tensor-parallel ranks per
