@@ -98,8 +98,9 @@ message_node* mailbox::pop() noexcept {
 }
 
 std::size_t mailbox::size() const noexcept {
-  return static_cast<std::size_t>((control_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit) +
-                                  (data_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit));
+  const std::int64_t control = control_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit;
+  const std::int64_t data = data_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit;
+  return static_cast<std::size_t>(control + data);
 }
 
 void mailbox::close() noexcept {

@@ -211,7 +211,8 @@ void thread_pool_scheduler::worker_main(worker& w) {
       bool found = false;
       // Pause spin, a sched_yield every `yield_every` checks (see the header): new work is seen
       // within ~100 ns, and a thread queued behind this one on its core runs within a few µs.
-      for (unsigned spins = 1; !stopping_.load(std::memory_order_relaxed); ++spins) {
+      const bool spin = spin_.count() > 0;  // config::spin 0: park at once
+      for (unsigned spins = 1; spin && !stopping_.load(std::memory_order_relaxed); ++spins) {
         if ((found = has_work(w))) break;
         if (spins % yield_every != 0) {
           cpu_relax();
