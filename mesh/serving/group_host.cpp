@@ -1,7 +1,6 @@
 #include "mesh/serving/group_host.hpp"
 
 #include <algorithm>
-
 #include <set>
 
 #include <fmt/format.h>
