@@ -1389,9 +1389,17 @@ std::uint16_t engine::response_port() const {
 void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<member_id> live,
                       std::vector<std::string> client_endpoints,
                       std::map<member_id, peer_facts> peers) {
-  // First, and on this thread: a rank waiting on a member that left waits no longer (the engine
-  // thread may be that rank, inside a forward pass).
+  // First, and on this thread: a rank waiting on a member that left, or in a group the plan
+  // dropped, waits no longer (the engine thread may be that rank, inside a forward pass).
   impl_->registry.abort_without(live);
+  if (plan != nullptr) {
+    std::set<std::string> planned;
+    for (const auto& mp : plan->models)
+      for (const auto& g : mp.groups)
+        if (g.ranks.size() > 1) planned.insert(group_key(mp.spec.name, g));
+    impl_->registry.abort_unplanned(planned, fmt::format("{}.{}", plan->epoch.term,
+                                                         plan->epoch.version));
+  }
   {
     std::lock_guard lock(impl_->mu);
     impl_->plan = std::move(plan);

@@ -165,6 +165,14 @@ void group_registry::abort_without(const std::vector<member_id>& live) {
   seen_live_ = std::move(keep);
 }
 
+void group_registry::abort_unplanned(const std::set<std::string>& planned,
+                                     const std::string& plan_name) {
+  std::lock_guard lock(mu_);
+  for (group_host* h : hosts_)
+    if (!planned.contains(h->key()))
+      h->abort(fmt::format("plan {} no longer has group {}", plan_name, h->key()));
+}
+
 void group_host::run() {
   auto r = form();
   if (!r) {

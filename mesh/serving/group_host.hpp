@@ -62,6 +62,10 @@ class group_registry {
   /// not in this one (any thread). A member never seen live is left alone: a node that has not
   /// heard of a member yet (its membership still joining) must not abort that member's groups.
   void abort_without(const std::vector<member_id>& live);
+  /// Aborts every listed group whose key is not in `planned` (the split groups of the plan now in
+  /// force): the plan moved on — a cut between two ranks that both stay members, say — and the
+  /// rank driving the group would otherwise notice only when its collectives time out.
+  void abort_unplanned(const std::set<std::string>& planned, const std::string& plan_name);
 
  private:
   friend class group_host;

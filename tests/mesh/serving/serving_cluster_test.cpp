@@ -496,8 +496,10 @@ TEST_F(ServingCluster, ABridgePartitionBetweenTwoRanksMovesTheGroup) {
   ASSERT_TRUE(c);
   std::vector<std::uint32_t> indexes;
   bool cut = false;
+  std::vector<std::chrono::steady_clock::time_point> arrivals;
   auto out = (*c)->ask(greedy("bridge-1", n), [&](const token_event& t) {
     indexes.push_back(t.index);
+    arrivals.push_back(std::chrono::steady_clock::now());
     if (t.index == 15 && !cut) {
       cut = true;
       auto r = test::run_command({TESSERA_BINARY, "fault", "--connect",
@@ -515,6 +517,14 @@ TEST_F(ServingCluster, ABridgePartitionBetweenTwoRanksMovesTheGroup) {
     ASSERT_EQ(indexes[k], k);
   EXPECT_EQ(out->tokens, ref);
   EXPECT_GE(out->attempts, 2u);
+  double longest_gap_s = 0;  // the stream's stall: the group given up, the stream resumed
+  for (std::size_t k = 1; k < arrivals.size(); ++k)
+    longest_gap_s = std::max(
+        longest_gap_s, std::chrono::duration<double>(arrivals[k] - arrivals[k - 1]).count());
+  std::printf("bridge partition: longest gap between tokens %.2f s\n", longest_gap_s);
+  // The new plan leaves the pair apart, and the group it dropped is given up then (~6 s here),
+  // not when the collectives' 15 s run out.
+  EXPECT_LT(longest_gap_s, 13.0) << "the stream waited out the collectives' timeout";
   // The plan's group no longer holds both; all three are still members.
   const auto after = groups_of(spare);
   ASSERT_EQ(after.size(), 1u);
