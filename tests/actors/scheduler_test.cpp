@@ -13,6 +13,9 @@
 
 namespace tessera::actors {
 namespace {
+using test::burst;
+using test::burster;
+using test::counter;
 using test::eventually;
 using test::ping;
 using test::pong;
@@ -174,32 +177,6 @@ TEST(Scheduler, CrossWorkerPingPongStaysOnTwoThreads) {
   ASSERT_EQ(threads_b.size(), 1u);
   EXPECT_NE(threads_a[0], threads_b[0]);
 }
-
-/// Sends `count` pings to `to` in one turn, then stops itself.
-struct burst {
-  TESSERA_MESSAGE("tessera.test.sched.burst");
-  actor_ref to;
-  std::uint32_t count = 0;
-  MSGPACK_DEFINE(to, count);
-};
-class burster : public actor {
- public:
-  burster() {
-    on<burst>([this](burst& b) {
-      for (std::uint32_t i = 0; i < b.count; ++i) (void)send(b.to, ping{i});
-      quit();
-    });
-  }
-};
-class counter : public actor {
- public:
-  explicit counter(std::atomic<std::uint64_t>& seen) : seen_(seen) {
-    on<ping>([this](ping&) { seen_.fetch_add(1); });
-  }
-
- private:
-  std::atomic<std::uint64_t>& seen_;
-};
 
 // The receiver drops its senders' counts in runs; senders that stopped while their messages
 // were queued must still be freed exactly once (ASan: no leak, no use after free).

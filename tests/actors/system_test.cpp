@@ -163,46 +163,20 @@ TEST(ActorSystem, FullMailboxTellsTheSenderAndLosesNothing) {
   EXPECT_EQ(sys.ask<pong>(*g, ping{5}, 10s)->seq, 5u);
 }
 
-struct blast {
-  TESSERA_MESSAGE("tessera.test.blast");
-  actor_ref to;
-  std::uint32_t n = 0;
-  MSGPACK_DEFINE(to, n);
-};
-/// Sends `n` pings to `to` in one turn.
-class blaster : public actor {
- public:
-  blaster() {
-    on<blast>([this](blast& b) {
-      for (std::uint32_t i = 0; i < b.n; ++i) (void)send(b.to, ping{i});
-    });
-  }
-};
-class ping_counter : public actor {
- public:
-  explicit ping_counter(std::atomic<int>& got) : got_(got) {
-    on<ping>([this](ping&) { ++got_; });
-  }
-
- private:
-  std::atomic<int>& got_;
-};
-
 TEST(ActorSystem, EveryCountOnASendersCellIsGivenBackWhenTheActorsStop) {
   // A sender takes counts on its own cell in batches (256) and a receiver keeps the counts of
   // its last sender's messages until another sender comes or it stops: once both stopped, the
   // sender's cell must carry only the refs still held outside (here: one), or it leaks.
   actor_system sys(threaded());
-  std::atomic<int> got{0};
-  auto sink = sys.spawn<ping_counter>(got);
-  auto src = sys.spawn<blaster>();
+  std::atomic<std::uint64_t> got{0};
+  auto sink = sys.spawn<test::counter>(got);
+  auto src = sys.spawn<test::burster>();  // stops itself after its burst
   ASSERT_TRUE(sink && src);
-  ASSERT_TRUE(sys.send(*src, blast{*sink, 1000}));  // several credit batches
+  ASSERT_TRUE(sys.send(*src, test::burst{*sink, 1000}));  // several credit batches
   ASSERT_TRUE(eventually([&] { return got.load() == 1000; }));
   actor_cell* cell = src->cell();
   ASSERT_NE(cell, nullptr);
   EXPECT_GT(cell->refs.load(), 1u);  // the counts the messages carried, held by the sink
-  ASSERT_TRUE(sys.stop(*src));
   ASSERT_TRUE(eventually([&] { return cell->stopped(); }));
   ASSERT_TRUE(sys.stop(*sink));
   ASSERT_TRUE(eventually([&] { return sink->cell()->stopped(); }));

@@ -1,6 +1,7 @@
 // Messages and helpers shared by the actor-runtime tests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,33 @@ class echo : public actor {
     on<ping>([](ping& p) { return pong{p.seq}; });
     on<boom>([](boom& b) -> void { throw std::runtime_error(b.why); });
   }
+};
+
+/// Sends `count` pings to `to` in one turn, then stops itself.
+struct burst {
+  TESSERA_MESSAGE("tessera.test.sched.burst");
+  actor_ref to;
+  std::uint32_t count = 0;
+  MSGPACK_DEFINE(to, count);
+};
+class burster : public actor {
+ public:
+  burster() {
+    on<burst>([this](burst& b) {
+      for (std::uint32_t i = 0; i < b.count; ++i) (void)send(b.to, ping{i});
+      quit();
+    });
+  }
+};
+/// Counts the pings it gets.
+class counter : public actor {
+ public:
+  explicit counter(std::atomic<std::uint64_t>& seen) : seen_(seen) {
+    on<ping>([this](ping&) { seen_.fetch_add(1); });
+  }
+
+ private:
+  std::atomic<std::uint64_t>& seen_;
 };
 
 /// Polls `pred` until it holds or a generous deadline passes (loaded 2-core CI machines).

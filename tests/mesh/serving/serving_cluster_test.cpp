@@ -162,6 +162,17 @@ class ServingCluster : public ::testing::Test {
     return r;
   }
 
+  /// A stream that a fault interrupted: every index of the reference once and in order, the
+  /// reference tokens, and more than one attempt. Use under ASSERT_NO_FATAL_FAILURE.
+  static void expect_resumed_whole(const std::vector<std::uint32_t>& indexes, const outcome& out,
+                                   const std::vector<std::int32_t>& ref) {
+    ASSERT_EQ(indexes.size(), ref.size());
+    for (std::uint32_t k = 0; k < indexes.size(); ++k)
+      ASSERT_EQ(indexes[k], k);
+    EXPECT_EQ(out.tokens, ref);
+    EXPECT_GE(out.attempts, 2u);
+  }
+
   /// Asks for `n` tokens and, when index `at` arrives, stops its serving peer with `stop`.
   void resume_after(const std::function<void(std::size_t)>& stop, const char* id) {
     start_all();
@@ -184,11 +195,7 @@ class ServingCluster : public ::testing::Test {
     ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
     ASSERT_LT(stopped, cluster_->size()) << "the stream ended before index " << at;
     // Every index exactly once, in order, and the tokens a single peer generates.
-    ASSERT_EQ(indexes.size(), n);
-    for (std::uint32_t k = 0; k < n; ++k)
-      ASSERT_EQ(indexes[k], k);
-    EXPECT_EQ(out->tokens, ref);
-    EXPECT_GE(out->attempts, 2u);
+    ASSERT_NO_FATAL_FAILURE(expect_resumed_whole(indexes, *out, ref));
     ASSERT_GE(out->nodes.size(), 2u);
     EXPECT_EQ(out->nodes.front(), cluster_->node_id(stopped));
     EXPECT_NE(out->nodes.back(), cluster_->node_id(stopped));
@@ -401,11 +408,7 @@ TEST_F(ServingCluster, SplitGroupServesLikeOnePeerAndSurvivesLosingARank) {
   });
   ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
   ASSERT_TRUE(killed);
-  ASSERT_EQ(indexes.size(), n);
-  for (std::uint32_t k = 0; k < n; ++k)
-    ASSERT_EQ(indexes[k], k);
-  EXPECT_EQ(out->tokens, ref);
-  EXPECT_GE(out->attempts, 2u);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_whole(indexes, *out, ref));
   // The new group is the survivor and the spare peer.
   const auto after = groups_of(head);
   ASSERT_EQ(after.size(), 1u);
@@ -445,11 +448,7 @@ TEST_F(ServingCluster, AFrozenRankOfASplitGroupIsGivenUpWhenDeclaredDead) {
   ::kill(cluster_->node(tail).proc->pid(), SIGCONT);  // whatever happened: the fixture stops it
   ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
   ASSERT_TRUE(frozen);
-  ASSERT_EQ(indexes.size(), n);
-  for (std::uint32_t k = 0; k < n; ++k)
-    ASSERT_EQ(indexes[k], k);
-  EXPECT_EQ(out->tokens, ref);
-  EXPECT_GE(out->attempts, 2u);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_whole(indexes, *out, ref));
   const double gap_s = std::chrono::duration<double>(next_at - frozen_at).count();
   // Dead after ~0.5 s of silence (suspicion), then a new plan and group; the collectives' own
   // timeout would be 15 s. The bound leaves room for a loaded machine.
@@ -512,11 +511,7 @@ TEST_F(ServingCluster, ABridgePartitionBetweenTwoRanksMovesTheGroup) {
   });
   ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
   ASSERT_TRUE(cut);
-  ASSERT_EQ(indexes.size(), n);
-  for (std::uint32_t k = 0; k < n; ++k)
-    ASSERT_EQ(indexes[k], k);
-  EXPECT_EQ(out->tokens, ref);
-  EXPECT_GE(out->attempts, 2u);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_whole(indexes, *out, ref));
   double longest_gap_s = 0;  // the stream's stall: the group given up, the stream resumed
   for (std::size_t k = 1; k < arrivals.size(); ++k)
     longest_gap_s = std::max(
