@@ -151,16 +151,14 @@ void group_registry::abort_without(const std::vector<member_id>& live) {
   const std::set<member_id> now(live.begin(), live.end());
   std::set<member_id> keep = now;
   for (group_host* h : hosts_) {
+    member_id dead = no_member;
     for (member_id m : h->members()) {
-      if (now.contains(m)) continue;
-      if (seen_live_.contains(m)) {
-        keep.insert(m);
-        h->abort(fmt::format("member {:016x} of group {} was declared dead", m, h->key()));
-        break;
-      }
+      if (!seen_live_.contains(m)) continue;
+      keep.insert(m);  // remembered while a listed group has it
+      if (dead == no_member && !now.contains(m)) dead = m;
     }
-    for (member_id m : h->members())
-      if (seen_live_.contains(m)) keep.insert(m);
+    if (dead != no_member)
+      h->abort(fmt::format("member {:016x} of group {} was declared dead", dead, h->key()));
   }
   seen_live_ = std::move(keep);
 }
