@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@ struct ask_args {
   std::string id;
   std::uint32_t timeout_s = 120;
   std::uint32_t stall_ms = 3000;
+  std::string client_key;  // client access key file (else TESSERA_CLIENT_KEY, else none)
 };
 
 int ask(const ask_args& a) {
@@ -56,6 +58,13 @@ int ask(const ask_args& a) {
   }
   co.deadline_ms = a.timeout_s * 1000;
   co.stall_ms = a.stall_ms;
+  {
+    std::optional<std::string> file;
+    if (!a.client_key.empty()) file = a.client_key;
+    auto access = transport::control::load_client_access(file);
+    if (!access) return fail(access.error().describe(), 2);
+    co.access = std::move(*access);
+  }
   std::random_device rd;
   sv::request r;
   r.id = a.id.empty() ? fmt::format("ask-{:08x}{:08x}", rd(), rd()) : a.id;
@@ -132,6 +141,9 @@ void register_ask(CLI::App& root, int& exit_code) {
   cmd->add_option("--stall-ms", a->stall_ms,
                   "resume on another peer after this much silence (default 3000)")
       ->check(CLI::Range(100u, 600000u));
+  cmd->add_option("--client-key", a->client_key,
+                  "the cluster's client access key file, for peers started with --client-auth "
+                  "(default: TESSERA_CLIENT_KEY; `tessera keygen --client-key FILE` writes one)");
   cmd->add_flag("--chat", a->chat, "send the prompt as a chat message (the model's template)");
   cmd->add_flag("--json", a->json,
                 "print one JSON object (text, tokens, peers, timings) at the end");

@@ -1,6 +1,8 @@
 // `tessera keygen`: a new random cluster secret (32 bytes from getrandom), written to a 0600 file
 // or printed. Nodes take it by --cluster-key FILE or TESSERA_CLUSTER_KEY (the secret or @file).
+// `--client-key FILE` writes an existing cluster's client access key instead (--client-auth).
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "cli/command.hpp"
@@ -31,10 +33,52 @@ struct keygen_options {
   std::string format = "hex";
   bool force = false;
   bool json = false;
+  std::string client_key;   // write the cluster's client access key here (no new secret)
+  std::string cluster_key;  // the cluster secret it derives from (else TESSERA_CLUSTER_KEY)
 };
+
+/// `--client-key FILE`: the access key clients of an existing cluster need when its peers run
+/// with --client-auth. Derived from the cluster secret; does not reveal it.
+int write_client_key(const keygen_options& o) {
+  namespace tc = tessera::transport::control;
+  auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "tessera keygen: %s\n", why.c_str());
+    return 1;
+  };
+  std::optional<std::string> from;
+  if (!o.cluster_key.empty()) from = o.cluster_key;
+  auto secret = tc::load_cluster_secret(from);
+  if (!secret) {
+    return fail(secret.error().code == errc::not_found
+                    ? std::string("--client-key derives from the cluster secret: pass "
+                                  "--cluster-key FILE or set TESSERA_CLUSTER_KEY")
+                    : secret.error().describe());
+  }
+  auto keys = tc::derive_cluster_keys(*secret);
+  if (!keys) return fail(keys.error().describe());
+  auto w = tc::write_secret_file(o.client_key, tc::format_client_access(keys->access), o.force);
+  if (!w) return fail(w.error().describe());
+  if (o.json) {
+    std::printf("{\"client_key\":%s,\"cluster_id\":\"%s\"}\n", json_string(o.client_key).c_str(),
+                keys->cluster_id.c_str());
+  } else {
+    std::printf(
+        "wrote the client access key of cluster %s to %s (mode 0600): clients pass it "
+        "with --client-key or %s to peers started with --client-auth\n",
+        keys->cluster_id.c_str(), o.client_key.c_str(), tc::kClientKeyEnv);
+  }
+  return 0;
+}
 
 int run_keygen(const keygen_options& o) {
   namespace tc = tessera::transport::control;
+  if (!o.client_key.empty()) return write_client_key(o);
+  if (!o.cluster_key.empty()) {
+    std::fprintf(stderr,
+                 "tessera keygen: --cluster-key is the source of --client-key; alone it "
+                 "would do nothing (a new secret is written with -o FILE)\n");
+    return 2;
+  }
   auto secret = tc::generate_cluster_secret();
   if (!secret) {
     std::fprintf(stderr, "tessera keygen: %s\n", secret.error().describe().c_str());
@@ -84,6 +128,11 @@ void register_keygen(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--force", opts->force, "replace FILE if it exists");
   cmd->add_flag("--json", opts->json, "print a JSON object (file or secret, format, cluster id)");
+  cmd->add_option("--client-key", opts->client_key,
+                  "instead: write the client access key of an existing cluster to FILE (mode "
+                  "0600), for clients of peers started with --client-auth");
+  cmd->add_option("--cluster-key", opts->cluster_key,
+                  "with --client-key: the cluster secret file (default: TESSERA_CLUSTER_KEY)");
   cmd->callback([opts, &exit_code] { exit_code = run_keygen(*opts); });
 }
 

@@ -16,6 +16,7 @@ import argparse
 import codecs
 import json
 import math
+import os
 import secrets
 import sys
 import time
@@ -51,6 +52,25 @@ class AskError(Exception):
         self.code = code
         self.message = message
         self.node = node
+
+
+def read_client_key(path):
+    """A client access key file (`tessera keygen --client-key FILE`; docs/PROTOCOL.md "Security"):
+    lines "name z85-key"; returns (server_public, client_public, client_secret) as bytes."""
+    keys = {}
+    with open(path, encoding="ascii") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.partition(" ")
+            keys[name] = value.strip().encode()
+    need = ("server-public", "client-public", "client-secret")
+    missing = [k for k in need if len(keys.get(k, b"")) != 40]
+    if missing:
+        raise ValueError(f"{path}: not a client access key (missing or malformed: "
+                         f"{', '.join(missing)})")
+    return tuple(keys[k] for k in need)
 
 
 def parse_peer(text):
@@ -94,7 +114,19 @@ def parse_args(argv):
                     help="give up after this many seconds (default 120)")
     ap.add_argument("--trace", action="store_true",
                     help="print every message sent and received to stderr")
+    ap.add_argument("--client-key", default=os.environ.get("TESSERA_CLIENT_KEY") or None,
+                    help="the cluster's client access key file, for peers started with "
+                         "--client-auth (default: $TESSERA_CLIENT_KEY; none: plain connections)")
     a = ap.parse_args(argv)  # exits 2 on bad arguments
+
+    a.curve = None
+    if a.client_key:
+        try:
+            a.curve = read_client_key(a.client_key.removeprefix("@"))
+        except (OSError, ValueError) as e:
+            ap.error(f"--client-key: {e}")
+        if not zmq.has("curve"):
+            ap.error("--client-key: this pyzmq/libzmq has no CURVE support")
 
     if not a.peer:
         a.peer = ["127.0.0.1:7402"]
@@ -125,11 +157,18 @@ def parse_args(argv):
 class Client:
     """One request's life: publish, follow the stream, resume, until done or an error."""
 
-    def __init__(self, peers, trace=False):
+    def __init__(self, peers, trace=False, curve=None):
         self.trace = trace
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
         self.sub = self.ctx.socket(zmq.SUB)
+        if curve is not None:
+            # Client authentication: both sockets are CURVE clients of the peers' endpoints.
+            server_public, client_public, client_secret = curve
+            for sock in (self.pub, self.sub):
+                sock.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+                sock.setsockopt(zmq.CURVE_PUBLICKEY, client_public)
+                sock.setsockopt(zmq.CURVE_SECRETKEY, client_secret)
         self.pub.setsockopt(zmq.LINGER, 500)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -315,7 +354,7 @@ def main(argv):
         "seed": a.seed,
     }
     try:
-        client = Client(a.peers, trace=a.trace)
+        client = Client(a.peers, trace=a.trace, curve=a.curve)
     except zmq.ZMQError as e:
         sys.stderr.write(f"ask.py: cannot connect: {e}\n")
         return 2

@@ -4,9 +4,11 @@
 #   - given ONE peer, ask.py learns the others from its peer list: 4 concurrent requests (distinct
 #     ids, which the plan spreads over the 3 replicas) all complete with those tokens, and at least
 #     2 different peers serve them;
-#   - an unknown model ends in exit status 1 with the error code "unknown_model".
+#   - an unknown model ends in exit status 1 with the error code "unknown_model";
+#   - a peer started with --client-auth serves ask.py given the client access key, and not without.
 # Usage: run_example.sh TESSERA_BINARY [BASE_PORT (default 27400)]
-# Peer i uses ports BASE+10i .. BASE+10i+4 (control, bulk, client request, client response, http).
+# Peer i uses ports BASE+10i .. BASE+10i+4 (control, bulk, client request, client response, http);
+# peer 3 is a cluster of its own (the client authentication check).
 # Exit status: 0 when every check passed, 1 otherwise, 2 on bad arguments.
 set -u
 
@@ -69,7 +71,7 @@ ports_free() {
   "$PY" - "$1" <<'EOF'
 import socket, sys
 base = int(sys.argv[1])
-for i in range(3):
+for i in range(4):
     for k in range(5):
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
@@ -88,6 +90,7 @@ done
 P0=$BASE
 P1=$((BASE + 10))
 P2=$((BASE + 20))
+P3=$((BASE + 30))  # a second, one-peer cluster that requires client authentication
 
 echo "python client example: $DIR, ports $P0.., $P1.., $P2.., python $PY"
 "$TESSERA" model synth --preset tiny --type q8_0 -o "$DIR/$MODEL.gguf" >"$DIR/synth.log" 2>&1 \
@@ -95,13 +98,14 @@ echo "python client example: $DIR, ports $P0.., $P1.., $P2.., python $PY"
 "$TESSERA" keygen -o "$DIR/cluster.key" >"$DIR/keygen.log" 2>&1 \
   || { echo "keygen failed:"; cat "$DIR/keygen.log"; exit 1; }
 
-start_node() {  # start_node I PORT OTHER_PORT
-  local i=$1 p=$2 other=$3
-  "$TESSERA" node --cluster-key "$DIR/cluster.key" --data-dir "$DIR/node$i" \
+start_node() {  # start_node I PORT OTHER_PORT [KEY [EXTRA...]]
+  local i=$1 p=$2 other=$3 key=${4:-$DIR/cluster.key}
+  shift 4 2>/dev/null || shift $#
+  "$TESSERA" node --cluster-key "$key" --data-dir "$DIR/node$i" \
     --listen 127.0.0.1 --control-port "$p" --bulk-port $((p + 1)) \
     --client-request-port $((p + 2)) --client-response-port $((p + 3)) --http-port $((p + 4)) \
     --no-mdns --no-beacon --threads 1 --model "$DIR/$MODEL.gguf" --seed "127.0.0.1:$other" \
-    >"$DIR/node$i.log" 2>&1 &
+    "$@" >"$DIR/node$i.log" 2>&1 &
   PIDS+=($!)
 }
 start_node 0 "$P0" "$P1"
@@ -109,8 +113,8 @@ start_node 1 "$P1" "$P0"
 start_node 2 "$P2" "$P0"
 
 # Ready: the node's status shows a plan in which model "tiny" has serving groups.
-plan_ready() {
-  "$TESSERA" status --json --cluster-key "$DIR/cluster.key" --connect "127.0.0.1:$1" \
+plan_ready() {  # plan_ready CONTROL_PORT [CLUSTER_KEY]
+  "$TESSERA" status --json --cluster-key "${2:-$DIR/cluster.key}" --connect "127.0.0.1:$1" \
     --timeout-ms 1000 2>/dev/null | "$PY" -c '
 import json, sys
 try:
@@ -247,6 +251,47 @@ for f in "$DIR"/one-*.err; do [[ -s "$f" ]] && sed 's/^/    ask.py stderr: /' "$
 "$PY" "$ASK" "$PROMPT" --model "$MODEL" --max-tokens 0 >/dev/null 2>&1
 bad_rc=$?
 check "bad arguments exit 2 (got $bad_rc)" test "$bad_rc" -eq 2
+
+# 6. Client authentication: a peer started with --client-auth serves ask.py given the cluster's
+# client access key (`tessera keygen --client-key`), and nothing without it.
+"$TESSERA" keygen -o "$DIR/auth-cluster.key" >"$DIR/keygen-auth.log" 2>&1 \
+  && "$TESSERA" keygen --client-key "$DIR/client.key" --cluster-key "$DIR/auth-cluster.key" \
+       >>"$DIR/keygen-auth.log" 2>&1
+check "tessera keygen --client-key writes the access key" test -s "$DIR/client.key"
+start_node 3 "$P3" "$P3" "$DIR/auth-cluster.key" --client-auth
+t_end=$((SECONDS + 60))
+until plan_ready "$P3" "$DIR/auth-cluster.key" || (( SECONDS >= t_end )); do sleep 0.5; done
+AUTH_PEER=(--peer "127.0.0.1:$((P3 + 2))")
+"$PY" "$ASK" "$PROMPT" --model "$MODEL" "${AUTH_PEER[@]}" --max-tokens "$N" --temperature 0 \
+  --json --timeout 60 --client-key "$DIR/client.key" >"$DIR/auth.json" 2>"$DIR/auth.err"
+auth_rc=$?
+check "ask.py with the client key exits 0 (got $auth_rc)" test "$auth_rc" -eq 0
+auth_tokens() {
+  "$PY" - "$DIR/auth.json" "$DIR/run.json" <<'EOF'
+import json, sys
+try:
+    a, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+except Exception as e:
+    print(f"    cannot read the outputs: {e}")
+    sys.exit(1)
+sys.exit(0 if a.get("ok") is True and a.get("tokens") == r.get("tokens") else 1)
+EOF
+}
+check "through client authentication, the greedy tokens equal tessera run's" auth_tokens
+"$PY" "$ASK" "$PROMPT" --model "$MODEL" "${AUTH_PEER[@]}" --max-tokens 4 --json --timeout 3 \
+  >"$DIR/noauth.json" 2>"$DIR/noauth.err"
+noauth_rc=$?
+check "ask.py without the key gets nothing: exit 1 (got $noauth_rc)" test "$noauth_rc" -eq 1
+check "its error is a timeout" grep -q '"code": "timeout"' "$DIR/noauth.json"
+auth_status() {
+  "$TESSERA" status --json --cluster-key "$DIR/auth-cluster.key" --connect "127.0.0.1:$P3" \
+    --timeout-ms 2000 2>/dev/null | "$PY" -c '
+import json, sys
+a = json.load(sys.stdin)["serving"]["client_auth"]
+print(f"    client_auth: {a}")
+sys.exit(0 if a["required"] and a["admitted"] >= 1 else 1)'
+}
+check "the peer reports client authentication required and the keyed client admitted" auth_status
 
 if (( FAILED )); then
   echo "python client example: FAILED (logs in $DIR kept)"

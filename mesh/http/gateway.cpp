@@ -133,6 +133,7 @@ struct gateway::impl {
     co.peers = opt.peers;
     co.deadline_ms = opt.request_timeout_s * 1000;
     co.stall_ms = opt.stall_ms;
+    co.access = opt.client_access;
     return co;
   }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,8 @@ struct gateway_options {
   std::uint32_t request_timeout_s = 300;  ///< one API request, start to end
   std::size_t max_body_bytes = 1 << 20;
   std::uint32_t stall_ms = 3000;  ///< serving client: resume elsewhere after this much silence
+  /// The cluster's client access key, when the peers require client authentication.
+  std::optional<transport::control::client_access> client_access;
 };
 
 class gateway {

@@ -82,6 +82,9 @@ struct node_config {
   /// Model distribution: this peer may be planned for models it has no file of, and then fetches
   /// the bytes of its shard from peers that hold the file (kept under <data_dir>/models).
   bool fetch_models = false;
+  /// The client endpoints admit only clients holding the cluster's client access key (CURVE +
+  /// ZAP; `tessera keygen --client-key`). Off: they are open to anyone who can reach the ports.
+  bool client_auth = false;
   std::string log_level = "info";
   std::string log_format = "text";
 };

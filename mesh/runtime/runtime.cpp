@@ -1270,9 +1270,11 @@ result<std::string> read_api_key(const std::string& path) {
 /// The HTTP gateway: API requests go to this peer's own client endpoint (over loopback when it
 /// listens on every address), the status comes from the loop's snapshot.
 result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
-                                                     const std::string& adv_host) {
+                                                     const std::string& adv_host,
+                                                     const ctl::cluster_keys& keys) {
   const auto& cfg = p.opt.config;
   http::gateway_options go;
+  if (cfg.client_auth) go.client_access = keys.access;
   go.bind_address = cfg.listen.http_address;
   go.port = cfg.listen.http_port;
   if (!cfg.http.api_key_file.empty()) {
@@ -1424,6 +1426,10 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.fetch_models = cfg.fetch_models;
     so.fetch_dir = (fs::path(cfg.data_dir) / "models").string();
     so.on_fetch_progress = p->opt.on_model_fetch;
+    if (cfg.client_auth) {
+      so.client_auth = serving::engine_options::client_auth_keys{keys->client_endpoint,
+                                                                 keys->access.client.public_key};
+    }
     auto eng = serving::engine::start(so);
     if (!eng) return eng.error();
     p->engine = std::move(*eng);
@@ -1433,7 +1439,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
         fmt::format("{}:{}:{}", adv_host, p->engine->request_port(), p->engine->response_port());
   }
   if (cfg.http.enabled) {
-    auto g = start_gateway(*p, adv_host);
+    auto g = start_gateway(*p, adv_host, *keys);
     if (!g) return g.error();
     p->gateway = std::move(*g);
   }

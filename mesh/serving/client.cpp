@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -53,7 +55,78 @@ struct client::impl {
   zmq::context_t ctx{1};
   zmq::socket_t pub{ctx, zmq::socket_type::pub};
   zmq::socket_t sub{ctx, zmq::socket_type::sub};
+  // Handshake events of `sub` (it connects to every peer, with the same keys as `pub`): a peer
+  // that refuses us is otherwise silent, and the request would only time out.
+  zmq::socket_t monitor{ctx, zmq::socket_type::pair};
   std::set<std::string> connected;  // "host:request_port:response_port"
+  std::map<std::string, std::string> refused;  // endpoint -> why its handshake failed
+  std::set<std::string> shook_hands;           // endpoints whose handshake succeeded
+
+  ~impl() { (void)zmq_socket_monitor(sub.handle(), nullptr, 0); }
+
+  void watch_handshakes() {
+    const std::string addr = fmt::format("inproc://client-monitor-{}", static_cast<void*>(this));
+    if (zmq_socket_monitor(sub.handle(), addr.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
+      throw zmq::error_t();
+    }
+    monitor.connect(addr);
+  }
+
+  void read_handshake_events() {
+    for (int n = 0; n < 64; ++n) {
+      zmq::message_t head, where;
+      if (!monitor.recv(head, zmq::recv_flags::dontwait)) return;
+      if (!head.more() || !monitor.recv(where, zmq::recv_flags::none) || head.size() < 6) continue;
+      std::uint16_t event = 0;
+      std::uint32_t value = 0;
+      std::memcpy(&event, head.data(), 2);
+      std::memcpy(&value, static_cast<const char*>(head.data()) + 2, 4);
+      const std::string ep = where.to_string();
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        shook_hands.insert(ep);
+        refused.erase(ep);
+        continue;
+      }
+      refused[ep] = why_refused(ep, event, value);
+    }
+  }
+
+  std::string why_refused(const std::string& ep, std::uint16_t event, std::uint32_t value) const {
+    namespace ctl = transport::control;
+    // A peer that cannot decrypt our CURVE hello (another cluster's server key), or that speaks
+    // CURVE to our plain hello, only drops the connection (no detail reaches us): the message
+    // then says what we were, which is what decides the fix.
+    if (!opt.access) {
+      return fmt::format(
+          "peer {} refused the connection: it requires client authentication "
+          "(--client-auth): pass --client-key FILE or set {}",
+          ep, ctl::kClientKeyEnv);
+    }
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+        value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+      return fmt::format(
+          "peer {} does not use client authentication but this client has a "
+          "client key: leave out --client-key / {}",
+          ep, ctl::kClientKeyEnv);
+    }
+    return fmt::format(
+        "peer {} refused this client's key{}: it admits only its own cluster's "
+        "client access key (`tessera keygen --client-key FILE` on a host that has "
+        "the cluster key writes it)",
+        ep,
+        event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? ""
+                                                 : " (or it does not use "
+                                                   "client authentication)");
+  }
+
+  /// Every peer reached so far refused us: nothing will ever answer.
+  std::optional<std::string> all_refused() const {
+    if (refused.empty() || !shook_hands.empty()) return std::nullopt;
+    return refused.begin()->second;
+  }
 
   void connect_to(const peer_endpoint& e) {
     const auto key = fmt::format("{}:{}:{}", e.host, e.request_port, e.response_port);
@@ -94,6 +167,16 @@ result<std::unique_ptr<client>> client::connect(client_options options) {
   try {
     p->pub.set(zmq::sockopt::linger, 500);
     p->sub.set(zmq::sockopt::linger, 0);
+    p->monitor.set(zmq::sockopt::linger, 0);
+    if (p->opt.access) {
+      namespace ctl = transport::control;
+      for (zmq::socket_t* s : {&p->pub, &p->sub}) {
+        s->set(zmq::sockopt::curve_serverkey, ctl::z85_key(p->opt.access->server_public));
+        s->set(zmq::sockopt::curve_publickey, ctl::z85_key(p->opt.access->client.public_key));
+        s->set(zmq::sockopt::curve_secretkey, ctl::z85_key(p->opt.access->client.secret_key));
+      }
+    }
+    p->watch_handshakes();
     p->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_message_bytes));
     p->sub.set(zmq::sockopt::subscribe, peers_topic);
     for (const auto& e : p->opt.peers)
@@ -151,13 +234,18 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
     // Wake for the follower's next deadline, or every 50 ms to look at `cancel`.
     const auto wait_us = std::min<std::uint64_t>(
         50'000, f.wake_at_us() > now_us() ? f.wake_at_us() - now_us() : 0);
-    zmq::pollitem_t item{s.sub.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t items[] = {{s.sub.handle(), 0, ZMQ_POLLIN, 0},
+                               {s.monitor.handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds((wait_us + 999) / 1000));
+      zmq::poll(items, 2, std::chrono::milliseconds((wait_us + 999) / 1000));
     } catch (const zmq::error_t& e) {
       return make_error(errc::internal, "client: poll: {}", e.what());
     }
-    if (!(item.revents & ZMQ_POLLIN)) continue;
+    if (items[1].revents & ZMQ_POLLIN) {
+      s.read_handshake_events();
+      if (auto why = s.all_refused()) return error{errc::unauthorized, *why};
+    }
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
     zmq::message_t t, body;
     if (!s.sub.recv(t, zmq::recv_flags::dontwait)) continue;
     if (!t.more()) continue;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "actors/base/result.hpp"
 #include "mesh/serving/follower.hpp"
 #include "mesh/serving/protocol.hpp"
+#include "transport/control/cluster_key.hpp"
 
 namespace tessera::mesh::serving {
 
@@ -36,6 +38,9 @@ struct client_options {
   std::uint32_t stall_ms = 3000;        ///< silence after "accepted" this long: resume elsewhere
   std::uint32_t deadline_ms = 120'000;  ///< the whole request, whatever happens
   std::uint32_t max_attempts = 32;      ///< resumptions before giving up (explicit error)
+  /// The cluster's client access key, for peers started with --client-auth (CURVE on both
+  /// client sockets). Empty: plain connections, as open peers expect.
+  std::optional<transport::control::client_access> access;
 };
 
 /// One token as the caller receives it.
@@ -57,7 +62,9 @@ class client {
   /// Runs `r` (its id must be unique to this client's requests; attempt and resume are managed
   /// here) to its outcome. `on_token` sees each index once, in order. Errors: the peer's error
   /// (errc::not_found for unknown_model, no_capacity, invalid_argument for invalid_request,
-  /// overloaded) with its message; errc::timeout when no peer accepted or the stream stalled past
+  /// overloaded) with its message; errc::unauthorized at once when every peer this client
+  /// reached refused its handshake (a missing, wrong or unneeded client key; the message names
+  /// the peer and the fix); errc::timeout when no peer accepted or the stream stalled past
   /// the deadline or the attempts; errc::cancelled soon (within 50 ms) after `*cancel` turns true
   /// (the caller lost interest: an HTTP client hung up). The serving peer is told (a cancel
   /// message) and stops generating.

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -190,7 +191,10 @@ struct engine::impl {
   zmq::socket_t xpub{zctx, zmq::socket_type::xpub};
   zmq::socket_t pull{zctx, zmq::socket_type::pull};
   zmq::socket_t push{zctx, zmq::socket_type::push};
+  // The ZAP handler of this context (client authentication only; bound before the endpoints).
+  std::optional<zmq::socket_t> zap;
   std::uint16_t req_port = 0, resp_port = 0;
+  std::atomic<std::uint64_t> auth_allowed{0}, auth_denied{0};
 
   std::atomic<bool> stopping{false};     // engine thread: stop
   std::atomic<bool> io_stopping{false};  // io thread: stop (after the engine's last messages)
@@ -247,11 +251,13 @@ struct engine::impl {
   void io_loop() {
     zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0},
                                {pull.handle(), 0, ZMQ_POLLIN, 0},
-                               {xpub.handle(), 0, ZMQ_POLLIN, 0}};
+                               {xpub.handle(), 0, ZMQ_POLLIN, 0},
+                               {zap ? zap->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
     auto next_peers = clock_type::now();
     while (!io_stopping.load()) {
       try {
-        zmq::poll(items, 3, std::chrono::milliseconds(100));
+        zmq::poll(items, zap ? 4 : 3, std::chrono::milliseconds(100));
+        if (zap && (items[3].revents & ZMQ_POLLIN)) answer_zap();
         if (items[0].revents & ZMQ_POLLIN) on_request_frames();
         if (items[1].revents & ZMQ_POLLIN) forward_responses();
         if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
@@ -270,6 +276,49 @@ struct engine::impl {
     } catch (const zmq::error_t&) {
     }
   }
+
+  /// ZAP (RFC 27) for the client endpoints: admits a CURVE client presenting the cluster's client
+  /// access key, refuses everything else (counted; logged at most once a second).
+  void answer_zap() {
+    for (int n = 0; n < 64; ++n) {
+      std::vector<zmq::message_t> parts;
+      zmq::message_t m;
+      if (!zap->recv(m, zmq::recv_flags::dontwait)) return;
+      parts.push_back(std::move(m));
+      while (parts.back().more() && parts.size() < 16) {
+        zmq::message_t next;
+        (void)zap->recv(next, zmq::recv_flags::none);
+        parts.push_back(std::move(next));
+      }
+      // version, request id, domain, address, identity, mechanism, credentials (the key).
+      const bool allow =
+          parts.size() == 7 && parts[0].to_string_view() == "1.0" &&
+          parts[5].to_string_view() == "CURVE" && parts[6].size() == 32 &&
+          std::memcmp(parts[6].data(), opt.client_auth->allowed_client.data(), 32) == 0;
+      if (allow) {
+        auth_allowed.fetch_add(1);
+      } else {
+        auth_denied.fetch_add(1);
+        const auto now = clock_type::now();
+        if (now - last_auth_log >= std::chrono::seconds(1)) {
+          last_auth_log = now;
+          spdlog::warn(
+              "serving {}: refused a client from {}: not the cluster's client access key "
+              "({} refused so far)",
+              opt.node_hex, parts.size() > 3 ? parts[3].to_string() : "?", auth_denied.load());
+        }
+      }
+      const std::string request_id = parts.size() > 1 ? parts[1].to_string() : std::string();
+      zap->send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+      zap->send(zmq::buffer(request_id), zmq::send_flags::sndmore);
+      zap->send(allow ? zmq::str_buffer("200") : zmq::str_buffer("400"), zmq::send_flags::sndmore);
+      zap->send(allow ? zmq::str_buffer("OK") : zmq::str_buffer("not this cluster's client key"),
+                zmq::send_flags::sndmore);
+      zap->send(zmq::str_buffer("client"), zmq::send_flags::sndmore);  // user id
+      zap->send(zmq::str_buffer(""), zmq::send_flags::none);           // metadata
+    }
+  }
+  clock_type::time_point last_auth_log{};
 
   void on_request_frames() {
     for (int n = 0; n < 256; ++n) {  // bounded batch: the forward path is served in between
@@ -1323,6 +1372,19 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
       const std::string ep = s.get(zmq::sockopt::last_endpoint);
       return static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
     };
+    if (p->opt.client_auth) {
+      // The ZAP handler must be bound before the endpoints accept their first connection.
+      p->zap.emplace(p->zctx, zmq::socket_type::rep);
+      p->zap->set(zmq::sockopt::linger, 0);
+      p->zap->bind("inproc://zeromq.zap.01");
+      const std::string secret =
+          transport::control::z85_key(p->opt.client_auth->client_endpoint.secret_key);
+      for (zmq::socket_t* s : {&p->sub, &p->xpub}) {
+        s->set(zmq::sockopt::curve_server, 1);
+        s->set(zmq::sockopt::curve_secretkey, secret);
+        s->set(zmq::sockopt::zap_domain, "tessera-clients");
+      }
+    }
     p->sub.set(zmq::sockopt::rcvhwm, 10000);
     p->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_message_bytes + 1024));
     p->sub.set(zmq::sockopt::subscribe, request_topic);
@@ -1366,6 +1428,7 @@ void engine::stop() {
   impl_->xpub.close();
   impl_->pull.close();
   impl_->push.close();
+  if (impl_->zap) impl_->zap->close();
 }
 
 const std::vector<local_model>& engine::models() const {
@@ -1483,6 +1546,9 @@ json engine::status() const {
   }
   j["request_port"] = impl_->req_port;
   j["response_port"] = impl_->resp_port;
+  j["client_auth"] = {{"required", impl_->opt.client_auth.has_value()},
+                      {"admitted", impl_->auth_allowed.load()},
+                      {"refused", impl_->auth_denied.load()}};
   {
     std::lock_guard lock(impl_->mu);
     j["streams"] = impl_->active_view;

@@ -11,10 +11,12 @@
 // The node's loop thread hands in plans and the live member set (set_plan); nothing else is shared.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "mesh/membership/ids.hpp"
 #include "mesh/placement/placement.hpp"
 #include "transport/bulk/link.hpp"
+#include "transport/control/cluster_key.hpp"
 #include "transport/faults/fault_policy.hpp"
 
 namespace tessera::mesh::serving {
@@ -67,6 +70,15 @@ struct engine_options {
   /// Called while a fetch moves bytes (on its worker thread): model, bytes verified, of all needed.
   std::function<void(const std::string& model, std::uint64_t done, std::uint64_t total)>
       on_fetch_progress;
+  /// Client authentication (`--client-auth`, docs/PROTOCOL.md "Security"): the request SUB and the
+  /// response XPUB become CURVE servers with `client_endpoint`, and a ZAP handler admits only
+  /// clients presenting `access.client.public_key` (the cluster's client access key). Empty: the
+  /// client endpoints are open (NULL mechanism).
+  struct client_auth_keys {
+    transport::control::curve_keypair client_endpoint;
+    std::array<std::uint8_t, 32> allowed_client{};
+  };
+  std::optional<client_auth_keys> client_auth;
 };
 
 /// What the engine knows of another live member (from the view).

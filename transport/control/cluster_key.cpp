@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
 #include <sodium.h>
 #include <zmq.h>
 
@@ -110,9 +111,14 @@ result<cluster_secret> parse_cluster_secret(std::string_view text, std::string_v
                     origin, text.size());
 }
 
-result<cluster_secret> read_cluster_secret_file(const std::string& path) {
+namespace {
+/// Reads a small secret file (`what` names it in errors) into `buf`, refusing files readable or
+/// writable by group or others; returns the length.
+result<std::size_t> read_private_file(const std::string& path, std::string_view what, char* buf,
+                                      std::size_t cap) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return make_error(errc::io, "{}: cannot open cluster key: {}", path, std::strerror(errno));
+  if (fd < 0)
+    return make_error(errc::io, "{}: cannot open {}: {}", path, what, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
@@ -122,23 +128,31 @@ result<cluster_secret> read_cluster_secret_file(const std::string& path) {
   if ((st.st_mode & 077) != 0) {
     ::close(fd);
     return make_error(errc::unauthorized,
-                      "{}: cluster key is accessible by group or others (mode {:o}); run chmod 600",
-                      path, st.st_mode & 0777);
+                      "{}: {} is accessible by group or others (mode {:o}); run chmod 600", path,
+                      what, st.st_mode & 0777);
   }
-  char buf[256];
   std::size_t len = 0;
-  while (len < sizeof buf) {
-    ssize_t n = ::read(fd, buf + len, sizeof buf - len);
+  while (len < cap) {
+    ssize_t n = ::read(fd, buf + len, cap - len);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     len += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  if (len == sizeof buf) {
-    return make_error(errc::invalid_argument, "{}: cluster key file is larger than {} bytes", path,
-                      sizeof buf - 1);
+  if (len == cap) {
+    sodium_memzero(buf, cap);
+    return make_error(errc::invalid_argument, "{}: {} file is larger than {} bytes", path, what,
+                      cap - 1);
   }
-  auto r = parse_cluster_secret(std::string_view(buf, len), path);
+  return len;
+}
+}  // namespace
+
+result<cluster_secret> read_cluster_secret_file(const std::string& path) {
+  char buf[256];
+  auto len = read_private_file(path, "cluster key", buf, sizeof buf);
+  if (!len) return len.error();
+  auto r = parse_cluster_secret(std::string_view(buf, *len), path);
   sodium_memzero(buf, sizeof buf);
   return r;
 }
@@ -200,9 +214,107 @@ result<cluster_keys> derive_cluster_keys(const cluster_secret& secret) {
   if (!server) return std::move(server).error();
   auto client = derive_keypair(3, "TScurvcl", secret);
   if (!client) return std::move(client).error();
+  auto endpoint = derive_keypair(4, "TSclisrv", secret);
+  if (!endpoint) return std::move(endpoint).error();
+  auto access = derive_keypair(5, "TSclikey", secret);
+  if (!access) return std::move(access).error();
   keys.server = *server;
   keys.client = *client;
+  keys.client_endpoint = *endpoint;
+  keys.access.cluster_id = keys.cluster_id;
+  keys.access.server_public = endpoint->public_key;
+  keys.access.client = *access;
   return keys;
+}
+
+std::string format_client_access(const client_access& a) {
+  return fmt::format(
+      "# tessera client access key of cluster {}: lets a client submit requests and read token\n"
+      "# streams on peers started with --client-auth; it cannot join the cluster. Keep it "
+      "private.\n"
+      "cluster-id {}\nserver-public {}\nclient-public {}\nclient-secret {}",
+      a.cluster_id, a.cluster_id, z85_key(a.server_public), z85_key(a.client.public_key),
+      z85_key(a.client.secret_key));
+}
+
+result<client_access> parse_client_access(std::string_view text, std::string_view origin) {
+  if (sodium_init() < 0) return make_error(errc::internal, "sodium_init failed");
+  client_access a;
+  bool have_server = false, have_public = false, have_secret = false;
+  std::size_t line_no = 0;
+  while (!text.empty()) {
+    const std::size_t nl = text.find('\n');
+    std::string_view line = trim(text.substr(0, nl));
+    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
+    ++line_no;
+    if (line.empty() || line.front() == '#') continue;
+    const std::size_t sp = line.find(' ');
+    const std::string_view key = line.substr(0, sp);
+    const std::string_view value = sp == std::string_view::npos ? "" : trim(line.substr(sp + 1));
+    if (key == "cluster-id") {
+      a.cluster_id = std::string(value);
+      continue;
+    }
+    std::array<std::uint8_t, 32>* out = nullptr;
+    if (key == "server-public") {
+      out = &a.server_public;
+      have_server = true;
+    } else if (key == "client-public") {
+      out = &a.client.public_key;
+      have_public = true;
+    } else if (key == "client-secret") {
+      out = &a.client.secret_key;
+      have_secret = true;
+    } else {
+      return make_error(errc::invalid_argument,
+                        "{}: line {}: unknown key '{}' in a client access key", origin, line_no,
+                        key.substr(0, 32));
+    }
+    const std::string z85(value);
+    if (z85.size() != 40 || zmq_z85_decode(out->data(), z85.c_str()) == nullptr) {
+      return make_error(errc::invalid_argument, "{}: line {}: {} is not a 40-character z85 key",
+                        origin, line_no, key);
+    }
+  }
+  if (!have_server || !have_public || !have_secret) {
+    return make_error(errc::invalid_argument,
+                      "{}: not a client access key (needs server-public, client-public and "
+                      "client-secret; write one with `tessera keygen --client-key FILE`)",
+                      origin);
+  }
+  std::array<std::uint8_t, 32> derived{};
+  if (crypto_scalarmult_base(derived.data(), a.client.secret_key.data()) != 0 ||
+      derived != a.client.public_key) {
+    return make_error(errc::invalid_argument,
+                      "{}: client-public does not belong to client-secret (a damaged key file)",
+                      origin);
+  }
+  return a;
+}
+
+result<client_access> read_client_access_file(const std::string& path) {
+  char buf[1024];
+  auto len = read_private_file(path, "client access key", buf, sizeof buf);
+  if (!len) return len.error();
+  auto r = parse_client_access(std::string_view(buf, *len), path);
+  sodium_memzero(buf, sizeof buf);
+  return r;
+}
+
+result<std::optional<client_access>> load_client_access(const std::optional<std::string>& file) {
+  if (file) {
+    auto a = read_client_access_file(*file);
+    if (!a) return a.error();
+    return std::optional<client_access>(std::move(*a));
+  }
+  if (const char* env = std::getenv(kClientKeyEnv); env != nullptr && *env != '\0') {
+    auto a = read_client_access_file(env[0] == '@' ? std::string(env + 1) : std::string(env));
+    if (!a) return a.error();
+    return std::optional<client_access>(std::move(*a));
+  }
+  // Not derived from $TESSERA_CLUSTER_KEY when that is set: a host of an open cluster would
+  // then speak CURVE to peers that do not, and be refused.
+  return std::optional<client_access>{};
 }
 
 std::string z85_key(const std::array<std::uint8_t, 32>& key) {

@@ -1,9 +1,12 @@
-// The cluster secret and everything derived from it (see docs/design/007-control-plane-security.md).
+// The cluster secret and everything derived from it (see
+// docs/design/007-control-plane-security.md).
 //
 //   secret (32 random bytes, from `tessera keygen`)
 //     ├─ crypto_kdf(id 1, ctx "TSclstid") → 16 bytes → cluster id (public: discovery TXT records)
 //     ├─ crypto_kdf(id 2, ctx "TScurvsv") → Curve25519 server secret key → server public key
-//     └─ crypto_kdf(id 3, ctx "TScurvcl") → Curve25519 client secret key → client public key
+//     ├─ crypto_kdf(id 3, ctx "TScurvcl") → Curve25519 client secret key → client public key
+//     ├─ crypto_kdf(id 4, ctx "TSclisrv") → client endpoints' server keypair (--client-auth)
+//     └─ crypto_kdf(id 5, ctx "TSclikey") → the clients' keypair (the client access key)
 //
 // Every member holds the same server and client keypairs: a CURVE handshake proves the peer knows
 // the secret (or a key derived from it), which is all a shared-secret cluster can prove.
@@ -34,11 +37,26 @@ struct curve_keypair {
   std::array<std::uint8_t, 32> secret_key{};
 };
 
+/// Environment variable naming a client access key file (or "@file").
+inline constexpr const char* kClientKeyEnv = "TESSERA_CLIENT_KEY";
+
+/// What a client needs to reach peers started with `--client-auth` (docs/PROTOCOL.md): the
+/// client endpoints' server public key and the clients' keypair. It is derived from the cluster
+/// secret but does not reveal it (one-way KDF): its holder can submit requests and read token
+/// streams, never join the cluster or read the peers' control traffic.
+struct client_access {
+  std::string cluster_id;
+  std::array<std::uint8_t, 32> server_public{};
+  curve_keypair client;
+};
+
 /// Everything a node needs for CURVE, derived deterministically from one secret.
 struct cluster_keys {
-  std::string cluster_id;  ///< 32 hex chars; public
-  curve_keypair server;    ///< the ROUTER's keypair (same on every member)
-  curve_keypair client;    ///< every DEALER's keypair (same on every member)
+  std::string cluster_id;         ///< 32 hex chars; public
+  curve_keypair server;           ///< the ROUTER's keypair (same on every member)
+  curve_keypair client;           ///< every DEALER's keypair (same on every member)
+  curve_keypair client_endpoint;  ///< the request SUB / response XPUB keypair (--client-auth)
+  client_access access;           ///< what `tessera keygen --client-key` hands to clients
 };
 
 enum class secret_format { hex, z85 };
@@ -67,6 +85,18 @@ enum class secret_format { hex, z85 };
 
 /// Derives the cluster id and the CURVE keypairs (libsodium crypto_kdf + crypto_scalarmult_base).
 [[nodiscard]] result<cluster_keys> derive_cluster_keys(const cluster_secret& secret);
+
+/// The text of a client access key file (comment lines, then "name z85" lines).
+[[nodiscard]] std::string format_client_access(const client_access& a);
+/// Parses that text; `origin` names it in errors. Checks the keypair belongs together.
+[[nodiscard]] result<client_access> parse_client_access(std::string_view text,
+                                                        std::string_view origin);
+/// Reads a client access key file (mode 0600 or stricter, like the cluster key).
+[[nodiscard]] result<client_access> read_client_access_file(const std::string& path);
+/// A client's access key: from `file` when given, else $TESSERA_CLIENT_KEY (a path, or "@path");
+/// none (nullopt) when neither is set. A named file that cannot be read is an error.
+[[nodiscard]] result<std::optional<client_access>> load_client_access(
+    const std::optional<std::string>& file);
 
 /// The z85 text form of a 32-byte key (40 chars), as libzmq's CURVE options take it.
 [[nodiscard]] std::string z85_key(const std::array<std::uint8_t, 32>& key);

@@ -961,5 +961,101 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
   }
 }
 
+// --client-auth: the client endpoints admit only the cluster's client access key. A client with
+// it is served (the C++ client and `tessera ask`); one without a key, or with another cluster's,
+// is refused at the handshake and told so at once; a raw publisher without CURVE reaches nothing.
+TEST_F(ServingCluster, ClientAuthAdmitsOnlyTheClusterClientKey) {
+  ASSERT_TRUE(cluster_->start(0, {"--model", model_, "--threads", "1", "--client-auth"}));
+  wait_plan({0}, 1);
+  const std::string key = cluster_->dir() + "/client.key";
+  auto w = test::run_command(
+      {TESSERA_BINARY, "keygen", "--client-key", key, "--cluster-key", cluster_->key_file()},
+      std::chrono::seconds(30));
+  ASSERT_TRUE(w) << w.error().describe();
+  EXPECT_EQ(std::filesystem::status(key).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto access = transport::control::read_client_access_file(key);
+  ASSERT_TRUE(access) << access.error().describe();
+
+  client_options one;
+  const auto port = cluster_->node(0).port;
+  one.peers.push_back(
+      {"127.0.0.1", static_cast<std::uint16_t>(port + 2), static_cast<std::uint16_t>(port + 3)});
+  one.deadline_ms = 60'000;
+
+  // A raw publisher without CURVE: its handshake fails, so nothing it sends is read.
+  zmq::context_t ctx;
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  pub.connect("tcp://127.0.0.1:" + std::to_string(port + 2));
+  std::this_thread::sleep_for(500ms);
+  for (int k = 0; k < 20; ++k) {
+    (void)pub.send(zmq::buffer(request_topic), zmq::send_flags::sndmore);
+    (void)pub.send(zmq::buffer(encode(greedy("raw-" + std::to_string(k), 4))),
+                   zmq::send_flags::none);
+  }
+
+  // With the key: served.
+  auto keyed = one;
+  keyed.access = *access;
+  auto c = client::connect(keyed);
+  ASSERT_TRUE(c) << c.error().describe();
+  auto out = (*c)->ask(greedy("auth-ok", 8));
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  EXPECT_EQ(out->tokens.size(), 8u);
+
+  // `tessera ask` with --client-key, and without it (a clear refusal, exit 1, fast).
+  auto asked = test::run_command(
+      {TESSERA_BINARY, "ask", "--peer", "127.0.0.1:" + std::to_string(port + 2), "--model", "tiny",
+       "-n", "4", "--temp", "0", "--client-key", key, "--json", kPrompt},
+      std::chrono::seconds(60));
+  ASSERT_TRUE(asked) << asked.error().describe();
+  EXPECT_NE(asked->find("\"ok\":true"), std::string::npos) << *asked;
+  auto unkeyed =
+      test::run_command({TESSERA_BINARY, "ask", "--peer", "127.0.0.1:" + std::to_string(port + 2),
+                         "--model", "tiny", "-n", "4", kPrompt},
+                        std::chrono::seconds(30));
+  ASSERT_FALSE(unkeyed);
+  EXPECT_NE(unkeyed.error().message.find("requires client authentication"), std::string::npos)
+      << unkeyed.error().describe();
+
+  // Without a key, and with another cluster's: errc::unauthorized within seconds, naming why.
+  auto other_secret = transport::control::generate_cluster_secret();
+  ASSERT_TRUE(other_secret);
+  auto other = transport::control::derive_cluster_keys(*other_secret);
+  ASSERT_TRUE(other);
+  struct attempt {
+    std::optional<transport::control::client_access> access;
+    const char* id;
+    const char* says;
+  };
+  auto forged = *access;  // the right server key, a client keypair of our own making
+  forged.client = other->access.client;
+  for (const auto& [acc, id, says] :
+       {attempt{std::nullopt, "auth-no-key", "requires client authentication"},
+        attempt{other->access, "auth-other-key", "refused this client's key"},
+        attempt{forged, "auth-forged-key", "refused this client's key"}}) {
+    auto o = one;
+    o.access = acc;
+    auto cc = client::connect(o);
+    ASSERT_TRUE(cc) << cc.error().describe();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto refused = (*cc)->ask(greedy(id, 4));
+    ASSERT_FALSE(refused) << says;
+    EXPECT_EQ(refused.error().code, errc::unauthorized) << refused.error().describe();
+    EXPECT_NE(refused.error().message.find(says), std::string::npos) << refused.error().describe();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  }
+
+  // The node admitted the keyed clients, refused the others, and saw none of the raw requests.
+  auto st = cluster_->status(0);
+  ASSERT_TRUE(st);
+  const auto& auth = (*st)["serving"]["client_auth"];
+  EXPECT_TRUE(auth["required"].get<bool>());
+  EXPECT_GE(auth["admitted"].get<std::uint64_t>(), 2u);  // the C++ client and `tessera ask`
+  EXPECT_GE(auth["refused"].get<std::uint64_t>(), 1u);   // the forged client key (ZAP)
+  EXPECT_EQ((*st)["serving"]["malformed"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ((*st)["serving"]["accepted"].get<std::uint64_t>(), 2u);  // auth-ok and the ask
+}
+
 }  // namespace
 }  // namespace tessera::mesh::serving

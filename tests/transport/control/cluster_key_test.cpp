@@ -146,5 +146,57 @@ TEST(cluster_key_test, generated_secrets_differ) {
   EXPECT_NE(a->bytes, b->bytes);
 }
 
+TEST(cluster_key_test, the_client_access_key_is_its_own_and_round_trips_through_a_file) {
+  auto k = derive_cluster_keys(fixed_secret(1));
+  ASSERT_TRUE(k.has_value());
+  // Separate from the peers' keys: a client holding it cannot pass the peers' ZAP check.
+  EXPECT_NE(k->access.client.public_key, k->client.public_key);
+  EXPECT_NE(k->access.server_public, k->server.public_key);
+  EXPECT_EQ(k->access.server_public, k->client_endpoint.public_key);
+  // The file holds neither the cluster secret nor any peer key.
+  const std::string text = format_client_access(k->access);
+  EXPECT_EQ(text.find(format_cluster_secret(fixed_secret(1), secret_format::z85)),
+            std::string::npos);
+  EXPECT_EQ(text.find(z85_key(k->client.secret_key)), std::string::npos);
+  EXPECT_EQ(text.find(z85_key(k->client_endpoint.secret_key)), std::string::npos);
+
+  temp_dir dir;
+  const std::string path = dir.file("client.key");
+  ASSERT_TRUE(write_secret_file(path, text, false).has_value());
+  auto back = read_client_access_file(path);
+  ASSERT_TRUE(back.has_value()) << back.error().describe();
+  EXPECT_EQ(back->server_public, k->access.server_public);
+  EXPECT_EQ(back->client.secret_key, k->access.client.secret_key);
+  EXPECT_EQ(back->cluster_id, k->cluster_id);
+  // Like the cluster key: refused when others may read it.
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  auto open = read_client_access_file(path);
+  ASSERT_FALSE(open.has_value());
+  EXPECT_EQ(open.error().code, errc::unauthorized);
+}
+
+TEST(cluster_key_test, damaged_client_access_keys_are_refused_by_name) {
+  auto k = derive_cluster_keys(fixed_secret(1));
+  ASSERT_TRUE(k.has_value());
+  const std::string good = format_client_access(k->access);
+  auto refused = [](std::string_view text, std::string_view says) {
+    auto r = parse_client_access(text, "client.key");
+    ASSERT_FALSE(r.has_value()) << text;
+    EXPECT_NE(r.error().message.find(says), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("client.key"), std::string::npos) << r.error().message;
+  };
+  refused("", "not a client access key");
+  refused("server-public abc", "not a 40-character z85 key");
+  refused("colour blue", "unknown key 'colour'");
+  // A cluster secret file given by mistake is not an access key.
+  refused(format_cluster_secret(fixed_secret(1), secret_format::hex), "unknown key");
+  // A secret that does not match its public key (one character changed).
+  std::string bad = good;
+  const auto at = bad.find("client-secret ") + 14;
+  bad[at] = bad[at] == 'a' ? 'b' : 'a';
+  refused(bad, "does not belong to client-secret");
+  EXPECT_TRUE(parse_client_access(good, "client.key").has_value());
+}
+
 }  // namespace
 }  // namespace tessera::transport::control
