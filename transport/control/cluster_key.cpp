@@ -266,9 +266,11 @@ result<client_access> parse_client_access(std::string_view text, std::string_vie
       out = &a.client.secret_key;
       have_secret = true;
     } else {
+      // Never echo the line: a cluster key file given by mistake would print the secret.
       return make_error(errc::invalid_argument,
-                        "{}: line {}: unknown key '{}' in a client access key", origin, line_no,
-                        key.substr(0, 32));
+                        "{}: line {}: not a line of a client access key (a cluster key file? "
+                        "clients take the file `tessera keygen --client-key FILE` writes)",
+                        origin, line_no);
     }
     const std::string z85(value);
     if (z85.size() != 40 || zmq_z85_decode(out->data(), z85.c_str()) == nullptr) {

@@ -187,9 +187,13 @@ TEST(cluster_key_test, damaged_client_access_keys_are_refused_by_name) {
   };
   refused("", "not a client access key");
   refused("server-public abc", "not a 40-character z85 key");
-  refused("colour blue", "unknown key 'colour'");
-  // A cluster secret file given by mistake is not an access key.
-  refused(format_cluster_secret(fixed_secret(1), secret_format::hex), "unknown key");
+  refused("colour blue", "line 1: not a line of a client access key");
+  // A cluster secret file given by mistake is not an access key, and the error does not show it.
+  const std::string secret_text = format_cluster_secret(fixed_secret(1), secret_format::hex);
+  refused(secret_text, "a cluster key file?");
+  auto leak = parse_client_access(secret_text, "client.key");
+  ASSERT_FALSE(leak.has_value());
+  EXPECT_EQ(leak.error().message.find(secret_text.substr(0, 8)), std::string::npos);
   // A secret that does not match its public key (one character changed).
   std::string bad = good;
   const auto at = bad.find("client-secret ") + 14;
