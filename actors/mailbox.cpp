@@ -1,5 +1,6 @@
 #include "actors/mailbox.hpp"
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -59,7 +60,14 @@ result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_nod
     l.queue.count.fetch_sub(1, std::memory_order_relaxed);
     return error{errc::closed, "mailbox closed"};
   }
-  if (!bypass && static_cast<std::size_t>(before) >= capacity) {
+  // At the bound by the counter: it may still hold pops the owner has not subtracted yet (the
+  // owner was preempted mid-turn, say, while senders filled the lane). Subtract the pops it
+  // published. Settling zeroes them (seq_cst) before it subtracts them from the counter (seq_cst),
+  // and this load (seq_cst) follows our increment: if our `before` already lacks a batch, the
+  // load sees the zero, so no pop is taken off twice; if it still holds it, we may see less
+  // than it holds and refuse a little early, never late. The bound is never exceeded.
+  if (!bypass && static_cast<std::size_t>(before) >= capacity &&
+      static_cast<std::size_t>(before - l.popped.load(std::memory_order_seq_cst)) >= capacity) {
     l.queue.count.fetch_sub(1, std::memory_order_relaxed);
     return make_error(errc::overloaded, "{} lane full ({} messages)",
                       node->lane_ == lane::control ? "control" : "data", capacity);
@@ -68,39 +76,50 @@ result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_nod
   return ok();
 }
 
-message_node* mailbox::pop_lane(lane_state& l, std::size_t capacity) noexcept {
+message_node* mailbox::pop_lane(lane_state& l) noexcept {
   // No look at the counter first: it lives on the line every sender writes. An empty queue is
   // seen on the receiver's own line.
   message_node* n = l.queue.pop();
   if (n == nullptr) return nullptr;
-  if (++l.unsettled >= settle_batch || l.near_bound) settle_lane(l, capacity);
+  const std::int64_t popped = l.popped.load(std::memory_order_relaxed) + 1;
+  if (popped >= settle_batch) {
+    l.popped.store(0, std::memory_order_seq_cst);
+    l.queue.count.fetch_sub(popped, std::memory_order_seq_cst);
+  } else {
+    // Relaxed: a push that reads an older value subtracts fewer pops (refuses, at worst, a
+    // little early); it can never read a value from before the last zeroing (see push_lane).
+    l.popped.store(popped, std::memory_order_relaxed);
+  }
   return n;
 }
 
-void mailbox::settle_lane(lane_state& l, std::size_t capacity) noexcept {
-  if (l.unsettled == 0) return;
-  std::int64_t popped = std::exchange(l.unsettled, 0);
-  std::int64_t before = l.queue.count.fetch_sub(popped, std::memory_order_relaxed) & ~closed_bit;
-  // Near the bound every pop is counted at once, so a sender is refused only when the lane is
-  // really full. Far from it the counter may run ahead of the truth by less than a batch; this
-  // view of it is at most a batch of pops old.
-  l.near_bound = before - popped + settle_batch >= static_cast<std::int64_t>(capacity);
+void mailbox::settle_lane(lane_state& l) noexcept {
+  const std::int64_t popped = l.popped.load(std::memory_order_relaxed);
+  if (popped == 0) return;
+  // Zero the published pops first: a push that reads them after our subtraction must not take
+  // them off a second time.
+  l.popped.store(0, std::memory_order_seq_cst);
+  l.queue.count.fetch_sub(popped, std::memory_order_seq_cst);
 }
 
 void mailbox::settle() noexcept {
-  settle_lane(control_, control_capacity_);
-  settle_lane(data_, data_capacity_);
+  settle_lane(control_);
+  settle_lane(data_);
 }
 
 message_node* mailbox::pop() noexcept {
-  if (message_node* n = pop_lane(control_, control_capacity_)) return n;
-  return pop_lane(data_, data_capacity_);
+  if (message_node* n = pop_lane(control_)) return n;
+  return pop_lane(data_);
 }
 
 std::size_t mailbox::size() const noexcept {
-  const std::int64_t control = control_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit;
-  const std::int64_t data = data_.queue.count.load(std::memory_order_seq_cst) & ~closed_bit;
-  return static_cast<std::size_t>(control + data);
+  // The counter first, then the pops not yet off it: a settle in between makes this count high,
+  // never low (the other order could miss messages that are there).
+  auto lane_size = [](const lane_state& l) {
+    const std::int64_t count = l.queue.count.load(std::memory_order_seq_cst) & ~closed_bit;
+    return std::max<std::int64_t>(0, count - l.popped.load(std::memory_order_seq_cst));
+  };
+  return static_cast<std::size_t>(lane_size(control_) + lane_size(data_));
 }
 
 void mailbox::close() noexcept {

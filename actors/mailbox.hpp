@@ -126,15 +126,15 @@ class mailbox {
   [[nodiscard]] result<void> push(message_node* node, bool bypass_bound = false) noexcept;
   /// Next message, control lane first; null when nothing is (yet) visible. Owner only.
   message_node* pop() noexcept;
-  /// Messages pushed and not yet popped (both lanes), including pushes still in progress.
-  /// Exact after settle(); between, it may still count up to `settle_batch` popped messages
-  /// per lane (never fewer than are there).
+  /// Messages pushed and not yet popped (both lanes), including pushes still in progress. Never
+  /// fewer than are there; from another thread than the owner's it may count a few just popped.
   [[nodiscard]] std::size_t size() const noexcept;
   /// Owner only: takes the pops not yet subtracted off the counters (end of every turn).
   void settle() noexcept;
-  /// Pops the owner may leave uncounted while the lane is far from its bound: subtracting one at
-  /// a time was an atomic on the line every sender increments, so the line crossed cores twice
-  /// per message in a fan-in.
+  /// Pops the owner may leave off the counter: subtracting one at a time was an atomic on the
+  /// line every sender increments, so the line crossed cores twice per message in a fan-in. The
+  /// bound stays exact: a push that finds the counter at the bound subtracts the owner's
+  /// published pops (`lane_state::popped`) before it refuses.
   static constexpr std::int64_t settle_batch = 64;
   /// Refuses every later push with errc::closed and waits for pushes in progress to land.
   void close() noexcept;
@@ -146,13 +146,15 @@ class mailbox {
   static constexpr std::int64_t closed_bit = std::int64_t{1} << 62;
   struct lane_state {
     mpsc_lane queue;
-    alignas(64) std::int64_t unsettled = 0;  // owner only: popped, not yet off `count`
-    bool near_bound = true;  // owner only: count within a batch of the bound at the last settle
-    // queue.count: pushed minus (popped - unsettled), | closed_bit once closed.
+    // Pops not yet subtracted off queue.count. Written by the owner only (a plain store per pop
+    // to a line no sender writes); read by a push only when the counter says the lane is full,
+    // so that a consumer preempted with unsettled pops does not get senders refused early.
+    alignas(64) std::atomic<std::int64_t> popped{0};
+    // queue.count: pushed minus (popped - this->popped), | closed_bit once closed.
   };
-  static void settle_lane(lane_state& l, std::size_t capacity) noexcept;
+  static void settle_lane(lane_state& l) noexcept;
   result<void> push_lane(lane_state& l, std::size_t capacity, message_node* node, bool bypass);
-  message_node* pop_lane(lane_state& l, std::size_t capacity) noexcept;
+  static message_node* pop_lane(lane_state& l) noexcept;
 
   lane_state control_;
   lane_state data_;

@@ -1,3 +1,5 @@
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "actors/system.hpp"
@@ -105,7 +107,15 @@ class source : public actor {
  public:
   explicit source(actor_ref to) : to_(std::move(to)) {
     on<go>([this](go& g) {
-      for (std::uint64_t i = 0; i < g.count; ++i) (void)send(to_, ping{i});
+      for (std::uint64_t i = 0; i < g.count; ++i) {
+        // The sink's mailbox holds a whole batch: a refusal is a runtime bug, and the sink
+        // would wait forever for the lost message.
+        if (auto r = send(to_, ping{i}); !r) {
+          std::fprintf(stderr, "fan-in: send %llu refused: %s\n",
+                       static_cast<unsigned long long>(i), r.error().describe().c_str());
+          std::abort();
+        }
+      }
     });
   }
 
