@@ -59,8 +59,9 @@ struct client::impl {
   // that refuses us is otherwise silent, and the request would only time out.
   zmq::socket_t monitor{ctx, zmq::socket_type::pair};
   std::set<std::string> connected;  // "host:request_port:response_port"
-  std::map<std::string, std::string> refused;  // endpoint -> why its handshake failed
-  std::set<std::string> shook_hands;           // endpoints whose handshake succeeded
+  // Why each endpoint's last handshake failed (until it succeeds), and those that succeeded.
+  std::map<std::string, std::string> refused;
+  std::set<std::string> shook_hands;
 
   ~impl() { (void)zmq_socket_monitor(sub.handle(), nullptr, 0); }
 
@@ -122,9 +123,12 @@ struct client::impl {
                                                    "client authentication)");
   }
 
-  /// Every peer reached so far refused us: nothing will ever answer.
+  /// Every peer this client connects to refused its handshake, and none ever accepted one:
+  /// nothing will ever answer. (A peer killed in the middle of a handshake fails it once too;
+  /// as long as another peer is up, that one accepts, and the request goes on.)
   std::optional<std::string> all_refused() const {
-    if (refused.empty() || !shook_hands.empty()) return std::nullopt;
+    if (refused.empty() || !shook_hands.empty() || refused.size() < connected.size())
+      return std::nullopt;
     return refused.begin()->second;
   }
 
