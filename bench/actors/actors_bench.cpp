@@ -16,12 +16,17 @@
 //                                 threads;
 //   BM_ping_pong_caf_detached     CAF 0.17 cannot pin scheduled actors to workers; a detached actor
 //                                 has a thread of its own, so every message crosses threads.
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <ctime>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -89,6 +94,54 @@ void BM_ring_caf(benchmark::State& s) {
   run_workload(s, *w, ring_hops);
 }
 
+// The machine's floor for a cross-thread round trip: two threads pinned to two CPUs bounce one
+// cache line (no runtime at all). On this VM it swings with the host's placement of the vCPUs
+// (~95 ns in some hours, ~390 ns in others), and every cross-thread figure swings with it: read
+// the ratios of a run against the floor of the same run.
+void BM_cache_line_round_trip(benchmark::State& s) {
+  constexpr int trips = 200'000;
+  alignas(64) static std::atomic<int> ping{0};
+  alignas(64) static std::atomic<int> pong{0};
+  auto pin = [](int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  };
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) < 2) {
+    s.SkipWithError("needs two CPUs");
+    return;
+  }
+  int cpus[2] = {-1, -1};
+  for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; ++c)
+    if (CPU_ISSET(c, &mine)) cpus[k++] = c;
+  for (auto _ : s) {
+    ping.store(0);
+    pong.store(0);
+    std::thread other([&] {
+      pin(cpus[1]);
+      for (int i = 1; i <= trips; ++i) {
+        while (ping.load(std::memory_order_acquire) != i)
+          __builtin_ia32_pause();
+        pong.store(i, std::memory_order_release);
+      }
+    });
+    pin(cpus[0]);
+    for (int i = 1; i <= trips; ++i) {
+      ping.store(i, std::memory_order_release);
+      while (pong.load(std::memory_order_acquire) != i)
+        __builtin_ia32_pause();
+    }
+    other.join();
+  }
+  // The benchmark's own thread goes back to every CPU.
+  (void)pthread_setaffinity_np(pthread_self(), sizeof mine, &mine);
+  s.SetItemsProcessed(static_cast<std::int64_t>(s.iterations()) * trips);
+}
+
+BENCHMARK(BM_cache_line_round_trip)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ping_pong_tessera)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ping_pong_tessera_pinned)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ping_pong_caf)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -158,6 +211,12 @@ class summary_reporter : public benchmark::ConsoleReporter {
       std::printf("  %-44s %8.3f us/round trip vs CAF %8.3f us -> latency ratio %.2fx\n", label,
                   1e6 / a.median, 1e6 / b.median, b.median / a.median);
     };
+    if (stat f = get("BM_cache_line_round_trip"), t = get("BM_ping_pong_tessera_pinned");
+        f.median > 0) {
+      std::printf("  %-44s %8.3f us (no runtime); Tessera's cross-thread round trip = %.1f x it\n",
+                  "floor: one cache line between two CPUs", 1e6 / f.median,
+                  t.median > 0 ? f.median / t.median : 0.0);
+    }
     latency("ping-pong cross-thread (pinned vs detached)", "BM_ping_pong_tessera_pinned",
             "BM_ping_pong_caf_detached");
     latency("ping-pong cross-thread vs CAF's own placing", "BM_ping_pong_tessera_pinned",
