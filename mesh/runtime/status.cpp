@@ -242,6 +242,15 @@ result<std::string> format_status(const std::string& json_text) {
           s.at("accepted").get<std::uint64_t>(), s.at("completed").get<std::uint64_t>(),
           s.at("tokens").get<std::uint64_t>(), s.at("rejected").get<std::uint64_t>(),
           s.at("malformed").get<std::uint64_t>(), batch);
+      // Client authentication (older peers send nothing: shown as open).
+      if (const auto auth = s.value("client_auth", nlohmann::json::object());
+          auth.value("required", false)) {
+        out += fmt::format("clients authenticated (--client-auth): admitted {}  refused {}\n",
+                           auth.value("admitted", std::uint64_t{0}),
+                           auth.value("refused", std::uint64_t{0}));
+      } else {
+        out += "clients open (no --client-auth): anyone reaching the client ports may ask\n";
+      }
       // Model distribution: what this peer fetches from holders, and what it served to others.
       for (const auto& f : s.value("fetches", nlohmann::json::array())) {
         const auto total = f.value("bytes_total", std::uint64_t{0});

@@ -43,6 +43,20 @@ TEST(StatusFormat, ServingShowsWeightsLoadingAndTheMeanBatch) {
   EXPECT_NE(text->find("mean batch 3.25"), std::string::npos) << *text;
 }
 
+// Whether the client endpoints require the cluster's client access key (--client-auth).
+TEST(StatusFormat, ClientAuthenticationIsShown) {
+  auto open = format_status(doc("[]"));
+  ASSERT_TRUE(open) << open.error().describe();
+  EXPECT_NE(open->find("clients open (no --client-auth)"), std::string::npos) << *open;
+  auto authed = format_status(
+      doc("[]", R"(, "client_auth": {"required": true, "admitted": 7, "refused": 2})"));
+  ASSERT_TRUE(authed) << authed.error().describe();
+  EXPECT_NE(authed->find("clients authenticated (--client-auth): admitted 7  refused 2"),
+            std::string::npos)
+      << *authed;
+  EXPECT_EQ(authed->find("clients open"), std::string::npos) << *authed;
+}
+
 // Model distribution: a fetch in progress (with its holder), a failed one (with why), and what a
 // holder served.
 TEST(StatusFormat, FetchesAndSharingAreShown) {
