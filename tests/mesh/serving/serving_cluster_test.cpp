@@ -877,6 +877,10 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
   // Its own limits let it send frames far above the members' (1 MiB): they must refuse them.
   cc.limits.max_frame_size = transport::control::kHardMaxFrameSize;
   cc.limits.max_body_size = transport::control::kHardMaxFrameSize - 4096;
+  // Members busy refusing ~20 MiB each (slow under ASan) may not answer within the default 2 s;
+  // the hostile would then reconnect, and a fresh socket drops what it has queued. It must
+  // deliver everything, so it waits far longer than the test does.
+  cc.timing.dead_after_ms = 120'000;
   auto hostile = transport::control::control_node::start(cc, {});
   ASSERT_TRUE(hostile) << hostile.error().describe();
   auto pack = [](const auto& v) {
@@ -894,7 +898,10 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
   for (auto& b : noise) b = static_cast<std::byte>(rng());
   garbage.push_back(noise);
   for (std::size_t i = 0; i < cluster_->size(); ++i) {
-    const std::string peer = "n" + std::to_string(i);
+    // The member's own id, not a name of ours: the member dials back and says hello under its id,
+    // and a second link under another name would be a second connection with our routing id,
+    // which the member's ROUTER hands over to, dropping what the first one still carried.
+    const std::string peer = cluster_->node_id(i);
     ASSERT_TRUE((*hostile)->add_peer(peer, "tcp://" + cluster_->node(i).endpoint()));
     const member_id target = member(cluster_->node_id(i));
     std::vector<std::pair<std::uint16_t, std::vector<std::byte>>> msgs;
@@ -937,7 +944,21 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
     for (const auto& [type, body] : msgs)
       (void)(*hostile)->send(peer, type, body);  // some are refused locally (unknown types)
   }
-  std::this_thread::sleep_for(3s);
+  // Every member has refused the four oversized frames (the last ones sent) and decoded none of
+  // the garbage; a deadline, not a fixed sleep, since refusing 20 MiB takes long under ASan.
+  const auto refused_all = [&](std::size_t i) {
+    auto st = cluster_->status(i);
+    return st && (*st)["control"]["rejected"]["oversized"].get<std::uint64_t>() >= 4u &&
+           (*st)["stats"]["undecodable"].get<std::uint64_t>() > 0u;
+  };
+  for (auto until = std::chrono::steady_clock::now() + 60s;
+       std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(200ms)) {
+    bool all = true;
+    for (std::size_t i = 0; i < cluster_->size() && all; ++i)
+      all = refused_all(i);
+    if (all) break;
+  }
+  std::this_thread::sleep_for(1s);  // anything the garbage set off has had time to act
   for (std::size_t i = 0; i < cluster_->size(); ++i) {
     auto st = cluster_->status(i);
     ASSERT_TRUE(st) << "node " << i;
