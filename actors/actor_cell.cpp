@@ -2,6 +2,7 @@
 
 #include "actors/base/log.hpp"
 
+#include <array>
 #include <exception>
 #include <thread>
 
@@ -26,16 +27,111 @@ actor_cell::actor_cell(actor_system& sys, actor_id id, std::unique_ptr<actor> be
 
 actor_cell::~actor_cell() = default;
 
-result<void> actor_cell::enqueue(message_node* node, bool bypass_bound) noexcept {
-  TESSERA_TRY(mailbox_.push(node, bypass_bound));
+namespace {
+// Sends batched by one handler turn (per worker thread: a turn runs on one thread). A handler
+// that sends many messages to one actor pays for the mailbox's shared line (the counter and the
+// queue head, which every sender writes) once per batch instead of once per message, and marks
+// each node with a later one so the receiver can fetch ahead through the chain (see
+// message_node::request_id). Messages of a batch are delivered when the handler returns, when
+// `send_batch_limit` of them are waiting, or before the handler's next send that is not added to
+// it (another actor, a response, the control lane, another node): so the order of one handler's
+// sends is kept across all of them.
+struct send_batch {
+  actor_cell* dest = nullptr;  // holds a count while the batch is open
+  message_node* first = nullptr;
+  message_node* last = nullptr;
+  std::uint32_t size = 0;
+  std::uint32_t credits = 0;  // slots reserved in dest's data lane and not used yet
+  // The last `prefetch_distance` nodes: each gets the address of the node that many later.
+  std::array<message_node*, actor_cell::prefetch_distance> window{};
+};
+thread_local send_batch tl_batch;
+thread_local bool tl_in_turn = false;
+// The actor this turn last sent to without a batch; a second send to it opens one (a handler
+// that sends one message, the common case, pays nothing for the batching: no count, no
+// reservation). Compared, never dereferenced.
+thread_local const actor_cell* tl_last_eager = nullptr;
+}  // namespace
+
+void actor_cell::flush_sends() noexcept {
+  send_batch& b = tl_batch;
+  if (b.dest == nullptr) return;
+  actor_cell* d = std::exchange(b.dest, nullptr);
+  d->mailbox_.unreserve_data(std::exchange(b.credits, 0));
+  if (b.size != 0) {
+    d->mailbox_.push_admitted_chain(b.first, b.last);
+    b.first = b.last = nullptr;
+    b.size = 0;
+    d->make_runnable();
+  }
+  intrusive_release(d);
+}
+
+void actor_cell::begin_turn() noexcept {
+  tl_in_turn = true;
+}
+
+void actor_cell::end_turn() noexcept {
+  tl_in_turn = false;
+  tl_last_eager = nullptr;
+  if (tl_batch.dest != nullptr) flush_sends();
+}
+
+void actor_cell::make_runnable() noexcept {
   // Most sends find the actor already scheduled: a plain seq_cst load then avoids an RMW on a
-  // line the consumer also writes. Safe: the push's seq_cst counter increment precedes this load,
-  // and resume() clears the flag before re-reading the counter.
-  if (scheduled_.load(std::memory_order_seq_cst)) return ok();
+  // line the consumer also writes. Safe: the push's seq_cst exchange of the queue head precedes
+  // this load, and resume() clears the flag before it looks at the queue again.
+  if (scheduled_.load(std::memory_order_seq_cst)) return;
   if (!scheduled_.exchange(true, std::memory_order_seq_cst)) {
     intrusive_add_ref(this);
     sys_.scheduler_->schedule(this);
   }
+}
+
+result<void> actor_cell::add_to_batch(message_node* node) noexcept {
+  send_batch& b = tl_batch;
+  if (b.dest != this) {
+    intrusive_add_ref(this);
+    b.dest = this;
+    // The rest of a full batch at once, when the lane has room for it and as much again;
+    // else one slot per message (exact at the bound).
+    b.credits = mailbox_.reserve_data(send_batch_limit);
+  }
+  if (b.credits > 0) {
+    --b.credits;
+  } else {
+    TESSERA_TRY(mailbox_.admit_data());
+  }
+  node->next.store(nullptr, std::memory_order_relaxed);
+  if (b.last != nullptr) {
+    b.last->next.store(node, std::memory_order_relaxed);
+  } else {
+    b.first = node;
+  }
+  b.last = node;
+  message_node*& back = b.window[b.size % prefetch_distance];
+  if (b.size >= prefetch_distance && back->kind == message_kind::message) {
+    back->request_id = reinterpret_cast<std::uintptr_t>(node);
+  }
+  back = node;
+  if (++b.size == send_batch_limit) flush_sends();
+  return ok();
+}
+
+result<void> actor_cell::enqueue(message_node* node, bool bypass_bound) noexcept {
+  if (tl_in_turn) {
+    send_batch& b = tl_batch;
+    if (node->lane_ == lane::data && !bypass_bound) {
+      if (b.dest == this) return add_to_batch(node);
+      if (b.dest != nullptr) flush_sends();  // keeps this handler's sends in order
+      if (tl_last_eager == this) return add_to_batch(node);
+      tl_last_eager = this;
+    } else if (b.dest != nullptr) {
+      flush_sends();
+    }
+  }
+  TESSERA_TRY(mailbox_.push(node, bypass_bound));
+  make_runnable();
   return ok();
 }
 
@@ -101,7 +197,9 @@ resume_result actor_cell::resume(std::size_t max_batch) {
   for (std::size_t i = 0; i < max_batch && !behaviour_->quitting_; ++i) {
     message_node* node = mailbox_.pop();
     if (node == nullptr) break;
+    begin_turn();
     actor_cell* s = process(node);
+    end_turn();
     if (s == nullptr) continue;
     if (s == held_sender_ && held_counts_ < held_counts_limit) {
       ++held_counts_;
@@ -119,7 +217,10 @@ resume_result actor_cell::resume(std::size_t max_batch) {
   // Dekker with enqueue(): clear the flag, then look again, so a push that saw the flag still
   // set is not stranded.
   scheduled_.store(false, std::memory_order_seq_cst);
-  if (mailbox_.size() > 0 && !scheduled_.exchange(true, std::memory_order_seq_cst)) {
+  // The queue, not the counter: the counter also holds slots that another handler's open send
+  // batch has admitted (and will push, and schedule us, when it is flushed); waiting on those
+  // here would spin this actor for as long as that handler runs.
+  if (mailbox_.has_queued() && !scheduled_.exchange(true, std::memory_order_seq_cst)) {
     return resume_result::again;
   }
   return resume_result::idle;

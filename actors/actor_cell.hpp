@@ -31,8 +31,17 @@ class actor_cell {
   actor_cell(const actor_cell&) = delete;
   actor_cell& operator=(const actor_cell&) = delete;
 
-  /// Pushes `node` and makes the actor runnable. On error the caller keeps `node`.
+  /// Pushes `node` and makes the actor runnable. On error the caller keeps `node`. Called from a
+  /// handler (another actor's turn), a data-lane message to an actor this handler already sent
+  /// to may be batched: admitted (or refused) now, delivered when the handler returns, when
+  /// `send_batch_limit` wait, or before the handler's next send that is not batched with it.
   [[nodiscard]] result<void> enqueue(message_node* node, bool bypass_bound) noexcept;
+  /// Delivers this thread's open send batch now (no-op without one).
+  static void flush_sends() noexcept;
+  /// Messages one send batch holds at most.
+  static constexpr std::uint32_t send_batch_limit = 64;
+  /// How many nodes ahead a batched node points the receiver (request_id) to fetch.
+  static constexpr std::uint32_t prefetch_distance = 8;
   /// One turn: up to `max_batch` messages (control lane first). Scheduler only.
   resume_result resume(std::size_t max_batch);
   /// Schedules the first turn (on_start).
@@ -51,6 +60,10 @@ class actor_cell {
   actor_cell* sched_next = nullptr;
 
  private:
+  result<void> add_to_batch(message_node* node) noexcept;
+  void make_runnable() noexcept;
+  static void begin_turn() noexcept;
+  static void end_turn() noexcept;
   /// Handles and frees `node`; returns the sender's cell with the node's count on it (or null).
   actor_cell* process(message_node* node);
   void finalize(exit_reason reason);

@@ -10,8 +10,15 @@ mpsc_lane::mpsc_lane() noexcept : head_(&stub_), tail_(&stub_) {}
 
 void mpsc_lane::push(message_node* node) noexcept {
   node->next.store(nullptr, std::memory_order_relaxed);
-  message_node* prev = head_.exchange(node, std::memory_order_acq_rel);
+  // seq_cst: with actor_cell's scheduled flag this is a Dekker pair (see actor_cell::resume).
+  message_node* prev = head_.exchange(node, std::memory_order_seq_cst);
   prev->next.store(node, std::memory_order_release);
+}
+
+void mpsc_lane::push_chain(message_node* first, message_node* last) noexcept {
+  last->next.store(nullptr, std::memory_order_relaxed);
+  message_node* prev = head_.exchange(last, std::memory_order_seq_cst);
+  prev->next.store(first, std::memory_order_release);
 }
 
 message_node* mpsc_lane::pop() noexcept {
@@ -53,8 +60,37 @@ result<void> mailbox::push(message_node* node, bool bypass_bound) noexcept {
   return push_lane(data_, data_capacity_, node, bypass_bound);
 }
 
+result<void> mailbox::admit_data() noexcept {
+  return admit_lane(data_, data_capacity_, lane::data, false);
+}
+
+std::uint32_t mailbox::reserve_data(std::uint32_t n) noexcept {
+  // Room for these and as much again: a reservation never takes the lane's last slots, so near
+  // the bound every sender admits one at a time and is refused only when the lane is full (or
+  // when others hold unused reservations: early by at most what they hold, see the header).
+  auto fits = [&](std::int64_t count) {
+    return (count & closed_bit) == 0 &&
+           static_cast<std::size_t>(count) + 2 * std::size_t{n} <= data_capacity_;
+  };
+  if (!fits(data_.queue.count.load(std::memory_order_relaxed))) return 0;
+  const std::int64_t before = data_.queue.count.fetch_add(n, std::memory_order_seq_cst);
+  if (fits(before)) return n;
+  data_.queue.count.fetch_sub(n, std::memory_order_seq_cst);
+  return 0;
+}
+
+void mailbox::unreserve_data(std::uint32_t n) noexcept {
+  if (n != 0) data_.queue.count.fetch_sub(n, std::memory_order_seq_cst);
+}
+
 result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_node* node,
                                 bool bypass) {
+  TESSERA_TRY(admit_lane(l, capacity, node->lane_, bypass));
+  l.queue.push(node);
+  return ok();
+}
+
+result<void> mailbox::admit_lane(lane_state& l, std::size_t capacity, lane which, bool bypass) {
   std::int64_t before = l.queue.count.fetch_add(1, std::memory_order_seq_cst);
   if (before & closed_bit) {
     l.queue.count.fetch_sub(1, std::memory_order_relaxed);
@@ -70,9 +106,8 @@ result<void> mailbox::push_lane(lane_state& l, std::size_t capacity, message_nod
       static_cast<std::size_t>(before - l.popped.load(std::memory_order_seq_cst)) >= capacity) {
     l.queue.count.fetch_sub(1, std::memory_order_relaxed);
     return make_error(errc::overloaded, "{} lane full ({} messages)",
-                      node->lane_ == lane::control ? "control" : "data", capacity);
+                      which == lane::control ? "control" : "data", capacity);
   }
-  l.queue.push(node);
   return ok();
 }
 
@@ -81,6 +116,12 @@ message_node* mailbox::pop_lane(lane_state& l) noexcept {
   // seen on the receiver's own line.
   message_node* n = l.queue.pop();
   if (n == nullptr) return nullptr;
+  // A node of a send batch names a later node of its batch: fetch it now, so the walk down the
+  // chain (each node written by another core) has several misses in flight, not one.
+  if (n->kind == message_kind::message && n->request_id != 0) {
+    __builtin_prefetch(reinterpret_cast<const void*>(n->request_id));
+    n->request_id = 0;
+  }
   const std::int64_t popped = l.popped.load(std::memory_order_relaxed) + 1;
   if (popped >= settle_batch) {
     l.popped.store(0, std::memory_order_seq_cst);

@@ -6,6 +6,8 @@
 //
 // Bounds (designed behaviour at the limit):
 //  - data lane full   -> push returns errc::overloaded; the sender learns, nothing is dropped.
+//                         Slots a handler's open send batch reserved and has not used yet count
+//                         as taken until its flush (fewer than 64 per batch; see reserve_data).
 //  - control lane full -> push returns errc::overloaded; the runtime counts it
 //                         (stats::control_overflow) and logs it.
 //  - responses to this actor's own requests bypass the data bound: they are already bounded by
@@ -34,7 +36,10 @@ struct message_node {
   std::uint32_t type_id = 0;
   message_kind kind = message_kind::message;
   lane lane_ = lane::data;
-  std::uint64_t request_id = 0;  ///< request correlation, or the timer id for kind::timer
+  /// Request correlation, or the timer id for kind::timer. For a plain message (kind::message)
+  /// in a send batch, from the send until it is popped: the address of a later node of the
+  /// same batch, which pop() prefetches and clears (the receiver never sees it).
+  std::uint64_t request_id = 0;
   actor_ref sender;
 
   message_node() = default;
@@ -95,7 +100,13 @@ class mpsc_lane {
   mpsc_lane& operator=(const mpsc_lane&) = delete;
 
   void push(message_node* node) noexcept;
+  /// Appends `first`..`last`, already linked through `next`, with one exchange.
+  void push_chain(message_node* first, message_node* last) noexcept;
   message_node* pop() noexcept;
+  /// Owner only: a node is queued (tail_ is a node not yet returned) or a push has begun.
+  [[nodiscard]] bool has_queued() const noexcept {
+    return tail_ != &stub_ || head_.load(std::memory_order_seq_cst) != &stub_;
+  }
 
  private:
   struct stub_node final : message_node {
@@ -124,11 +135,31 @@ class mailbox {
 
   /// Enqueues `node` (ownership passes on success only). `bypass_bound` is for responses.
   [[nodiscard]] result<void> push(message_node* node, bool bypass_bound = false) noexcept;
+  // Batched sends (actor_cell's send batches): slots are admitted first, the nodes pushed later
+  // as one chain. Admitted slots count against the bound from the moment they are admitted.
+  /// Admits one data-lane message (push's bound and closed checks) without queueing it.
+  [[nodiscard]] result<void> admit_data() noexcept;
+  /// Admits `n` data-lane slots at once when the lane has room for them and `n` more, else
+  /// none (returns 0; the caller admits one at a time, exact at the bound). A sender refused
+  /// while other senders hold reserved slots they have not used is refused early by at most
+  /// those slots (each open batch holds fewer than `n`); the bound is never exceeded.
+  [[nodiscard]] std::uint32_t reserve_data(std::uint32_t n) noexcept;
+  /// Gives back `n` reserved slots that were not used.
+  void unreserve_data(std::uint32_t n) noexcept;
+  /// Queues `first`..`last`, linked through `next`, each admitted before; one exchange.
+  void push_admitted_chain(message_node* first, message_node* last) noexcept {
+    data_.queue.push_chain(first, last);
+  }
   /// Next message, control lane first; null when nothing is (yet) visible. Owner only.
   message_node* pop() noexcept;
   /// Messages pushed and not yet popped (both lanes), including pushes still in progress. Never
   /// fewer than are there; from another thread than the owner's it may count a few just popped.
   [[nodiscard]] std::size_t size() const noexcept;
+  /// Owner only: something is queued or being linked (a push that has exchanged the head but not
+  /// yet linked is counted). Admitted slots of an open send batch are not (see resume()).
+  [[nodiscard]] bool has_queued() const noexcept {
+    return data_.queue.has_queued() || control_.queue.has_queued();
+  }
   /// Owner only: takes the pops not yet subtracted off the counters (end of every turn).
   void settle() noexcept;
   /// Pops the owner may leave off the counter: subtracting one at a time was an atomic on the
@@ -154,6 +185,7 @@ class mailbox {
   };
   static void settle_lane(lane_state& l) noexcept;
   result<void> push_lane(lane_state& l, std::size_t capacity, message_node* node, bool bypass);
+  result<void> admit_lane(lane_state& l, std::size_t capacity, lane which, bool bypass);
   static message_node* pop_lane(lane_state& l) noexcept;
 
   lane_state control_;

@@ -1,5 +1,7 @@
 #include "actors/scheduler.hpp"
 
+#include <utility>
+
 #include <algorithm>
 
 #include "actors/actor_cell.hpp"
@@ -203,8 +205,17 @@ void thread_pool_scheduler::park(worker& w) {
 void thread_pool_scheduler::worker_main(worker& w) {
   tl_pool = this;
   tl_worker = &w;
+  bool was_spinning = false;
   while (!stopping_.load(std::memory_order_acquire)) {
     actor_cell* cell = find_work(w);
+    if (cell != nullptr && std::exchange(was_spinning, false) && has_work(w)) {
+      // We were idle (spinning, or parked and woken) and found work, and more is left. A
+      // producer that saw us spinning woke nobody for it, and one that saw us still parked may
+      // have woken us, not a sleeping peer; if our turn now runs long (or blocks), that work
+      // would wait for us while another worker sleeps. Pass it on (Go's scheduler does the same
+      // when its last spinning thread finds work).
+      notify_if_needed();
+    }
     if (cell == nullptr) {
       spinning_.fetch_add(1, std::memory_order_seq_cst);
       auto until = std::chrono::steady_clock::now() + spin_;
@@ -223,6 +234,7 @@ void thread_pool_scheduler::worker_main(worker& w) {
       }
       spinning_.fetch_sub(1, std::memory_order_seq_cst);
       if (!found) park(w);
+      was_spinning = true;
       continue;
     }
     run(w, cell);

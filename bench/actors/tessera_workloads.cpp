@@ -5,6 +5,8 @@
 #include "actors/system.hpp"
 #include "bench/actors/workloads.hpp"
 
+#include "actors/actor_cell.hpp"
+
 namespace tessera::bench {
 namespace {
 using namespace tessera::actors;
@@ -128,7 +130,9 @@ class fan_in_workload final : public workload {
   fan_in_workload(unsigned threads, unsigned senders, std::uint64_t per_sender)
       : expected_(senders * per_sender), sys_(bench_config(threads)), per_sender_(per_sender) {
     spawn_options big;
-    big.data_capacity = expected_ + 1;  // CAF's mailboxes are unbounded; size ours to the batch
+    // CAF's mailboxes are unbounded; size ours to the batch, plus the slots other workers' open
+    // send batches may hold reserved and unused at the end (fewer than one batch each).
+    big.data_capacity = expected_ + 1 + std::size_t{actor_cell::send_batch_limit} * threads;
     auto s = sys_.spawn(std::make_unique<sink>(expected_, done_), big);
     for (unsigned i = 0; i < senders; ++i) sources_.push_back(*sys_.spawn<source>(*s));
   }
