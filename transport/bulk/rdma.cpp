@@ -169,6 +169,7 @@ using clock_type = std::chrono::steady_clock;
 enum class ctl : std::uint32_t { user = 0, hello = 1, bye = 2, write_notice = 3 };
 constexpr std::size_t notice_bytes = 12;   // {imm u32, total bytes u64}
 constexpr std::size_t hello_bytes = 8;     // the sender's nonce
+constexpr std::uint32_t wanted_inline_bytes = 220;  // perftest's default for latency tests
 // 6, not the IB maximum 7: rxe (and some HCAs) read retry_cnt 7 as "retry forever", which turns a
 // dead peer into a hang. The ack timeout scales the budget instead.
 constexpr std::uint8_t retry_cnt = 6;
@@ -286,6 +287,10 @@ class endpoint {
   std::uint8_t active_mtu_ = IBV_MTU_1024;
   std::uint64_t max_msg_bytes_ = 0;
   std::uint32_t sq_depth_ = 0;
+  // Payloads up to this many bytes travel inside the work request (IBV_SEND_INLINE): the HCA
+  // (Soft-RoCE: the kernel) takes them from the WQE instead of reading them through the memory
+  // region. 0 when the device offers none.
+  std::uint32_t max_inline_ = 0;
   std::uint32_t rq_depth_ = 0;
   std::size_t slot_bytes_ = 0;
   std::uint32_t probe_slot_ = 0;    // == max_outstanding
@@ -428,7 +433,15 @@ result<void> endpoint::create_verbs() {
   init.cap.max_recv_sge = 1;
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;
+  // Small writes and sends inline, as perftest's latency tests do by default (220 bytes); a
+  // device that cannot gets a QP without (the payload is then read from the registered buffer).
+  init.cap.max_inline_data = wanted_inline_bytes;
   qp_.reset(ibv_create_qp(pd_.get(), &init));
+  if (!qp_) {
+    init.cap.max_inline_data = 0;
+    qp_.reset(ibv_create_qp(pd_.get(), &init));
+  }
+  max_inline_ = qp_ ? init.cap.max_inline_data : 0;
   if (!qp_) {
     return make_error(errc::io, "rdma: {}: ibv_create_qp (sq {}, rq {}): {}", dev, sq_depth_,
                       rq_depth_, rdma::errno_text(errno));
@@ -1029,7 +1042,7 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
   if (chunks == 1) {
     wr[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr[0].imm_data = htonl(imm);
-    wr[0].send_flags = IBV_SEND_SIGNALED;
+    wr[0].send_flags = IBV_SEND_SIGNALED | (bytes <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
   } else {
     // Longer than one message: the notice SEND after the last chunk carries {imm, total}.
     std::byte* note = staging(slot);
@@ -1042,7 +1055,8 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
     n.num_sge = 1;
     n.opcode = IBV_WR_SEND_WITH_IMM;
     n.imm_data = htonl(static_cast<std::uint32_t>(ctl::write_notice));
-    n.send_flags = IBV_SEND_SIGNALED;
+    n.send_flags =
+        IBV_SEND_SIGNALED | (notice_bytes <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
   }
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_.get(), wr, &bad); rc != 0) {
@@ -1078,7 +1092,8 @@ result<void> endpoint::send(std::span<const std::byte> message, std::uint64_t wr
   wr.num_sge = message.empty() ? 0 : 1;
   wr.opcode = IBV_WR_SEND_WITH_IMM;
   wr.imm_data = htonl(static_cast<std::uint32_t>(ctl::user));
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.send_flags =
+      IBV_SEND_SIGNALED | (message.size() <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
     release_slot(slot);
