@@ -214,13 +214,16 @@ resume_result actor_cell::resume(std::size_t max_batch) {
     finalize(behaviour_->quit_reason_);
     return resume_result::done;
   }
+  // The queue, not the counter: the counter also holds slots that another handler's open send
+  // batch has admitted (and will push, and schedule us, when it is flushed); waiting on those
+  // here would spin this actor for as long as that handler runs. The queue's owner-side half is
+  // read now, while this worker still owns the actor: once the flag is clear another worker may
+  // be popping (TSan caught the read after it).
+  const bool unpopped = mailbox_.has_unpopped();
   // Dekker with enqueue(): clear the flag, then look again, so a push that saw the flag still
   // set is not stranded.
   scheduled_.store(false, std::memory_order_seq_cst);
-  // The queue, not the counter: the counter also holds slots that another handler's open send
-  // batch has admitted (and will push, and schedule us, when it is flushed); waiting on those
-  // here would spin this actor for as long as that handler runs.
-  if (mailbox_.has_queued() && !scheduled_.exchange(true, std::memory_order_seq_cst)) {
+  if ((unpopped || mailbox_.pushed()) && !scheduled_.exchange(true, std::memory_order_seq_cst)) {
     return resume_result::again;
   }
   return resume_result::idle;

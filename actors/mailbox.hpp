@@ -103,9 +103,13 @@ class mpsc_lane {
   /// Appends `first`..`last`, already linked through `next`, with one exchange.
   void push_chain(message_node* first, message_node* last) noexcept;
   message_node* pop() noexcept;
-  /// Owner only: a node is queued (tail_ is a node not yet returned) or a push has begun.
-  [[nodiscard]] bool has_queued() const noexcept {
-    return tail_ != &stub_ || head_.load(std::memory_order_seq_cst) != &stub_;
+  /// Owner only, and only while it owns the queue: a node it has not returned yet (tail_ is the
+  /// next one to return).
+  [[nodiscard]] bool has_unpopped() const noexcept { return tail_ != &stub_; }
+  /// Any thread: something was pushed since the queue last ran dry (a push that has exchanged
+  /// the head but not yet linked counts).
+  [[nodiscard]] bool pushed() const noexcept {
+    return head_.load(std::memory_order_seq_cst) != &stub_;
   }
 
  private:
@@ -155,10 +159,16 @@ class mailbox {
   /// Messages pushed and not yet popped (both lanes), including pushes still in progress. Never
   /// fewer than are there; from another thread than the owner's it may count a few just popped.
   [[nodiscard]] std::size_t size() const noexcept;
-  /// Owner only: something is queued or being linked (a push that has exchanged the head but not
-  /// yet linked is counted). Admitted slots of an open send batch are not (see resume()).
-  [[nodiscard]] bool has_queued() const noexcept {
-    return data_.queue.has_queued() || control_.queue.has_queued();
+  // Whether a queue holds something, in two halves (resume() reads the first while it owns the
+  // actor and the second after it gave the actor up, when another worker may already be popping).
+  // Admitted slots of an open send batch count in neither (see resume()).
+  /// Owner only, while it owns the mailbox: a node not yet popped.
+  [[nodiscard]] bool has_unpopped() const noexcept {
+    return data_.queue.has_unpopped() || control_.queue.has_unpopped();
+  }
+  /// Any thread: a push since the queues last ran dry, or one being linked.
+  [[nodiscard]] bool pushed() const noexcept {
+    return data_.queue.pushed() || control_.queue.pushed();
   }
   /// Owner only: takes the pops not yet subtracted off the counters (end of every turn).
   void settle() noexcept;
