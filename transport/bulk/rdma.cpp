@@ -291,6 +291,10 @@ class endpoint {
   // (Soft-RoCE: the kernel) takes them from the WQE instead of reading them through the memory
   // region. 0 when the device offers none.
   std::uint32_t max_inline_ = 0;
+  /// Flags of a signaled WR carrying `bytes`: inline when they fit.
+  [[nodiscard]] unsigned signaled_flags(std::size_t bytes) const noexcept {
+    return IBV_SEND_SIGNALED | (bytes <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
+  }
   std::uint32_t rq_depth_ = 0;
   std::size_t slot_bytes_ = 0;
   std::uint32_t probe_slot_ = 0;    // == max_outstanding
@@ -1042,7 +1046,7 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
   if (chunks == 1) {
     wr[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr[0].imm_data = htonl(imm);
-    wr[0].send_flags = IBV_SEND_SIGNALED | (bytes <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
+    wr[0].send_flags = signaled_flags(bytes);
   } else {
     // Longer than one message: the notice SEND after the last chunk carries {imm, total}.
     std::byte* note = staging(slot);
@@ -1055,8 +1059,7 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
     n.num_sge = 1;
     n.opcode = IBV_WR_SEND_WITH_IMM;
     n.imm_data = htonl(static_cast<std::uint32_t>(ctl::write_notice));
-    n.send_flags =
-        IBV_SEND_SIGNALED | (notice_bytes <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
+    n.send_flags = signaled_flags(notice_bytes);
   }
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_.get(), wr, &bad); rc != 0) {
@@ -1092,8 +1095,7 @@ result<void> endpoint::send(std::span<const std::byte> message, std::uint64_t wr
   wr.num_sge = message.empty() ? 0 : 1;
   wr.opcode = IBV_WR_SEND_WITH_IMM;
   wr.imm_data = htonl(static_cast<std::uint32_t>(ctl::user));
-  wr.send_flags =
-      IBV_SEND_SIGNALED | (message.size() <= max_inline_ ? unsigned{IBV_SEND_INLINE} : 0u);
+  wr.send_flags = signaled_flags(message.size());
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_.get(), &wr, &bad); rc != 0) {
     release_slot(slot);
