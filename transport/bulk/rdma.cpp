@@ -691,7 +691,10 @@ void endpoint::drain_locked() {
   ibv_wc wcs[32];
   int n = 0;
   bool any = false;
-  while ((n = ibv_poll_cq(send_cq_.get(), 32, wcs)) > 0) {
+  // sq_used_ counts every posted send WR until the signaled completion that retires it is polled
+  // (once the link is down it only stays high): at zero nothing can be in the send CQ, and a
+  // waiter spinning for an arrival polls only the receive CQ (each ibv_poll_cq takes a lock).
+  while (sq_used_ > 0 && (n = ibv_poll_cq(send_cq_.get(), 32, wcs)) > 0) {
     any = true;
     for (int i = 0; i < n; ++i) on_send_wc(wcs[i]);
   }
