@@ -1,10 +1,9 @@
 // The rdma bulk backend against perftest, run inside the Soft-RoCE VM by bench/transport/rdma/run.
 //
-//   tessera_bench_rdma bw        SIZE ITERS [DEPTH]   one-way write_with_imm bandwidth (MiB/s);
-//                                                    the receiver busy-polls its completions
-//   tessera_bench_rdma bw-events SIZE ITERS [DEPTH]   the same; the receiver sleeps in wait()
-//   tessera_bench_rdma lat       SIZE ITERS           write_with_imm ping-pong; half round trip
-//   (us)
+//   tessera_bench_rdma bw        SIZE ITERS [DEPTH]  one-way write_with_imm bandwidth, MiB/s
+//                                                   (the receiver busy-polls its completions)
+//   tessera_bench_rdma bw-events SIZE ITERS [DEPTH]  the same; the receiver sleeps in wait()
+//   tessera_bench_rdma lat       SIZE ITERS          write_with_imm ping-pong; half round trip, us
 //
 // Why two receivers: perftest's receiving side (ib_send_bw's server, the perftest tool whose
 // receiver sees each message) busy-polls its CQ by default and sleeps on completion events only
