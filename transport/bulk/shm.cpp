@@ -397,17 +397,14 @@ class shm_link final : public link {
       }
     }
     const std::uint64_t head = ph->head.load(std::memory_order_relaxed);
-    if (local_.is_down()) {  // a link that went down since reserve_local() publishes nothing
-      return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
-    }
-    // The consumer's tail as last read: while it shows room, the shared line the consumer writes
-    // on every poll is not touched (one cache-line transfer per message saved).
-    if (head - peer_tail_seen_ < ph->depth) return peer_.slot(head);
     std::optional<clock::time_point> deadline;  // read only once the ring stays full
     for (std::uint32_t i = 0;; ++i) {
       if (local_.is_down()) {
         return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
       }
+      // The consumer's tail as last read first: while it shows room, the shared line the
+      // consumer writes on every poll is not touched (one cache-line transfer per message saved).
+      if (head - peer_tail_seen_ < ph->depth) break;
       peer_tail_seen_ = ph->tail.load(std::memory_order_acquire);
       if (head - peer_tail_seen_ < ph->depth) break;
       if (i < 1000) continue;
