@@ -9,14 +9,12 @@ namespace tessera::actors {
 mpsc_lane::mpsc_lane() noexcept : head_(&stub_), tail_(&stub_) {}
 
 void mpsc_lane::push(message_node* node) noexcept {
-  node->next.store(nullptr, std::memory_order_relaxed);
-  // seq_cst: with actor_cell's scheduled flag this is a Dekker pair (see actor_cell::resume).
-  message_node* prev = head_.exchange(node, std::memory_order_seq_cst);
-  prev->next.store(node, std::memory_order_release);
+  push_chain(node, node);
 }
 
 void mpsc_lane::push_chain(message_node* first, message_node* last) noexcept {
   last->next.store(nullptr, std::memory_order_relaxed);
+  // seq_cst: with actor_cell's scheduled flag this is a Dekker pair (see actor_cell::resume).
   message_node* prev = head_.exchange(last, std::memory_order_seq_cst);
   prev->next.store(first, std::memory_order_release);
 }
