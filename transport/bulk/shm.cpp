@@ -161,6 +161,7 @@ class shm_link final : public link {
         peer_pid_(peer_pid),
         options_(options),
         local_(options.limits.max_received, options.limits.max_outstanding, options.spin_us),
+        done_(options.limits.max_outstanding),
         regs_(options.limits.max_buffers),
         peer_maps_(peer.header()->max_buffers) {}
 
@@ -187,7 +188,7 @@ class shm_link final : public link {
   }
 
   result<void> deregister_buffer(buffer_handle handle) override {
-    std::lock_guard lock(regs_mutex_);
+    std::lock_guard lock(mutex_);
     TESSERA_TRY(lookup_locked(handle));
     own_.table()[handle.id - 1].rkey.store(0, std::memory_order_release);
     regs_[handle.id - 1] = local_registration{};
@@ -195,7 +196,7 @@ class shm_link final : public link {
   }
 
   result<remote_buffer> describe(buffer_handle handle) const override {
-    std::lock_guard lock(regs_mutex_);
+    std::lock_guard lock(mutex_);
     auto reg = lookup_locked(handle);
     if (!reg) return std::move(reg).error();
     if (!reg->shared) {
@@ -213,13 +214,13 @@ class shm_link final : public link {
                               const remote_buffer& remote, std::uint64_t remote_offset,
                               std::uint64_t bytes, std::uint32_t imm,
                               std::uint64_t wr_id) override {
-    local_registration src;
-    {
-      std::lock_guard lock(regs_mutex_);
-      auto reg = lookup_locked(local);
-      if (!reg) return std::move(reg).error();
-      src = *reg;
-    }
+    // One lock for the whole post (registrations, the ring, the completion): a lock and its
+    // unlock are two atomic read-modify-writes (8-10 ns here), and a 4 KiB write that took four
+    // locks to post and two more to reap went 25-35% slower than with this one and poll's.
+    std::lock_guard lock(mutex_);
+    auto reg = lookup_locked(local);
+    if (!reg) return std::move(reg).error();
+    const local_registration& src = *reg;
     if (bytes > options_.limits.max_write_bytes) {
       return make_error(errc::invalid_argument, "write_with_imm: {} bytes exceeds the limit of {}",
                         bytes, options_.limits.max_write_bytes);
@@ -234,19 +235,14 @@ class shm_link final : public link {
                         "write_with_imm: target range [{}, +{}) outside remote buffer {} of {} bytes",
                         remote_offset, bytes, remote.id, remote.size);
     }
-    TESSERA_TRY(local_.reserve_local());
-    std::lock_guard lock(post_mutex_);
+    TESSERA_TRY(reserve_done());
     auto target = map_target(remote);
     if (!target) {
-      local_.cancel_local();
       fail(target.error());
       return std::move(target).error();
     }
     auto slot = claim_slot();
-    if (!slot) {
-      local_.cancel_local();
-      return std::move(slot).error();
-    }
+    if (!slot) return std::move(slot).error();
     if (bytes > 0) std::memcpy(*target + remote_offset, src.addr + local_offset, bytes);
     publish(*slot, slot_write, imm, bytes);
     finish_local(completion_kind::write_done, wr_id, bytes);
@@ -260,13 +256,10 @@ class shm_link final : public link {
       return make_error(errc::invalid_argument, "send: {} bytes exceeds the limit of {}",
                         message.size(), limit);
     }
-    TESSERA_TRY(local_.reserve_local());
-    std::lock_guard lock(post_mutex_);
+    std::lock_guard lock(mutex_);
+    TESSERA_TRY(reserve_done());
     auto slot = claim_slot();
-    if (!slot) {
-      local_.cancel_local();
-      return std::move(slot).error();
-    }
+    if (!slot) return std::move(slot).error();
     if (!message.empty()) {
       std::memcpy(*slot + sizeof(slot_head), message.data(), message.size());
     }
@@ -333,7 +326,7 @@ class shm_link final : public link {
     if (addr == nullptr || size == 0) {
       return make_error(errc::invalid_argument, "register_buffer: null or empty range");
     }
-    std::lock_guard lock(regs_mutex_);
+    std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < regs_.size(); ++i) {
       if (regs_[i].used) continue;
       regs_[i] = {addr, size, fd >= 0, true};
@@ -439,12 +432,28 @@ class shm_link final : public link {
     futex(&h->doorbell, FUTEX_WAKE, 1, nullptr);
   }
 
+  // Room for one more local completion (the outstanding bound), checked before posting; a post
+  // completes before the lock is released, so nothing is ever reserved and then given back.
+  result<void> reserve_done() {
+    if (local_.is_down()) {
+      return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
+    }
+    const std::uint64_t head = done_head_.load(std::memory_order_relaxed);
+    if (head - done_tail_seen_ >= done_.size()) {
+      done_tail_seen_ = done_tail_.load(std::memory_order_acquire);
+      if (head - done_tail_seen_ >= done_.size()) {
+        return make_error(errc::overloaded,
+                          "bulk link: {} operations outstanding (limit {}); poll completions first",
+                          head - done_tail_seen_, done_.size());
+      }
+    }
+    return ok();
+  }
+
   void finish_local(completion_kind kind, std::uint64_t wr_id, std::uint64_t bytes) {
-    completion c;
-    c.kind = kind;
-    c.wr_id = wr_id;
-    c.bytes = bytes;
-    local_.push_local(std::move(c));
+    const std::uint64_t head = done_head_.load(std::memory_order_relaxed);
+    done_[head % done_.size()] = {kind, wr_id, bytes};
+    done_head_.store(head + 1, std::memory_order_release);
     // A thread of ours may be asleep in wait() on our own doorbell.
     inbox_header* h = own_.header();
     if (h->sleeping.load(std::memory_order_seq_cst) != 0) ring(h);
@@ -507,12 +516,28 @@ class shm_link final : public link {
     return take_local(out);
   }
 
+  // Local completions, then (once they are all out) link_down from local_.
   std::size_t take_local(std::span<completion> out) {
-    const std::size_t got = local_.poll(out);
-    for (std::size_t i = 0; i < got; ++i) {
+    std::size_t n = 0;
+    std::uint64_t tail = done_tail_.load(std::memory_order_relaxed);
+    const std::uint64_t head = done_head_.load(std::memory_order_acquire);
+    for (; n < out.size() && tail != head; ++n, ++tail) {
+      const local_done& d = done_[tail % done_.size()];
+      completion& c = out[n];
+      c.kind = d.kind;
+      c.wr_id = d.wr_id;
+      c.imm = 0;
+      c.bytes = d.bytes;
+      c.data.clear();
+      c.failure.reset();
+    }
+    if (n > 0) done_tail_.store(tail, std::memory_order_release);
+    if (n == out.size()) return n;  // else all of done_ is out: link_down may follow
+    const std::size_t got = local_.poll(out.subspan(n));
+    for (std::size_t i = n; i < n + got; ++i) {
       if (out[i].kind == completion_kind::link_down) down_delivered_ = true;
     }
-    return got;
+    return n + got;
   }
 
   inbox_view own_;
@@ -521,13 +546,24 @@ class shm_link final : public link {
   int peer_pidfd_;
   std::int32_t peer_pid_;
   const link_options options_;
-  completion_queue local_;  // local completions and the link-down rule
-  mutable std::mutex regs_mutex_;
+  completion_queue local_;  // the link-down rule (local completions are in done_)
+  // Registrations and the post path: one producer into the peer's ring and into done_.
+  mutable std::mutex mutex_;
+  // Completed local operations, a single-producer (posts, under mutex_) single-consumer (polls,
+  // under consumer_mutex_) ring whose occupancy is the outstanding count: no lock of its own.
+  struct local_done {
+    completion_kind kind;
+    std::uint64_t wr_id;
+    std::uint64_t bytes;
+  };
+  std::vector<local_done> done_;
+  alignas(64) std::atomic<std::uint64_t> done_head_{0};
+  alignas(64) std::atomic<std::uint64_t> done_tail_{0};
+  std::uint64_t done_tail_seen_ = 0;  // guarded by mutex_
   std::vector<local_registration> regs_;
   std::mt19937_64 rng_{random_u64()};
-  std::mutex post_mutex_;  // one producer into the peer's ring
-  std::chrono::nanoseconds next_post_liveness_check_{};  // coarse_now(); guarded by post_mutex_
-  std::uint64_t peer_tail_seen_ = 0;                     // guarded by post_mutex_
+  std::chrono::nanoseconds next_post_liveness_check_{};  // coarse_now(); guarded by mutex_
+  std::uint64_t peer_tail_seen_ = 0;                     // guarded by mutex_
   std::vector<peer_mapping> peer_maps_;
   std::mutex consumer_mutex_;
   std::chrono::nanoseconds next_liveness_check_{};  // coarse_now()

@@ -6,7 +6,7 @@
 //   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
-//   tessera_bulk_bench [--reps N] [--max-mib M]
+//   tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K]   (largest size; default 64 MiB)
 //
 // Buffers are memfd shared memory (bulk::allocate_buffer), touched before timing (warm-up writes),
 // so no page faults are timed.
@@ -407,19 +407,23 @@ double best(const std::vector<double>& v) { return *std::max_element(v.begin(), 
 
 int main(int argc, char** argv) {
   int reps = 7;
-  std::size_t max_mib = 64;
+  std::size_t max_bytes = std::size_t{64} << 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--reps") reps = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--max-mib") max_mib = static_cast<std::size_t>(std::max(0, std::atoi(argv[i + 1])));
-    else die("usage: tessera_bulk_bench [--reps N] [--max-mib M]");
+    else if (a == "--max-mib")
+      max_bytes = static_cast<std::size_t>(std::max(0, std::atoi(argv[i + 1]))) << 20;
+    else if (a == "--max-kib")
+      max_bytes = static_cast<std::size_t>(std::max(0, std::atoi(argv[i + 1]))) << 10;
+    else
+      die("usage: tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K]");
   }
   std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
               "brackets), GB/s\n\n",
               reps);
   std::printf("| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  for (std::size_t size = 4096; size <= max_mib << 20; size *= 4) {
+  for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
     // About 256 MiB per measurement (at least 4 messages, at most 20000).
     const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 20000));
     std::vector<double> tcp, raw, shm, mem;

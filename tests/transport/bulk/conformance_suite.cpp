@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -386,6 +387,44 @@ TEST_P(bulk_conformance, completions_received_before_the_peer_closed_are_deliver
   }
   completion down = wait_for_down(*p.b);
   EXPECT_FALSE(down.ok());
+}
+
+TEST_P(bulk_conformance, local_completions_posted_before_a_close_come_before_its_link_down) {
+  auto p = must_connect(kind(), options());
+  ASSERT_TRUE(p.a);
+  constexpr std::uint64_t posted = 6;
+  for (std::uint64_t i = 0; i < posted; ++i) {
+    std::vector<std::byte> m(32, static_cast<std::byte>(i));
+    ASSERT_TRUE(p.a->send(m, 100 + i));
+  }
+  p.a->close();
+  // Every posted send completes exactly once (successfully or flushed), then link_down comes
+  // once, then wait() says closed. Taken two at a time so the down has to wait behind
+  // completions still queued when a batch fills up.
+  std::vector<completion> got;
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no link_down within patience";
+    completion c[2];
+    auto n = p.a->wait(c, std::chrono::milliseconds(100));
+    ASSERT_TRUE(n) << n.error().describe();
+    for (std::size_t i = 0; i < *n; ++i)
+      got.push_back(std::move(c[i]));
+    if (!got.empty() && got.back().kind == completion_kind::link_down) break;
+  }
+  ASSERT_EQ(got.size(), posted + 1);
+  std::vector<std::uint64_t> ids;
+  for (std::uint64_t i = 0; i < posted; ++i) {
+    EXPECT_EQ(got[i].kind, completion_kind::send_done) << "completion " << i;
+    ids.push_back(got[i].wr_id);
+  }
+  std::sort(ids.begin(), ids.end());  // the contract orders received completions, not local ones
+  for (std::uint64_t i = 0; i < posted; ++i)
+    EXPECT_EQ(ids[i], 100 + i);
+  completion c[2];
+  auto after = p.a->wait(c, std::chrono::milliseconds(10));
+  ASSERT_FALSE(after);
+  EXPECT_EQ(after.error().code, errc::closed);
 }
 
 TEST_P(bulk_conformance, writing_with_a_stale_descriptor_takes_the_link_down) {
