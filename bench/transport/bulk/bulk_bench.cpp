@@ -2,7 +2,8 @@
 // the same run, interleaved, median of --reps repetitions:
 //   * throughput 4 KiB .. 64 MiB: tcp backend vs a raw TCP socket stream (same 40-byte header per
 //     message, blocking send / recv MSG_WAITALL into one buffer); shm backend vs memcpy of the
-//     same size between two buffers in one process;
+//     same size between two buffers in one process and, to tell our overhead from the machine's,
+//     vs a bare hand-off ring between two pinned threads (ring_floor_throughput below);
 //   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
@@ -13,16 +14,21 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/bulk/link.hpp"
@@ -304,6 +310,97 @@ double memcpy_throughput(std::size_t size, int iters) {
   return static_cast<double>(size) * iters / s / 1e9;
 }
 
+// --- hand-off floor ----------------------------------------------------------------------------
+
+// Two CPUs this process may run on, if it has two.
+std::optional<std::pair<int, int>> two_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return std::nullopt;
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    if (first < 0) {
+      first = c;
+    } else {
+      return std::pair{first, c};
+    }
+  }
+  return std::nullopt;
+}
+
+void pin_this_thread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) != 0) die("pin thread");
+}
+
+// The least a one-copy hand-off of `size`-byte messages between two cores costs here, with
+// nothing of ours in it: two threads pinned to two CPUs and a 64-slot ring (the depth the
+// benchmark's links have). The writer copies the message into the target buffer, fills a 16-byte
+// slot and publishes a head index (release store); the reader spins on the head (acquire), reads
+// each slot's immediate and hands slots back through a tail index. No locks, completions,
+// liveness checks or sleeping; what is left between this and memcpy is the cache lines that move
+// between the cores. Pinned because unpinned, a new thread often starts on the writer's CPU and
+// the figure swings 10x. 0 when the process has only one CPU.
+double ring_floor_throughput(std::size_t size, int iters) {
+  const auto cpus = two_cpus();
+  if (!cpus) return 0;
+  constexpr std::uint64_t depth = 64;
+  struct alignas(64) slot {
+    std::uint32_t kind;
+    std::uint32_t imm;
+    std::uint64_t bytes;
+  };
+  struct alignas(64) index {
+    std::atomic<std::uint64_t> value{0};
+  };
+  auto src = must(bulk::allocate_buffer(size), "allocate");
+  auto dst = must(bulk::allocate_buffer(size), "allocate");
+  std::memset(src.data(), 0x5a, src.size());
+  std::memset(dst.data(), 0, dst.size());
+  std::vector<slot> ring(depth);
+  index head, tail;
+  const std::uint64_t warm = 2 * depth;  // messages before the clock starts
+  const std::uint64_t total = warm + static_cast<std::uint64_t>(iters);
+  std::uint64_t checksum = 0;
+  cpu_set_t saved;
+  if (::pthread_getaffinity_np(::pthread_self(), sizeof saved, &saved) != 0) die("affinity");
+  pin_this_thread(cpus->first);
+  std::thread reader([&] {
+    pin_this_thread(cpus->second);
+    for (std::uint64_t t = 0; t < total;) {
+      const std::uint64_t h = head.value.load(std::memory_order_acquire);
+      if (h == t) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+        continue;
+      }
+      for (; t < h; ++t)
+        checksum += ring[t % depth].imm;
+      tail.value.store(t, std::memory_order_release);
+    }
+  });
+  clock_type::time_point t0;
+  std::uint64_t tail_seen = 0;
+  for (std::uint64_t i = 0; i < total; ++i) {
+    if (i == warm) t0 = clock_type::now();
+    while (i - tail_seen >= depth)
+      tail_seen = tail.value.load(std::memory_order_acquire);
+    std::memcpy(dst.data(), src.data(), size);
+    ring[i % depth] = {1, static_cast<std::uint32_t>(i), size};
+    head.value.store(i + 1, std::memory_order_release);
+  }
+  reader.join();
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  ::pthread_setaffinity_np(::pthread_self(), sizeof saved, &saved);
+  // total <= 20128: every immediate is i itself and the sum fits.
+  if (checksum != total * (total - 1) / 2) die("ring floor: the reader saw wrong immediates");
+  return static_cast<double>(size) * iters / s / 1e9;
+}
+
 // --- latency ------------------------------------------------------------------------------------
 
 struct latency {
@@ -421,24 +518,31 @@ int main(int argc, char** argv) {
   std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
               "brackets), GB/s\n\n",
               reps);
-  std::printf("| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy | "
+      "ring floor | floor/memcpy | shm/floor |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
     // About 256 MiB per measurement (at least 4 messages, at most 20000).
     const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 20000));
-    std::vector<double> tcp, raw, shm, mem;
+    std::vector<double> tcp, raw, shm, mem, bare;
     for (int r = 0; r < reps; ++r) {
       tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
       raw.push_back(raw_tcp_throughput(size, iters));
       shm.push_back(backend_throughput(bulk::backend_kind::shm, size, iters));
       mem.push_back(memcpy_throughput(size, iters));
+      bare.push_back(ring_floor_throughput(size, iters));
     }
     const std::string label =
         size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
-    std::printf("| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2f (%.2f) | %.2fx |\n",
-                label.c_str(), median(tcp), best(tcp), median(raw), best(raw),
-                median(tcp) / median(raw), median(shm), best(shm), median(mem), best(mem),
-                median(shm) / median(mem));
+    std::printf(
+        "| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f "
+        "(%.2f) "
+        "| %.2fx | %.2fx |\n",
+        label.c_str(), median(tcp), best(tcp), median(raw), best(raw), median(tcp) / median(raw),
+        median(shm), best(shm), median(mem), best(mem), median(shm) / median(mem), median(bare),
+        best(bare), median(bare) / median(mem),
+        median(bare) > 0 ? median(shm) / median(bare) : 0.0);
     std::fflush(stdout);
   }
   std::printf("\nRound trip of a 64-byte send, two processes, 2000 rounds per repetition, median "
