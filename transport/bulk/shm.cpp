@@ -4,11 +4,15 @@
 // single-consumer ring of fixed slots. The peer maps it through /proc/<pid>/fd/<n> and is its only
 // producer. A write_with_imm() copies straight from the source into the peer's registered
 // shared_buffer (also mapped through /proc/<pid>/fd/<n>: one memcpy, as RDMA does one DMA) and
-// then publishes a slot {imm, bytes}; a send() copies its bytes into the slot. The consumer polls
-// the ring; wait() spins, then sleeps on a futex in the inbox that the producer rings only when
-// the consumer said it is asleep, so the fast path has no system call.
+// then publishes a slot {imm, bytes}; a send() copies its bytes into the slot. A slot is published
+// by storing its sequence number (index + 1) last, and the consumer polls the next slot's: there
+// is no shared head index, so one cache line moves to the consumer's core per message, not two
+// (4 KiB writes went 20-27% faster than with a head index). wait() spins, then sleeps on a futex in
+// the inbox that the producer rings only when the consumer said it is asleep, so the fast path has
+// no system call.
 //
-//   inbox: | header | reg_entry[max_buffers] | slot[depth] (16-byte head + slot_payload bytes) |
+//   inbox: | header | reg_entry[max_buffers] | slot[depth] |
+//   slot:  | seq (u64) | slot_head (16 bytes) | slot_payload bytes |   (64-byte aligned)
 //
 // Liveness: a pidfd of the peer (readable once it exits) is checked whenever the ring is empty
 // (at most once per millisecond in poll(), every 10 ms slice in wait()); a peer that closes sets
@@ -27,6 +31,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <thread>
@@ -41,6 +46,10 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 constexpr std::uint32_t inbox_magic = 0x54425348;  // "TBSH"
+// The inbox layout and ring protocol, in the header's `version`. 2: slots carry their sequence
+// number, no head index. (1 was the ring with a head index; the field then held connect_params'
+// version, also 1.)
+constexpr std::uint32_t inbox_format = 2;
 constexpr std::uint32_t slot_write = 1;
 constexpr std::uint32_t slot_send = 2;
 
@@ -56,7 +65,6 @@ struct inbox_header {
   std::atomic<std::uint32_t> closed;          // set by the producer when it closes its end
   std::atomic<std::uint32_t> sleeping;        // consumer is (about to be) in futex_wait
   std::atomic<std::uint32_t> doorbell;        // futex word
-  alignas(64) std::atomic<std::uint64_t> head;  // written by the producer
   alignas(64) std::atomic<std::uint64_t> tail;  // written by the consumer
   alignas(64) char end[1];
 };
@@ -73,11 +81,19 @@ struct slot_head {
   std::uint64_t bytes;
 };
 
+// Bytes before a slot's payload: the sequence number, then the slot_head.
+constexpr std::size_t slot_fields = sizeof(std::uint64_t) + sizeof(slot_head);
+std::atomic<std::uint64_t>* slot_seq(std::byte* slot) {
+  return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(slot));
+}
+
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
 std::size_t table_offset() { return offsetof(inbox_header, end); }
-std::size_t slot_stride(std::uint32_t payload) { return (sizeof(slot_head) + payload + 63) / 64 * 64; }
+std::size_t slot_stride(std::uint32_t payload) {
+  return (slot_fields + payload + 63) / 64 * 64;
+}
 std::size_t inbox_bytes(std::uint32_t depth, std::uint32_t payload, std::uint32_t buffers) {
   const std::size_t slots = (table_offset() + buffers * sizeof(reg_entry) + 63) / 64 * 64;
   return slots + depth * slot_stride(payload);
@@ -261,7 +277,7 @@ class shm_link final : public link {
     auto slot = claim_slot();
     if (!slot) return std::move(slot).error();
     if (!message.empty()) {
-      std::memcpy(*slot + sizeof(slot_head), message.data(), message.size());
+      std::memcpy(*slot + slot_fields, message.data(), message.size());
     }
     publish(*slot, slot_send, 0, message.size());
     finish_local(completion_kind::send_done, wr_id, message.size());
@@ -389,7 +405,7 @@ class shm_link final : public link {
         return make_error(errc::closed, "bulk link is down: {}", reason.describe());
       }
     }
-    const std::uint64_t head = ph->head.load(std::memory_order_relaxed);
+    const std::uint64_t head = published_;
     std::optional<clock::time_point> deadline;  // read only once the ring stays full
     for (std::uint32_t i = 0;; ++i) {
       if (local_.is_down()) {
@@ -417,13 +433,13 @@ class shm_link final : public link {
 
   void publish(std::byte* slot, std::uint32_t kind, std::uint32_t imm, std::uint64_t bytes) {
     inbox_header* ph = peer_.header();
-    auto* sh = reinterpret_cast<slot_head*>(slot);
+    auto* sh = reinterpret_cast<slot_head*>(slot + sizeof(std::uint64_t));
     sh->kind = kind;
     sh->imm = imm;
     sh->bytes = bytes;
-    ph->head.store(ph->head.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
-    // Dekker with wait(): our head store, then their sleeping flag; they store sleeping, then
-    // re-read head. seq_cst on both sides means one of us sees the other.
+    slot_seq(slot)->store(++published_, std::memory_order_seq_cst);
+    // Dekker with wait(): our seq store, then their sleeping flag; they store sleeping, then
+    // re-read the next slot's seq. seq_cst on both sides means one of us sees the other.
     if (ph->sleeping.load(std::memory_order_seq_cst) != 0) ring(ph);
   }
 
@@ -479,21 +495,23 @@ class shm_link final : public link {
   std::size_t poll_locked(std::span<completion> out, bool check_liveness) {
     inbox_header* h = own_.header();
     std::size_t n = 0;
-    // closed before head: the producer's last publishes happen-before its closed store.
+    // closed before the slots: the producer's last publishes happen-before its closed store.
     const bool peer_closed = h->closed.load(std::memory_order_acquire) != 0;
     std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
-    const std::uint64_t head = h->head.load(std::memory_order_acquire);
-    while (n < out.size() && tail != head) {
-      const std::byte* slot = own_.slot(tail);
+    while (n < out.size()) {
+      std::byte* slot = own_.slot(tail);
+      // seq_cst, not acquire: wait()'s re-check after announcing sleep is this load, the other
+      // half of the Dekker handshake with publish() (on x86 both are a plain load).
+      if (slot_seq(slot)->load(std::memory_order_seq_cst) != tail + 1) break;
       slot_head sh;
-      std::memcpy(&sh, slot, sizeof sh);
+      std::memcpy(&sh, slot + sizeof(std::uint64_t), sizeof sh);
       completion& c = out[n++];
       c = completion{};
       c.bytes = sh.bytes;
       c.imm = sh.imm;
       if (sh.kind == slot_send && sh.bytes <= h->slot_payload) {
         c.kind = completion_kind::send_received;
-        c.data.assign(slot + sizeof(slot_head), slot + sizeof(slot_head) + sh.bytes);
+        c.data.assign(slot + slot_fields, slot + slot_fields + sh.bytes);
       } else {
         c.kind = completion_kind::write_received;
       }
@@ -564,6 +582,7 @@ class shm_link final : public link {
   std::mt19937_64 rng_{random_u64()};
   std::chrono::nanoseconds next_post_liveness_check_{};  // coarse_now(); guarded by mutex_
   std::uint64_t peer_tail_seen_ = 0;                     // guarded by mutex_
+  std::uint64_t published_ = 0;  // slots published into the peer's ring; guarded by mutex_
   std::vector<peer_mapping> peer_maps_;
   std::mutex consumer_mutex_;
   std::chrono::nanoseconds next_liveness_check_{};  // coarse_now()
@@ -599,8 +618,14 @@ class shm_setup final : public link_setup {
     auto peer = map_path(remote.shm_name, sizeof(inbox_header));
     if (!peer) return std::move(peer).error();
     inbox_header* ph = peer->header();
-    if (ph->magic != inbox_magic || ph->version != connect_params::current_version ||
-        ph->owner_nonce != remote.nonce || ph->depth == 0 ||
+    if (ph->magic == inbox_magic && ph->version != inbox_format) {
+      const std::uint32_t theirs = ph->version;
+      ::munmap(peer->base, peer->size);
+      return make_error(errc::unsupported,
+                        "bulk shm: the peer's inbox has format {}, we speak {} (different builds)",
+                        theirs, inbox_format);
+    }
+    if (ph->magic != inbox_magic || ph->owner_nonce != remote.nonce || ph->depth == 0 ||
         peer->size < inbox_bytes(ph->depth, ph->slot_payload, ph->max_buffers)) {
       ::munmap(peer->base, peer->size);
       return make_error(errc::unauthorized, "bulk shm: {} is not the inbox the peer announced",
@@ -683,12 +708,14 @@ result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options
   // so their lifetime begins formally.
   auto* h = new (own.base) inbox_header{};
   h->magic = inbox_magic;
-  h->version = connect_params::current_version;
+  h->version = inbox_format;
   h->owner_nonce = random_u64();
   h->depth = l.max_received;
   h->slot_payload = l.max_send_bytes;
   h->max_buffers = l.max_buffers;
   for (std::uint32_t i = 0; i < l.max_buffers; ++i) new (&own.table()[i]) reg_entry{};
+  for (std::uint32_t i = 0; i < l.max_received; ++i)
+    new (own.slot(i)) std::atomic<std::uint64_t>{0};
 
   connect_params params;
   params.backend = static_cast<std::uint8_t>(backend_kind::shm);

@@ -1,7 +1,11 @@
 // Backend-independent parts of the bulk plane: params encoding, backend choice, shared buffers,
 // and backend-specific refusals that the conformance suite cannot phrase generically.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <thread>
 
 #include "transport/bulk/link.hpp"
@@ -135,6 +139,32 @@ TEST(shm_backend, a_peer_on_another_host_is_refused) {
   auto l = (*s)->connect(remote);
   ASSERT_FALSE(l);
   EXPECT_EQ(l.error().code, errc::invalid_argument) << l.error().describe();
+}
+
+TEST(shm_backend, an_inbox_of_another_format_is_refused_by_name) {
+  // A peer built with another ring protocol: its inbox header (magic, then the format) says so.
+  link_options o;
+  o.connect_timeout_ms = std::chrono::milliseconds(500);
+  auto sa = prepare_link(backend_kind::shm, o);
+  auto sb = prepare_link(backend_kind::shm, o);
+  ASSERT_TRUE(sa && sb);
+  const connect_params pb = (*sb)->local_params();
+  const int fd = ::open(pb.shm_name.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << pb.shm_name;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  std::uint32_t format = 0;
+  std::memcpy(&format, static_cast<std::byte*>(p) + 4, sizeof format);
+  const std::uint32_t other = format + 7;
+  std::memcpy(static_cast<std::byte*>(p) + 4, &other, sizeof other);
+  ::munmap(p, 4096);
+  auto la = (*sa)->connect(pb);
+  ASSERT_FALSE(la);
+  EXPECT_EQ(la.error().code, errc::unsupported) << la.error().describe();
+  EXPECT_NE(la.error().message.find(fmt::format("format {}, we speak {}", other, format)),
+            std::string::npos)
+      << la.error().describe();
 }
 
 TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
