@@ -81,8 +81,9 @@ struct slot_head {
   std::uint64_t bytes;
 };
 
-// Bytes before a slot's payload: the sequence number, then the slot_head.
-constexpr std::size_t slot_fields = sizeof(std::uint64_t) + sizeof(slot_head);
+// A slot's sequence number comes first, then its slot_head, then the payload.
+constexpr std::size_t slot_head_offset = sizeof(std::uint64_t);
+constexpr std::size_t slot_fields = slot_head_offset + sizeof(slot_head);
 std::atomic<std::uint64_t>* slot_seq(std::byte* slot) {
   return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(slot));
 }
@@ -293,7 +294,7 @@ class shm_link final : public link {
     if (out.empty()) return make_error(errc::invalid_argument, "wait: empty output span");
     std::lock_guard lock(consumer_mutex_);
     if (down_delivered_) {
-      return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
+      return down_error(local_.down_reason());
     }
     // Completions already there are handed out without reading the clock.
     if (std::size_t n = poll_locked(out, false); n > 0) return n;
@@ -402,14 +403,14 @@ class shm_link final : public link {
       if (peer_exited()) {
         auto reason = make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_);
         fail(reason);
-        return make_error(errc::closed, "bulk link is down: {}", reason.describe());
+        return down_error(reason);
       }
     }
     const std::uint64_t head = published_;
     std::optional<clock::time_point> deadline;  // read only once the ring stays full
     for (std::uint32_t i = 0;; ++i) {
       if (local_.is_down()) {
-        return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
+        return down_error(local_.down_reason());
       }
       // The consumer's tail as last read first: while it shows room, the shared line the
       // consumer writes on every poll is not touched (one cache-line transfer per message saved).
@@ -424,7 +425,7 @@ class shm_link final : public link {
                           : make_error(errc::timeout, "bulk shm: peer took no message for {} ms",
                                        options_.peer_timeout_ms.count());
         fail(reason);
-        return make_error(errc::closed, "bulk link is down: {}", reason.describe());
+        return down_error(reason);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -433,7 +434,7 @@ class shm_link final : public link {
 
   void publish(std::byte* slot, std::uint32_t kind, std::uint32_t imm, std::uint64_t bytes) {
     inbox_header* ph = peer_.header();
-    auto* sh = reinterpret_cast<slot_head*>(slot + sizeof(std::uint64_t));
+    auto* sh = reinterpret_cast<slot_head*>(slot + slot_head_offset);
     sh->kind = kind;
     sh->imm = imm;
     sh->bytes = bytes;
@@ -448,11 +449,16 @@ class shm_link final : public link {
     futex(&h->doorbell, FUTEX_WAKE, 1, nullptr);
   }
 
+  // What a call on a link that went down returns.
+  static error down_error(const error& reason) {
+    return make_error(errc::closed, "bulk link is down: {}", reason.describe());
+  }
+
   // Room for one more local completion (the outstanding bound), checked before posting; a post
   // completes before the lock is released, so nothing is ever reserved and then given back.
   result<void> reserve_done() {
     if (local_.is_down()) {
-      return make_error(errc::closed, "bulk link is down: {}", local_.down_reason().describe());
+      return down_error(local_.down_reason());
     }
     const std::uint64_t head = done_head_.load(std::memory_order_relaxed);
     if (head - done_tail_seen_ >= done_.size()) {
@@ -504,7 +510,7 @@ class shm_link final : public link {
       // half of the Dekker handshake with publish() (on x86 both are a plain load).
       if (slot_seq(slot)->load(std::memory_order_seq_cst) != tail + 1) break;
       slot_head sh;
-      std::memcpy(&sh, slot + sizeof(std::uint64_t), sizeof sh);
+      std::memcpy(&sh, slot + slot_head_offset, sizeof sh);
       completion& c = out[n++];
       c = completion{};
       c.bytes = sh.bytes;
