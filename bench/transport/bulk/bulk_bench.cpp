@@ -336,14 +336,16 @@ void pin_this_thread(int cpu) {
   if (::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) != 0) die("pin thread");
 }
 
-// The least a one-copy hand-off of `size`-byte messages between two cores costs here, with
-// nothing of ours in it: two threads pinned to two CPUs and a 64-slot ring (the depth the
-// benchmark's links have). The writer copies the message into the target buffer, fills a 16-byte
-// slot and publishes a head index (release store); the reader spins on the head (acquire), reads
-// each slot's immediate and hands slots back through a tail index. No locks, completions,
-// liveness checks or sleeping; what is left between this and memcpy is the cache lines that move
-// between the cores. Pinned because unpinned, a new thread often starts on the writer's CPU and
-// the figure swings 10x. 0 when the process has only one CPU.
+// A bare one-copy hand-off of `size`-byte messages between two cores, with nothing of ours in it:
+// two threads pinned to two CPUs and a 64-slot ring (the depth the benchmark's links have) that
+// publishes through a head index, as the shm link did before inbox format 2 (the link now puts
+// the sequence number in the slot, which moves one cache line less per message). The writer copies
+// the message into the target buffer, fills a 16-byte slot and publishes a head index (release
+// store); the reader spins on the head (acquire), reads each slot's immediate and hands slots back
+// through a tail index. No locks, completions, liveness checks or sleeping; what is left between
+// this and memcpy is the cache lines that move between the cores. Pinned because unpinned, a new
+// thread often starts on the writer's CPU and the figure swings 10x. 0 when the process has only
+// one CPU.
 double ring_floor_throughput(std::size_t size, int iters) {
   const auto cpus = two_cpus();
   if (!cpus) return 0;
