@@ -3,7 +3,8 @@
 //   * throughput 4 KiB .. 64 MiB: tcp backend vs a raw TCP socket stream (same 40-byte header per
 //     message, blocking send / recv MSG_WAITALL into one buffer); shm backend vs memcpy of the
 //     same size between two buffers in one process and, to tell our overhead from the machine's,
-//     vs a bare hand-off ring between two pinned threads (ring_floor_throughput below);
+//     vs a bare hand-off ring laid out as the link's, between two pinned threads
+//     (ring_floor_throughput below);
 //   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
@@ -337,23 +338,25 @@ void pin_this_thread(int cpu) {
 }
 
 // A bare one-copy hand-off of `size`-byte messages between two cores, with nothing of ours in it:
-// two threads pinned to two CPUs and a 64-slot ring (the depth the benchmark's links have) that
-// publishes through a head index, as the shm link did before inbox format 2 (the link now puts
-// the sequence number in the slot, which moves one cache line less per message). The writer copies
-// the message into the target buffer, fills a 16-byte slot and publishes a head index (release
-// store); the reader spins on the head (acquire), reads each slot's immediate and hands slots back
-// through a tail index. No locks, completions, liveness checks or sleeping; what is left between
-// this and memcpy is the cache lines that move between the cores. Pinned because unpinned, a new
-// thread often starts on the writer's CPU and the figure swings 10x. 0 when the process has only
-// one CPU.
+// two threads pinned to two CPUs and a 64-slot ring (the depth the benchmark's links have) laid
+// out as the shm link's (inbox format 2): the writer copies the message into the target buffer,
+// fills the slot and stores the slot's sequence number last (release); the reader spins on the
+// next slot's sequence number (acquire), takes every slot that is ready, reads its immediate and
+// hands the slots back through a tail index, which the writer reads only when the ring looks
+// full. No locks, completions, liveness checks or sleeping; what is left between this and memcpy
+// is the one cache line per message that moves to the reader's core and back. (Until 2026-11-25
+// this floor published through a shared head index, two lines per message, as the link did before
+// format 2; RESULTS says which floor each run had.) Pinned because unpinned, a new thread often
+// starts on the writer's CPU and the figure swings 10x. 0 when the process has only one CPU.
 double ring_floor_throughput(std::size_t size, int iters) {
   const auto cpus = two_cpus();
   if (!cpus) return 0;
   constexpr std::uint64_t depth = 64;
   struct alignas(64) slot {
-    std::uint32_t kind;
-    std::uint32_t imm;
-    std::uint64_t bytes;
+    std::atomic<std::uint64_t> seq{0};  // index + 1 once published
+    std::uint32_t kind = 0;
+    std::uint32_t imm = 0;
+    std::uint64_t bytes = 0;
   };
   struct alignas(64) index {
     std::atomic<std::uint64_t> value{0};
@@ -363,7 +366,7 @@ double ring_floor_throughput(std::size_t size, int iters) {
   std::memset(src.data(), 0x5a, src.size());
   std::memset(dst.data(), 0, dst.size());
   std::vector<slot> ring(depth);
-  index head, tail;
+  index tail;
   const std::uint64_t warm = 2 * depth;  // messages before the clock starts
   const std::uint64_t total = warm + static_cast<std::uint64_t>(iters);
   std::uint64_t checksum = 0;
@@ -373,15 +376,17 @@ double ring_floor_throughput(std::size_t size, int iters) {
   std::thread reader([&] {
     pin_this_thread(cpus->second);
     for (std::uint64_t t = 0; t < total;) {
-      const std::uint64_t h = head.value.load(std::memory_order_acquire);
-      if (h == t) {
+      const std::uint64_t first = t;
+      while (t < total && ring[t % depth].seq.load(std::memory_order_acquire) == t + 1) {
+        checksum += ring[t % depth].imm;
+        ++t;
+      }
+      if (t == first) {
 #if defined(__x86_64__)
         __builtin_ia32_pause();
 #endif
         continue;
       }
-      for (; t < h; ++t)
-        checksum += ring[t % depth].imm;
       tail.value.store(t, std::memory_order_release);
     }
   });
@@ -392,13 +397,16 @@ double ring_floor_throughput(std::size_t size, int iters) {
     while (i - tail_seen >= depth)
       tail_seen = tail.value.load(std::memory_order_acquire);
     std::memcpy(dst.data(), src.data(), size);
-    ring[i % depth] = {1, static_cast<std::uint32_t>(i), size};
-    head.value.store(i + 1, std::memory_order_release);
+    slot& s = ring[i % depth];
+    s.kind = 1;
+    s.imm = static_cast<std::uint32_t>(i);
+    s.bytes = size;
+    s.seq.store(i + 1, std::memory_order_release);
   }
   reader.join();
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
   ::pthread_setaffinity_np(::pthread_self(), sizeof saved, &saved);
-  // total <= 20128: every immediate is i itself and the sum fits.
+  // total < 2^32 (iters is an int of at most 65536): every immediate is i itself.
   if (checksum != total * (total - 1) / 2) die("ring floor: the reader saw wrong immediates");
   return static_cast<double>(size) * iters / s / 1e9;
 }
@@ -525,8 +533,9 @@ int main(int argc, char** argv) {
       "ring floor | floor/memcpy | shm/floor |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
-    // About 256 MiB per measurement (at least 4 messages, at most 20000).
-    const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 20000));
+    // About 256 MiB per measurement (at least 4 messages): 65536 at 4 KiB, so the shortest timed
+    // run lasts ~7 ms, not the 2 ms that 20000 took, which one host hiccup could halve.
+    const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 65536));
     std::vector<double> tcp, raw, shm, mem, bare;
     for (int r = 0; r < reps; ++r) {
       tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
