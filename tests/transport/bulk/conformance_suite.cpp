@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -453,6 +454,42 @@ TEST_P(bulk_conformance, wait_returns_zero_on_timeout_while_the_link_is_idle) {
   ASSERT_TRUE(n) << n.error().describe();
   EXPECT_EQ(*n, 0u);
   EXPECT_TRUE(p.a->is_up());
+}
+
+// The threading contract: poll() never blocks, and a wait() ends by its own timeout, whatever
+// another thread is doing with the link. (The shm link once held its consumer lock across a whole
+// wait(), sleep included, so both queued behind the other thread's wait.)
+TEST_P(bulk_conformance, poll_and_a_short_wait_do_not_queue_behind_another_threads_wait) {
+  auto p = must_connect(kind(), options());
+  ASSERT_TRUE(p.a);
+  std::atomic<bool> started{false};
+  std::atomic<bool> done{false};
+  result<std::size_t> got = std::size_t{0};
+  completion received[1];
+  std::thread waiter([&] {
+    started = true;
+    got = p.a->wait(received, std::chrono::seconds(5));
+    done = true;
+  });
+  while (!started)
+    std::this_thread::yield();
+  // Well past the spin (spin_us is 50 us): the waiter is asleep.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  completion c[1];
+  EXPECT_EQ(p.a->poll(c), 0u);
+  EXPECT_FALSE(done) << "poll() returned only after the other thread's wait() had";
+  auto n = p.a->wait(c, std::chrono::milliseconds(20));
+  ASSERT_TRUE(n) << n.error().describe();
+  EXPECT_EQ(*n, 0u);
+  EXPECT_FALSE(done) << "a 20 ms wait() returned only after the other thread's 5 s wait() had";
+  // A message now wakes the sleeping waiter, and it gets the message.
+  const std::byte hello[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
+  ASSERT_TRUE(p.b->send(hello, 7));
+  waiter.join();
+  ASSERT_TRUE(got) << got.error().describe();
+  ASSERT_EQ(*got, 1u);
+  EXPECT_EQ(received[0].kind, completion_kind::send_received);
+  EXPECT_EQ(received[0].data.size(), sizeof hello);
 }
 
 // ---------------------------------------------------------------------------------------------
