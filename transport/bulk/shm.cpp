@@ -96,22 +96,38 @@ std::size_t table_offset() { return offsetof(inbox_header, end); }
 std::size_t slot_stride(std::uint32_t payload) {
   return (slot_fields + payload + 63) / 64 * 64;
 }
-std::size_t inbox_bytes(std::uint32_t depth, std::uint32_t payload, std::uint32_t buffers) {
-  const std::size_t slots = (table_offset() + buffers * sizeof(reg_entry) + 63) / 64 * 64;
-  return slots + depth * slot_stride(payload);
+std::size_t slots_offset(std::uint32_t buffers) {
+  return (table_offset() + buffers * sizeof(reg_entry) + 63) / 64 * 64;
 }
+std::size_t inbox_bytes(std::uint32_t depth, std::uint32_t payload, std::uint32_t buffers) {
+  return slots_offset(buffers) + depth * slot_stride(payload);
+}
+// The largest inbox either side may announce (prepare_shm_link refuses larger limits): keeps
+// inbox_bytes() from overflowing on a forged header.
+constexpr std::uint32_t max_geometry = 1u << 24;
+constexpr std::uint32_t max_slot_payload = 1u << 30;
 
 struct inbox_view {
   std::byte* base = nullptr;
   std::size_t size = 0;
+  // The ring's geometry, read once (our own limits, or the peer's header checked against the
+  // mapping's size at connect) and never again from the shared header, which the other process
+  // can write: a depth or a table size changed later must not move our accesses out of the mapping.
+  std::uint32_t depth = 0;
+  std::uint32_t slot_payload = 0;
+  std::uint32_t max_buffers = 0;
+  std::size_t first_slot = 0;
+  std::size_t stride = 0;
+
+  static inbox_view of(std::byte* base, std::size_t size, std::uint32_t depth,
+                       std::uint32_t payload, std::uint32_t buffers) {
+    return {base, size, depth, payload, buffers, slots_offset(buffers), slot_stride(payload)};
+  }
   inbox_header* header() const { return reinterpret_cast<inbox_header*>(base); }
   reg_entry* table() const { return reinterpret_cast<reg_entry*>(base + table_offset()); }
-  std::byte* slot(std::uint64_t index) const {
-    const inbox_header* h = header();
-    const std::size_t first =
-        (table_offset() + h->max_buffers * sizeof(reg_entry) + 63) / 64 * 64;
-    return base + first + (index % h->depth) * slot_stride(h->slot_payload);
-  }
+  // The slot at ring position `pos` (< depth). The link keeps positions beside its sequence
+  // numbers and wraps them by comparison, so no division sits on the hot path.
+  std::byte* slot(std::uint32_t pos) const { return base + first_slot + pos * stride; }
 };
 
 // The liveness checks' clock: CLOCK_MONOTONIC_COARSE is read from the vDSO without a TSC read (a
@@ -214,7 +230,7 @@ class shm_link final : public link {
         local_(options.limits.max_received, options.limits.max_outstanding, options.spin_us),
         done_(options.limits.max_outstanding),
         regs_(options.limits.max_buffers),
-        peer_maps_(peer.header()->max_buffers) {}
+        peer_maps_(peer.max_buffers) {}
 
   ~shm_link() override {
     close();
@@ -303,7 +319,7 @@ class shm_link final : public link {
 
   result<void> send(std::span<const std::byte> message, std::uint64_t wr_id) override {
     const std::size_t limit =
-        std::min<std::size_t>(options_.limits.max_send_bytes, peer_.header()->slot_payload);
+        std::min<std::size_t>(options_.limits.max_send_bytes, peer_.slot_payload);
     if (message.size() > limit) {
       return make_error(errc::invalid_argument, "send: {} bytes exceeds the limit of {}",
                         message.size(), limit);
@@ -407,8 +423,7 @@ class shm_link final : public link {
 
   // The peer's registered buffer, mapped into this process (cached per registration).
   result<std::byte*> map_target(const remote_buffer& remote) {
-    const inbox_header* ph = peer_.header();
-    if (remote.id == 0 || remote.id > ph->max_buffers) {
+    if (remote.id == 0 || remote.id > peer_.max_buffers) {
       return make_error(errc::protocol, "bulk shm: remote access error: no buffer {}", remote.id);
     }
     const reg_entry& e = peer_.table()[remote.id - 1];
@@ -452,9 +467,9 @@ class shm_link final : public link {
       }
       // The consumer's tail as last read first: while it shows room, the shared line the
       // consumer writes on every poll is not touched (one cache-line transfer per message saved).
-      if (head - peer_tail_seen_ < ph->depth) break;
+      if (head - peer_tail_seen_ < peer_.depth) break;
       peer_tail_seen_ = ph->tail.load(std::memory_order_acquire);
-      if (head - peer_tail_seen_ < ph->depth) break;
+      if (head - peer_tail_seen_ < peer_.depth) break;
       if ((i & 15) != 15) {
 #if defined(__x86_64__)
         __builtin_ia32_pause();
@@ -484,7 +499,7 @@ class shm_link final : public link {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    return peer_.slot(head);
+    return peer_.slot(head_pos_);
   }
 
   void publish(std::byte* slot, std::uint32_t kind, std::uint32_t imm, std::uint64_t bytes) {
@@ -494,6 +509,7 @@ class shm_link final : public link {
     sh->imm = imm;
     sh->bytes = bytes;
     slot_seq(slot)->store(++published_, std::memory_order_seq_cst);
+    if (++head_pos_ == peer_.depth) head_pos_ = 0;
     // Dekker with wait(): our seq store, then their sleeping flag; they store sleeping, then
     // re-read the next slot's seq. seq_cst on both sides means one of us sees the other.
     wake_if_sleeping(ph);
@@ -569,28 +585,28 @@ class shm_link final : public link {
     std::size_t n = 0;
     // closed before the slots: the producer's last publishes happen-before its closed store.
     const bool peer_closed = h->closed.load(std::memory_order_acquire) != 0;
-    std::uint64_t tail = h->tail.load(std::memory_order_relaxed);
     while (n < out.size()) {
-      std::byte* slot = own_.slot(tail);
+      std::byte* slot = own_.slot(tail_pos_);
       // seq_cst, not acquire: wait()'s re-check after announcing sleep is this load, the other
       // half of the Dekker handshake with publish() (on x86 both are a plain load).
-      if (slot_seq(slot)->load(std::memory_order_seq_cst) != tail + 1) break;
+      if (slot_seq(slot)->load(std::memory_order_seq_cst) != tail_ + 1) break;
       slot_head sh;
       std::memcpy(&sh, slot + slot_head_offset, sizeof sh);
       completion& c = out[n++];
       c = completion{};
       c.bytes = sh.bytes;
       c.imm = sh.imm;
-      if (sh.kind == slot_send && sh.bytes <= h->slot_payload) {
+      if (sh.kind == slot_send && sh.bytes <= own_.slot_payload) {
         c.kind = completion_kind::send_received;
         c.data.assign(slot + slot_fields, slot + slot_fields + sh.bytes);
       } else {
         c.kind = completion_kind::write_received;
       }
-      ++tail;
+      ++tail_;
+      if (++tail_pos_ == own_.depth) tail_pos_ = 0;
     }
     if (n > 0) {
-      h->tail.store(tail, std::memory_order_release);
+      h->tail.store(tail_, std::memory_order_release);
       return n + take_local(out.subspan(n));
     }
     if (!local_.is_down()) {
@@ -655,8 +671,11 @@ class shm_link final : public link {
   std::chrono::nanoseconds next_post_liveness_check_{};  // coarse_now(); guarded by mutex_
   std::uint64_t peer_tail_seen_ = 0;                     // guarded by mutex_
   std::uint64_t published_ = 0;  // slots published into the peer's ring; guarded by mutex_
+  std::uint32_t head_pos_ = 0;   // published_ % depth; guarded by mutex_
   std::vector<peer_mapping> peer_maps_;
   spin_lock consumer_mutex_;  // held for one poll_locked(), never across a sleep
+  std::uint64_t tail_ = 0;    // slots taken from our ring; guarded by consumer_mutex_
+  std::uint32_t tail_pos_ = 0;                      // tail_ % depth; guarded by consumer_mutex_
   std::chrono::nanoseconds next_liveness_check_{};  // coarse_now()
   bool down_delivered_ = false;
 };
@@ -697,12 +716,18 @@ class shm_setup final : public link_setup {
                         "bulk shm: the peer's inbox has format {}, we speak {} (different builds)",
                         theirs, inbox_format);
     }
-    if (ph->magic != inbox_magic || ph->owner_nonce != remote.nonce || ph->depth == 0 ||
-        peer->size < inbox_bytes(ph->depth, ph->slot_payload, ph->max_buffers)) {
+    // Read once: the peer can change its header at any time, and what we checked is what we use.
+    const std::uint32_t depth = ph->depth;
+    const std::uint32_t payload = ph->slot_payload;
+    const std::uint32_t buffers = ph->max_buffers;
+    if (ph->magic != inbox_magic || ph->owner_nonce != remote.nonce || depth == 0 ||
+        depth > max_geometry || buffers > max_geometry || payload > max_slot_payload ||
+        peer->size < inbox_bytes(depth, payload, buffers)) {
       ::munmap(peer->base, peer->size);
       return make_error(errc::unauthorized, "bulk shm: {} is not the inbox the peer announced",
                         remote.shm_name);
     }
+    *peer = inbox_view::of(peer->base, peer->size, depth, payload, buffers);
     const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, remote.pid, 0));
     if (pidfd < 0) {
       auto err = sys_error(errc::closed, fmt::format("peer process {}", remote.pid));
@@ -761,6 +786,13 @@ class shm_setup final : public link_setup {
 
 result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options) {
   const auto& l = options.limits;
+  if (l.max_received > max_geometry || l.max_buffers > max_geometry ||
+      l.max_send_bytes > max_slot_payload) {
+    return make_error(errc::invalid_argument,
+                      "bulk shm: limits too large for an inbox (max_received and max_buffers at "
+                      "most {}, max_send_bytes at most {})",
+                      max_geometry, max_slot_payload);
+  }
   const std::size_t bytes = inbox_bytes(l.max_received, l.max_send_bytes, l.max_buffers);
   const int fd = ::memfd_create("tessera-bulk-inbox", MFD_CLOEXEC);
   if (fd < 0) return sys_error(errc::io, "memfd_create");
@@ -775,7 +807,8 @@ result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options
     ::close(fd);
     return err;
   }
-  inbox_view own{static_cast<std::byte*>(p), bytes};
+  inbox_view own = inbox_view::of(static_cast<std::byte*>(p), bytes, l.max_received,
+                                  l.max_send_bytes, l.max_buffers);
   // The memfd is zero-filled: every atomic starts at 0. Placement-new the header's atomics anyway
   // so their lifetime begins formally.
   auto* h = new (own.base) inbox_header{};

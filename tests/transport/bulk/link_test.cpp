@@ -167,6 +167,57 @@ TEST(shm_backend, an_inbox_of_another_format_is_refused_by_name) {
       << la.error().describe();
 }
 
+TEST(shm_backend, a_peer_that_rewrites_its_ring_geometry_after_connect_cannot_move_our_accesses) {
+  // The peer owns its inbox header and can write it at any time. Its ring depth and table size
+  // are read once, at connect; a depth raised afterwards once sent our 65th message past the end
+  // of the mapping, and a larger table let a forged buffer id index past our own bookkeeping.
+  auto sa = prepare_link(backend_kind::shm, link_options{});
+  auto sb = prepare_link(backend_kind::shm, link_options{});
+  ASSERT_TRUE(sa && sb);
+  const connect_params pb = (*sb)->local_params();
+  result<std::unique_ptr<bulk::link>> lb = error{};
+  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
+  auto la = (*sa)->connect(pb);
+  t.join();
+  ASSERT_TRUE(la && lb);
+  const int fd = ::open(pb.shm_name.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << pb.shm_name;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  const std::uint32_t huge = 1u << 30;
+  std::memcpy(static_cast<std::byte*>(p) + 16, &huge, sizeof huge);  // depth
+  std::memcpy(static_cast<std::byte*>(p) + 24, &huge, sizeof huge);  // max_buffers
+  ::munmap(p, 4096);
+  const std::uint32_t depth = link_options{}.limits.max_received;
+  for (std::uint32_t i = 0; i < 3 * depth; ++i) {
+    const std::byte m[4] = {std::byte(i), std::byte(i >> 8), std::byte{0}, std::byte{9}};
+    auto sent = (*la)->send(m, i);
+    ASSERT_TRUE(sent) << i << ": " << sent.error().describe();
+    completion done[4];
+    (void)(*la)->poll(done);  // our send_done: the outstanding bound
+    completion c[1];
+    std::size_t n = 0;
+    while (n == 0) {
+      auto r = (*lb)->wait(c, std::chrono::seconds(5));
+      ASSERT_TRUE(r) << r.error().describe();
+      ASSERT_NE(*r, 0u) << "message " << i << " did not arrive";
+      n = c[0].kind == completion_kind::send_received ? *r : 0;
+    }
+    ASSERT_EQ(c[0].data.size(), sizeof m);
+    EXPECT_EQ(std::memcmp(c[0].data.data(), m, sizeof m), 0) << i;
+  }
+  auto src = allocate_buffer(64);
+  ASSERT_TRUE(src);
+  auto h = (*la)->register_buffer(*src);
+  ASSERT_TRUE(h);
+  const remote_buffer forged{1000, 0, 1, 64};
+  auto w = (*la)->write_with_imm(*h, 0, forged, 0, 64, 0, 0);
+  ASSERT_FALSE(w);
+  EXPECT_EQ(w.error().code, errc::protocol) << w.error().describe();
+  EXPECT_NE(w.error().message.find("no buffer 1000"), std::string::npos) << w.error().describe();
+}
+
 TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
   auto sa = prepare_link(backend_kind::shm, link_options{});
   auto sb = prepare_link(backend_kind::shm, link_options{});
