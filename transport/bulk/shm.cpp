@@ -14,9 +14,10 @@
 //   inbox: | header | reg_entry[max_buffers] | slot[depth] |
 //   slot:  | seq (u64) | slot_head (16 bytes) | slot_payload bytes |   (64-byte aligned)
 //
-// Liveness: a pidfd of the peer (readable once it exits) is checked whenever the ring is empty
-// (at most once per millisecond in poll(), every 10 ms slice in wait()); a peer that closes sets
-// `closed` in our header. Either takes the link down after the slots already published.
+// Liveness: a pidfd of the peer (readable once it exits) is checked by a poll that finds nothing
+// (at most once per millisecond; every 10 ms slice in wait()) and every 16th post (at most once
+// per millisecond); a peer that closes sets `closed` in our header. Either takes the link down
+// after the slots already published.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -449,12 +450,17 @@ class shm_link final : public link {
   result<std::byte*> claim_slot() {
     inbox_header* ph = peer_.header();
     // Writing into a dead peer's memory would "succeed"; look at its pidfd once a millisecond.
-    if (const auto now = coarse_now(); now >= next_post_liveness_check_) {
-      next_post_liveness_check_ = now + std::chrono::milliseconds(1);
-      if (peer_exited()) {
-        auto reason = make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_);
-        fail(reason);
-        return down_error(reason);
+    // The clock is read on every 16th post only: read on every post and every poll, it cost
+    // 3-11% of 4 KiB throughput (alternated runs). A poster learns of a dead peer within 16
+    // posts, or at its next empty poll.
+    if ((++posts_ & 15) == 0) {
+      if (const auto now = coarse_now(); now >= next_post_liveness_check_) {
+        next_post_liveness_check_ = now + std::chrono::milliseconds(1);
+        if (peer_exited()) {
+          auto reason = make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_);
+          fail(reason);
+          return down_error(reason);
+        }
       }
     }
     const std::uint64_t head = published_;
@@ -609,17 +615,20 @@ class shm_link final : public link {
       h->tail.store(tail_, std::memory_order_release);
       return n + take_local(out.subspan(n));
     }
-    if (!local_.is_down()) {
-      if (peer_closed) {
-        local_.set_down(make_error(errc::closed, "bulk shm: peer closed the link"));
-      } else if (const auto now = coarse_now(); check_liveness || now >= next_liveness_check_) {
-        next_liveness_check_ = now + std::chrono::milliseconds(1);
-        if (peer_exited()) {
-          local_.set_down(make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_));
-        }
+    if (peer_closed && !local_.is_down()) {
+      local_.set_down(make_error(errc::closed, "bulk shm: peer closed the link"));
+    }
+    // A poll that hands out our own completions reads no clock: its caller is busy posting, and
+    // its posts look at the peer (claim_slot). Only a poll that finds nothing at all does.
+    if (const std::size_t mine = take_local(out); mine > 0 || local_.is_down()) return mine;
+    if (const auto now = coarse_now(); check_liveness || now >= next_liveness_check_) {
+      next_liveness_check_ = now + std::chrono::milliseconds(1);
+      if (peer_exited()) {
+        local_.set_down(make_error(errc::closed, "bulk shm: peer process {} exited", peer_pid_));
+        return take_local(out);
       }
     }
-    return take_local(out);
+    return 0;
   }
 
   // Local completions, then (once they are all out) link_down from local_.
@@ -669,6 +678,7 @@ class shm_link final : public link {
   std::vector<local_registration> regs_;
   std::mt19937_64 rng_{random_u64()};
   std::chrono::nanoseconds next_post_liveness_check_{};  // coarse_now(); guarded by mutex_
+  std::uint32_t posts_ = 0;                              // guarded by mutex_
   std::uint64_t peer_tail_seen_ = 0;                     // guarded by mutex_
   std::uint64_t published_ = 0;  // slots published into the peer's ring; guarded by mutex_
   std::uint32_t head_pos_ = 0;   // published_ % depth; guarded by mutex_
