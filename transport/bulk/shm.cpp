@@ -564,8 +564,11 @@ class shm_link final : public link {
   void finish_local(completion_kind kind, std::uint64_t wr_id, std::uint64_t bytes) {
     const std::uint64_t head = done_head_.load(std::memory_order_relaxed);
     done_[head % done_.size()] = {kind, wr_id, bytes};
-    done_head_.store(head + 1, std::memory_order_release);
-    // A thread of ours may be asleep in wait() on our own doorbell.
+    // A thread of ours may be asleep in wait() on our own doorbell: the same handshake as
+    // publish(), with done_head_ as what is published. seq_cst, not release: a release store may
+    // still sit in the store buffer when the flag is read, and a waiter that announced sleep just
+    // then, and re-checked done_head_, slept out its 10 ms slice with the completion there.
+    done_head_.store(head + 1, std::memory_order_seq_cst);
     wake_if_sleeping(own_.header());
   }
 
@@ -635,7 +638,8 @@ class shm_link final : public link {
   std::size_t take_local(std::span<completion> out) {
     std::size_t n = 0;
     std::uint64_t tail = done_tail_.load(std::memory_order_relaxed);
-    const std::uint64_t head = done_head_.load(std::memory_order_acquire);
+    // seq_cst: wait()'s re-check after announcing sleep is this load (finish_local()).
+    const std::uint64_t head = done_head_.load(std::memory_order_seq_cst);
     for (; n < out.size() && tail != head; ++n, ++tail) {
       const local_done& d = done_[tail % done_.size()];
       completion& c = out[n];
