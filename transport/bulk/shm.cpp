@@ -188,7 +188,7 @@ struct peer_mapping {
 // The link's two locks (posting, and taking completions). Releasing it is a plain store, where
 // std::mutex's unlock is an atomic exchange: each post and each poll takes one lock, and an atomic
 // read-modify-write right after a publish waits for the publish's stores to land (4 KiB writes
-// went 5-8% faster with this lock, alternated runs). Held for a bounded time: a poll, or a post
+// went 3-9% faster with this lock, three alternated pairs). Held for a bounded time: a poll, or a post
 // whose copy is at most max_write_bytes. A waiter spins briefly, then yields (a holder that shares
 // its vCPU gets to run), then sleeps in 50 us steps.
 class spin_lock {
