@@ -146,6 +146,20 @@ long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const 
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, ts, nullptr, 0);
 }
 
+// One step of a spin loop: a pause, and on every 16th step a yield instead, so a thread sharing
+// our vCPU gets to run (spinning alone cannot make it hurry). True on those steps: the caller's
+// moment to read the clock.
+bool spin_step(std::uint32_t i) {
+  if ((i & 15) != 15) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    return false;
+  }
+  ::sched_yield();
+  return true;
+}
+
 std::uint64_t random_u64() {
   std::random_device rd;
   return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
@@ -359,14 +373,7 @@ class shm_link final : public link {
     inbox_header* h = own_.header();
     for (std::uint32_t i = 0;; ++i) {
       if (auto n = take(false); !n || *n > 0) return n;
-      if ((i & 15) != 15) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-        continue;
-      }
-      // Let a peer sharing this vCPU run: spinning alone cannot make its message come sooner.
-      ::sched_yield();
+      if (!spin_step(i)) continue;
       const auto now = clock::now();
       if (now >= deadline) return take(true);
       if (now < spin_end) continue;
@@ -476,19 +483,13 @@ class shm_link final : public link {
       if (head - peer_tail_seen_ < peer_.depth) break;
       peer_tail_seen_ = ph->tail.load(std::memory_order_acquire);
       if (head - peer_tail_seen_ < peer_.depth) break;
-      if ((i & 15) != 15) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-        continue;
-      }
+      if (!spin_step(i)) continue;
       // Spin as long as wait() does before sleeping blind. A consumer that was asleep takes ~20 us
       // to wake and then drains the ring in a few; a producer that slept 50 us meanwhile let the
       // consumer fall asleep again, and the two could settle into a cycle of one ring and a blind
       // sleep per ~64 messages: once publish() rang only once per sleep, 4 KiB runs had 300-4000
       // such sleeps per nine runs where there had been 16-37, and fell from 24-27 to 10-23 GB/s
-      // (with this spin: 8-23 sleeps). The yield lets a consumer that shares our vCPU run.
-      ::sched_yield();
+      // (with this spin: 8-23 sleeps).
       const auto now = clock::now();
       if (!spin_end) {
         spin_end = now + std::chrono::microseconds(options_.spin_us);
