@@ -139,6 +139,10 @@ struct link_options {
   /// rdma: device name ("" = first with an active port) and GID index (-1 = pick RoCE v2 IPv4).
   std::string rdma_device;
   int rdma_gid_index = -1;
+  /// shm: where both processes can use membarrier(), posts take no fence (biased locks, and a
+  /// consumer about to sleep runs membarrier() instead); false puts a fence (an atomic
+  /// read-modify-write) into every post and poll, as before. For comparison runs.
+  bool shm_fence_free = true;
 };
 
 enum class completion_kind : std::uint8_t {

@@ -9,7 +9,9 @@
 // is no shared head index, so one cache line moves to the consumer's core per message, not two
 // (4 KiB writes went 20-27% faster than with a head index). wait() spins, then sleeps on a futex in
 // the inbox that the producer rings only when the consumer said it is asleep, so the fast path has
-// no system call.
+// no system call. Where both processes can use membarrier() (each inbox header says so), the fast
+// path has no fence either: the post and poll locks are biased towards their first thread, and
+// the sleep handshake is asymmetric (publish_then_wake(), wait()).
 //
 //   inbox: | header | reg_entry[max_buffers] | slot[depth] |
 //   slot:  | seq (u64) | slot_head (16 bytes) | slot_payload bytes |   (64-byte aligned)
@@ -21,7 +23,6 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "transport/bulk/backends.hpp"
+#include "transport/bulk/biased_lock.hpp"
 #include "transport/bulk/completion_queue.hpp"
 
 namespace tessera::transport::bulk::detail {
@@ -48,10 +50,11 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 constexpr std::uint32_t inbox_magic = 0x54425348;  // "TBSH"
-// The inbox layout and ring protocol, in the header's `version`. 2: slots carry their sequence
-// number, no head index. (1 was the ring with a head index; the field then held connect_params'
-// version, also 1.)
-constexpr std::uint32_t inbox_format = 2;
+// The inbox layout and ring protocol, in the header's `version`. 3: the header says whether its
+// owner can run membarrier(GLOBAL_EXPEDITED) before it sleeps (fence-free publishes). 2: slots
+// carry their sequence number, no head index. (1 was the ring with a head index; the field then
+// held connect_params' version, also 1.)
+constexpr std::uint32_t inbox_format = 3;
 constexpr std::uint32_t slot_write = 1;
 constexpr std::uint32_t slot_send = 2;
 
@@ -62,7 +65,9 @@ struct inbox_header {
   std::uint32_t depth;         // slots in the ring
   std::uint32_t slot_payload;  // bytes per slot (the owner's max_send_bytes)
   std::uint32_t max_buffers;   // entries in the registration table
-  std::uint32_t pad0;
+  // 1: the owner registered for membarrier(GLOBAL_EXPEDITED) and runs it before it sleeps, so a
+  // producer that registered too may publish without a fence (asymmetric handshake, see wait()).
+  std::uint32_t fence_free;
   std::atomic<std::uint64_t> attached_nonce;  // the producer's nonce once it mapped us
   std::atomic<std::uint32_t> closed;          // set by the producer when it closes its end
   std::atomic<std::uint32_t> sleeping;        // consumer is (about to be) in futex_wait
@@ -146,20 +151,6 @@ long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const 
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, ts, nullptr, 0);
 }
 
-// One step of a spin loop: a pause, and on every 16th step a yield instead, so a thread sharing
-// our vCPU gets to run (spinning alone cannot make it hurry). True on those steps: the caller's
-// moment to read the clock.
-bool spin_step(std::uint32_t i) {
-  if ((i & 15) != 15) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-    return false;
-  }
-  ::sched_yield();
-  return true;
-}
-
 std::uint64_t random_u64() {
   std::random_device rd;
   return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
@@ -199,53 +190,23 @@ struct peer_mapping {
   std::size_t size = 0;
 };
 
-// The link's two locks (posting, and taking completions). Releasing it is a plain store, where
-// std::mutex's unlock is an atomic exchange: each post and each poll takes one lock, and an atomic
-// read-modify-write right after a publish waits for the publish's stores to land (4 KiB writes
-// went 3-9% faster with this lock, three alternated pairs). Held for a bounded time: a poll, or a post
-// whose copy is at most max_write_bytes. A waiter spins briefly, then yields (a holder that shares
-// its vCPU gets to run), then sleeps in 50 us steps.
-class spin_lock {
- public:
-  bool try_lock() noexcept {
-    return !held_.load(std::memory_order_relaxed) &&
-           !held_.exchange(true, std::memory_order_acquire);
-  }
-  void lock() noexcept {
-    for (std::uint32_t i = 0; !try_lock(); ++i) {
-      if (i < 64) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-      } else if (i < 1024) {
-        ::sched_yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-  }
-  void unlock() noexcept {
-    held_.store(false, std::memory_order_release);
-  }
-
- private:
-  std::atomic<bool> held_{false};
-};
-
 class shm_link final : public link {
  public:
   shm_link(inbox_view own, int own_fd, inbox_view peer, int peer_pidfd, std::int32_t peer_pid,
-           const link_options& options)
+           const link_options& options, bool fence_free)
       : own_(own),
         own_fd_(own_fd),
         peer_(peer),
         peer_pidfd_(peer_pidfd),
         peer_pid_(peer_pid),
         options_(options),
+        fence_free_(fence_free),
         local_(options.limits.max_received, options.limits.max_outstanding, options.spin_us),
+        mutex_(options.shm_fence_free),
         done_(options.limits.max_outstanding),
         regs_(options.limits.max_buffers),
-        peer_maps_(peer.max_buffers) {}
+        peer_maps_(peer.max_buffers),
+        consumer_mutex_(options.shm_fence_free) {}
 
   ~shm_link() override {
     close();
@@ -382,8 +343,15 @@ class shm_link final : public link {
       // waking could erase another waiter's announcement, which would then sleep out its slice.
       const std::uint32_t bell = h->doorbell.load(std::memory_order_acquire);
       h->sleeping.store(1, std::memory_order_seq_cst);
+      // The producers' half (publish_then_wake) has no fence when fence_free_: this call puts one
+      // into every running thread of theirs (and ours), so after it either they see the flag or
+      // we see their store. It cannot fail once registered; if it did, a short slice bounds
+      // what a missed ring costs.
+      const bool ordered = !fence_free_ || membarrier_global();
       if (auto n = take(true); !n || *n > 0) return n;
-      const auto slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(10));
+      const auto slice = std::min<clock::duration>(
+          deadline - now, ordered ? clock::duration(std::chrono::milliseconds(10))
+                                  : clock::duration(std::chrono::microseconds(50)));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
       timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
       futex(&h->doorbell, FUTEX_WAIT, bell, &ts);
@@ -515,11 +483,26 @@ class shm_link final : public link {
     sh->kind = kind;
     sh->imm = imm;
     sh->bytes = bytes;
-    slot_seq(slot)->store(++published_, std::memory_order_seq_cst);
     if (++head_pos_ == peer_.depth) head_pos_ = 0;
-    // Dekker with wait(): our seq store, then their sleeping flag; they store sleeping, then
-    // re-read the next slot's seq. seq_cst on both sides means one of us sees the other.
-    wake_if_sleeping(ph);
+    publish_then_wake(*slot_seq(slot), ++published_, ph);
+  }
+
+  // Stores `value` (a slot's sequence number, or done_head_) and then looks at the consumer's
+  // sleeping flag: our half of a Dekker handshake with wait(), which stores the flag and then
+  // re-reads what we publish; one of the two must see the other. With fences: both sides
+  // seq_cst, a full fence in every post. Fence-free (both processes registered for
+  // membarrier(GLOBAL_EXPEDITED), fence_free_): a release store and a compiler barrier here, and
+  // the sleeper runs membarrier(), which puts a full fence into this thread at that moment
+  // wherever it is. The fence waited for the copy's and the slot's stores to land, one cross-core
+  // transfer per message; without it they drain while the next message is copied.
+  void publish_then_wake(std::atomic<std::uint64_t>& word, std::uint64_t value, inbox_header* h) {
+    if (fence_free_) {
+      word.store(value, std::memory_order_release);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    } else {
+      word.store(value, std::memory_order_seq_cst);
+    }
+    wake_if_sleeping(h);
   }
 
   // One ring per sleep: whoever sees the flag first clears it and rings. A sleeper here takes
@@ -566,11 +549,10 @@ class shm_link final : public link {
     const std::uint64_t head = done_head_.load(std::memory_order_relaxed);
     done_[head % done_.size()] = {kind, wr_id, bytes};
     // A thread of ours may be asleep in wait() on our own doorbell: the same handshake as
-    // publish(), with done_head_ as what is published. seq_cst, not release: a release store may
-    // still sit in the store buffer when the flag is read, and a waiter that announced sleep just
-    // then, and re-checked done_head_, slept out its 10 ms slice with the completion there.
-    done_head_.store(head + 1, std::memory_order_seq_cst);
-    wake_if_sleeping(own_.header());
+    // publish(). A release store alone may still sit in the store buffer when the flag is read,
+    // and a waiter that announced sleep just then, and re-checked done_head_, slept out its 10 ms
+    // slice with the completion there.
+    publish_then_wake(done_head_, head + 1, own_.header());
   }
 
   bool peer_exited() const {
@@ -598,7 +580,7 @@ class shm_link final : public link {
     while (n < out.size()) {
       std::byte* slot = own_.slot(tail_pos_);
       // seq_cst, not acquire: wait()'s re-check after announcing sleep is this load, the other
-      // half of the Dekker handshake with publish() (on x86 both are a plain load).
+      // half of the Dekker handshake with publish_then_wake() (on x86 both are a plain load).
       if (slot_seq(slot)->load(std::memory_order_seq_cst) != tail_ + 1) break;
       slot_head sh;
       std::memcpy(&sh, slot + slot_head_offset, sizeof sh);
@@ -639,7 +621,7 @@ class shm_link final : public link {
   std::size_t take_local(std::span<completion> out) {
     std::size_t n = 0;
     std::uint64_t tail = done_tail_.load(std::memory_order_relaxed);
-    // seq_cst: wait()'s re-check after announcing sleep is this load (finish_local()).
+    // seq_cst: wait()'s re-check after announcing sleep is this load (publish_then_wake()).
     const std::uint64_t head = done_head_.load(std::memory_order_seq_cst);
     for (; n < out.size() && tail != head; ++n, ++tail) {
       const local_done& d = done_[tail % done_.size()];
@@ -666,9 +648,14 @@ class shm_link final : public link {
   int peer_pidfd_;
   std::int32_t peer_pid_;
   const link_options options_;
+  // Posts publish without a fence and a sleeper runs membarrier() (publish_then_wake()): both
+  // inboxes announced it at set-up (each process registered for global expedited membarrier).
+  const bool fence_free_;
   completion_queue local_;  // the link-down rule (local completions are in done_)
   // Registrations and the post path: one producer into the peer's ring and into done_.
-  mutable spin_lock mutex_;
+  // Both locks are biased towards the thread that first takes them (biased_lock.hpp): a link
+  // posted on by one thread and polled by one takes no atomic read-modify-write per message.
+  mutable biased_lock mutex_;
   // Completed local operations, a single-producer (posts, under mutex_) single-consumer (polls,
   // under consumer_mutex_) ring whose occupancy is the outstanding count: no lock of its own.
   struct local_done {
@@ -688,7 +675,7 @@ class shm_link final : public link {
   std::uint64_t published_ = 0;  // slots published into the peer's ring; guarded by mutex_
   std::uint32_t head_pos_ = 0;   // published_ % depth; guarded by mutex_
   std::vector<peer_mapping> peer_maps_;
-  spin_lock consumer_mutex_;  // held for one poll_locked(), never across a sleep
+  biased_lock consumer_mutex_;  // held for one poll_locked(), never across a sleep
   std::uint64_t tail_ = 0;    // slots taken from our ring; guarded by consumer_mutex_
   std::uint32_t tail_pos_ = 0;                      // tail_ % depth; guarded by consumer_mutex_
   std::chrono::nanoseconds next_liveness_check_{};  // coarse_now()
@@ -696,6 +683,12 @@ class shm_link final : public link {
 };
 
 // --- set-up ------------------------------------------------------------------------------------
+
+// What our inbox header's fence_free says (computed again at connect, not read back from the
+// header, which the peer can write).
+bool announces_fence_free(const link_options& options) {
+  return options.shm_fence_free && membarrier_support().global_expedited;
+}
 
 class shm_setup final : public link_setup {
  public:
@@ -735,6 +728,9 @@ class shm_setup final : public link_setup {
     const std::uint32_t depth = ph->depth;
     const std::uint32_t payload = ph->slot_payload;
     const std::uint32_t buffers = ph->max_buffers;
+    // Fence-free only when both announced it: each of us runs membarrier() before sleeping and
+    // registered so that the other's membarrier() reaches our publishing threads.
+    const bool fence_free = ph->fence_free == 1 && announces_fence_free(options_);
     if (ph->magic != inbox_magic || ph->owner_nonce != remote.nonce || depth == 0 ||
         depth > max_geometry || buffers > max_geometry || payload > max_slot_payload ||
         peer->size < inbox_bytes(depth, payload, buffers)) {
@@ -765,7 +761,7 @@ class shm_setup final : public link_setup {
     }
     auto l = std::unique_ptr<link>(
         new shm_link(std::exchange(own_, inbox_view{}), std::exchange(fd_, -1), *peer, pidfd,
-                     remote.pid, options_));
+                     remote.pid, options_, fence_free));
     return l;
   }
 
@@ -833,6 +829,7 @@ result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options
   h->depth = l.max_received;
   h->slot_payload = l.max_send_bytes;
   h->max_buffers = l.max_buffers;
+  h->fence_free = announces_fence_free(options) ? 1 : 0;
   for (std::uint32_t i = 0; i < l.max_buffers; ++i) new (&own.table()[i]) reg_entry{};
   for (std::uint32_t i = 0; i < l.max_received; ++i)
     new (own.slot(i)) std::atomic<std::uint64_t>{0};

@@ -4,7 +4,8 @@
 //     message, blocking send / recv MSG_WAITALL into one buffer); shm backend vs memcpy of the
 //     same size between two buffers in one process and, to tell our overhead from the machine's,
 //     vs a bare hand-off ring laid out as the link's, between two pinned threads
-//     (ring_floor_throughput below);
+//     (ring_floor_throughput below); and, for the gain of the fence-free post path, vs the same
+//     shm link with link_options::shm_fence_free off (a fence in every post);
 //   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
@@ -77,8 +78,9 @@ std::vector<std::byte> read_blob(int fd) {
   return b;
 }
 
-bulk::link_options bench_options() {
+bulk::link_options bench_options(bool fenced = false) {
   bulk::link_options o;
+  o.shm_fence_free = !fenced;
   o.limits.max_outstanding = 256;
   o.limits.max_received = 64;
   o.limits.max_write_bytes = 1ull << 30;
@@ -86,8 +88,9 @@ bulk::link_options bench_options() {
 }
 
 // Both processes: exchange params over the pipes and connect.
-std::unique_ptr<bulk::link> connect_over_pipes(bulk::backend_kind kind, int out_fd, int in_fd) {
-  auto setup = must(bulk::prepare_link(kind, bench_options()), "prepare_link");
+std::unique_ptr<bulk::link> connect_over_pipes(bulk::backend_kind kind, int out_fd, int in_fd,
+                                               bool fenced = false) {
+  auto setup = must(bulk::prepare_link(kind, bench_options(fenced)), "prepare_link");
   write_blob(out_fd, bulk::encode(setup->local_params()));
   auto remote = must(bulk::decode_connect_params(read_blob(in_fd)), "decode params");
   return must(setup->connect(remote), "connect");
@@ -107,9 +110,9 @@ bulk::completion wait_kind(bulk::link& l, bulk::completion_kind kind) {
 }
 
 // Child of a throughput trial: owns the target buffer; acks after the warm-up and after the run.
-[[noreturn]] void throughput_child(bulk::backend_kind kind, std::size_t size, int warm, int iters,
-                                   int in_fd, int out_fd) {
-  auto l = connect_over_pipes(kind, out_fd, in_fd);
+[[noreturn]] void throughput_child(bulk::backend_kind kind, bool fenced, std::size_t size,
+                                   int warm, int iters, int in_fd, int out_fd) {
+  auto l = connect_over_pipes(kind, out_fd, in_fd, fenced);
   auto buf = must(bulk::allocate_buffer(size), "allocate");
   auto h = must(l->register_buffer(buf), "register");
   const auto d = must(l->describe(h), "describe");
@@ -142,20 +145,22 @@ void close_parent_side(pipe_pair& p, pid_t pid) {
 }
 
 // GB/s of the bulk backend `kind` writing `size` bytes `iters` times into the other process.
-double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters) {
+// `fenced`: the shm link with link_options::shm_fence_free off (a fence in every post and poll).
+double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
+                          bool fenced = false) {
   const int warm = 2;
   pipe_pair p{};
   const pid_t pid = fork_child(p);
   if (pid == 0) {
     ::close(p.to_child[1]);
     ::close(p.to_parent[0]);
-    throughput_child(kind, size, warm, iters, p.to_child[0], p.to_parent[1]);
+    throughput_child(kind, fenced, size, warm, iters, p.to_child[0], p.to_parent[1]);
   }
   ::close(p.to_child[0]);
   ::close(p.to_parent[1]);
   double gbps = 0;
   {
-    auto l = connect_over_pipes(kind, p.to_child[1], p.to_parent[0]);
+    auto l = connect_over_pipes(kind, p.to_child[1], p.to_parent[0], fenced);
     auto src = must(bulk::allocate_buffer(size), "allocate");
     std::memset(src.data(), 0x5a, src.size());
     auto h = must(l->register_buffer(src), "register");
@@ -530,30 +535,32 @@ int main(int argc, char** argv) {
               reps);
   std::printf(
       "| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy | "
-      "ring floor | floor/memcpy | shm/floor |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      "ring floor | floor/memcpy | shm/floor | shm fenced | shm/fenced |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
     // About 256 MiB per measurement (at least 4 messages): 65536 at 4 KiB, so the shortest timed
     // run lasts ~7 ms, not the 2 ms that 20000 took, which one host hiccup could halve.
     const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 65536));
-    std::vector<double> tcp, raw, shm, mem, bare;
+    std::vector<double> tcp, raw, shm, mem, bare, fenced;
     for (int r = 0; r < reps; ++r) {
       tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
       raw.push_back(raw_tcp_throughput(size, iters));
       shm.push_back(backend_throughput(bulk::backend_kind::shm, size, iters));
       mem.push_back(memcpy_throughput(size, iters));
       bare.push_back(ring_floor_throughput(size, iters));
+      fenced.push_back(backend_throughput(bulk::backend_kind::shm, size, iters, true));
     }
     const std::string label =
         size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
     std::printf(
         "| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f "
         "(%.2f) "
-        "| %.2fx | %.2fx |\n",
+        "| %.2fx | %.2fx | %.2f (%.2f) | %.2fx |\n",
         label.c_str(), median(tcp), best(tcp), median(raw), best(raw), median(tcp) / median(raw),
         median(shm), best(shm), median(mem), best(mem), median(shm) / median(mem), median(bare),
         best(bare), median(bare) / median(mem),
-        median(bare) > 0 ? median(shm) / median(bare) : 0.0);
+        median(bare) > 0 ? median(shm) / median(bare) : 0.0, median(fenced), best(fenced),
+        median(shm) / median(fenced));
     std::fflush(stdout);
   }
   std::printf("\nRound trip of a 64-byte send, two processes, 2000 rounds per repetition, median "
