@@ -218,6 +218,49 @@ TEST(shm_backend, a_peer_that_rewrites_its_ring_geometry_after_connect_cannot_mo
   EXPECT_NE(w.error().message.find("no buffer 1000"), std::string::npos) << w.error().describe();
 }
 
+TEST(shm_backend, a_buffer_size_raised_in_the_peers_table_cannot_carry_a_write_past_the_mapping) {
+  // The peer's registration table is the peer's to write. We map a buffer at its first write
+  // and reuse the mapping while the rkey stays; a size raised in the table afterwards (and a
+  // descriptor that claims it) once sent the next write past the end of the 4 KiB mapping.
+  auto sa = prepare_link(backend_kind::shm, link_options{});
+  auto sb = prepare_link(backend_kind::shm, link_options{});
+  ASSERT_TRUE(sa && sb);
+  const connect_params pb = (*sb)->local_params();
+  result<std::unique_ptr<bulk::link>> lb = error{};
+  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
+  auto la = (*sa)->connect(pb);
+  t.join();
+  ASSERT_TRUE(la && lb);
+  auto target = allocate_buffer(4096);
+  auto src = allocate_buffer(4096);
+  ASSERT_TRUE(target && src);
+  auto th = (*lb)->register_buffer(*target);
+  auto sh = (*la)->register_buffer(*src);
+  ASSERT_TRUE(th && sh);
+  auto remote = (*lb)->describe(*th);
+  ASSERT_TRUE(remote);
+  ASSERT_TRUE((*la)->write_with_imm(*sh, 0, *remote, 0, 64, 1, 1));  // maps the 4 KiB buffer
+  // Entry 1 of the table (after the 128-byte header): rkey, fd, then the size at byte 8.
+  const int fd = ::open(pb.shm_name.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << pb.shm_name;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  std::uint64_t size = 0;
+  std::memcpy(&size, static_cast<std::byte*>(p) + 128 + 8, sizeof size);
+  ASSERT_EQ(size, 4096u) << "the table entry is not where this test expects it";
+  const std::uint64_t huge = std::uint64_t{1} << 30;
+  std::memcpy(static_cast<std::byte*>(p) + 128 + 8, &huge, sizeof huge);
+  ::munmap(p, 4096);
+  remote_buffer forged = *remote;
+  forged.size = huge;
+  auto w = (*la)->write_with_imm(*sh, 0, forged, std::uint64_t{1} << 20, 64, 2, 2);
+  ASSERT_FALSE(w);
+  EXPECT_EQ(w.error().code, errc::protocol) << w.error().describe();
+  EXPECT_NE(w.error().message.find("is 4096 bytes"), std::string::npos) << w.error().describe();
+  EXPECT_FALSE((*la)->is_up());  // a remote access error takes the link down, as on RDMA
+}
+
 TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
   auto sa = prepare_link(backend_kind::shm, link_options{});
   auto sb = prepare_link(backend_kind::shm, link_options{});
