@@ -141,6 +141,39 @@ TEST(shm_backend, a_peer_on_another_host_is_refused) {
   EXPECT_EQ(l.error().code, errc::invalid_argument) << l.error().describe();
 }
 
+// Two shm links in this process, connected to each other (b connects on a thread: connect
+// waits for the peer). b_params is b's side, whose inbox a test maps to play a peer that rewrites
+// its own memory.
+struct shm_pair {
+  std::unique_ptr<bulk::link> a;
+  std::unique_ptr<bulk::link> b;
+  connect_params b_params;
+};
+
+void connect_shm_pair(shm_pair& pair) {
+  auto sa = prepare_link(backend_kind::shm, link_options{});
+  auto sb = prepare_link(backend_kind::shm, link_options{});
+  ASSERT_TRUE(sa && sb);
+  pair.b_params = (*sb)->local_params();
+  result<std::unique_ptr<bulk::link>> lb = error{};
+  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
+  auto la = (*sa)->connect(pair.b_params);
+  t.join();
+  ASSERT_TRUE(la && lb);
+  pair.a = std::move(*la);
+  pair.b = std::move(*lb);
+}
+
+// The first page of the inbox `params` names (header and registration table), mapped writable.
+void map_inbox_page(const connect_params& params, std::byte*& page) {
+  const int fd = ::open(params.shm_name.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << params.shm_name;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  page = static_cast<std::byte*>(p);
+}
+
 TEST(shm_backend, an_inbox_of_another_format_is_refused_by_name) {
   // A peer built with another ring protocol: its inbox header (magic, then the format) says so.
   link_options o;
@@ -149,15 +182,12 @@ TEST(shm_backend, an_inbox_of_another_format_is_refused_by_name) {
   auto sb = prepare_link(backend_kind::shm, o);
   ASSERT_TRUE(sa && sb);
   const connect_params pb = (*sb)->local_params();
-  const int fd = ::open(pb.shm_name.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << pb.shm_name;
-  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(p, MAP_FAILED);
+  std::byte* p = nullptr;
+  ASSERT_NO_FATAL_FAILURE(map_inbox_page(pb, p));
   std::uint32_t format = 0;
-  std::memcpy(&format, static_cast<std::byte*>(p) + 4, sizeof format);
+  std::memcpy(&format, p + 4, sizeof format);
   const std::uint32_t other = format + 7;
-  std::memcpy(static_cast<std::byte*>(p) + 4, &other, sizeof other);
+  std::memcpy(p + 4, &other, sizeof other);
   ::munmap(p, 4096);
   auto la = (*sa)->connect(pb);
   ASSERT_FALSE(la);
@@ -171,35 +201,27 @@ TEST(shm_backend, a_peer_that_rewrites_its_ring_geometry_after_connect_cannot_mo
   // The peer owns its inbox header and can write it at any time. Its ring depth and table size
   // are read once, at connect; a depth raised afterwards once sent our 65th message past the end
   // of the mapping, and a larger table let a forged buffer id index past our own bookkeeping.
-  auto sa = prepare_link(backend_kind::shm, link_options{});
-  auto sb = prepare_link(backend_kind::shm, link_options{});
-  ASSERT_TRUE(sa && sb);
-  const connect_params pb = (*sb)->local_params();
-  result<std::unique_ptr<bulk::link>> lb = error{};
-  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
-  auto la = (*sa)->connect(pb);
-  t.join();
-  ASSERT_TRUE(la && lb);
-  const int fd = ::open(pb.shm_name.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << pb.shm_name;
-  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(p, MAP_FAILED);
+  shm_pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(pair));
+  std::byte* p = nullptr;
+  ASSERT_NO_FATAL_FAILURE(map_inbox_page(pair.b_params, p));
   const std::uint32_t huge = 1u << 30;
-  std::memcpy(static_cast<std::byte*>(p) + 16, &huge, sizeof huge);  // depth
-  std::memcpy(static_cast<std::byte*>(p) + 24, &huge, sizeof huge);  // max_buffers
+  std::memcpy(p + 16, &huge, sizeof huge);  // depth
+  std::memcpy(p + 24, &huge, sizeof huge);  // max_buffers
   ::munmap(p, 4096);
+  auto& la = pair.a;
+  auto& lb = pair.b;
   const std::uint32_t depth = link_options{}.limits.max_received;
   for (std::uint32_t i = 0; i < 3 * depth; ++i) {
     const std::byte m[4] = {std::byte(i), std::byte(i >> 8), std::byte{0}, std::byte{9}};
-    auto sent = (*la)->send(m, i);
+    auto sent = la->send(m, i);
     ASSERT_TRUE(sent) << i << ": " << sent.error().describe();
     completion done[4];
-    (void)(*la)->poll(done);  // our send_done: the outstanding bound
+    (void)la->poll(done);  // our send_done: the outstanding bound
     completion c[1];
     std::size_t n = 0;
     while (n == 0) {
-      auto r = (*lb)->wait(c, std::chrono::seconds(5));
+      auto r = lb->wait(c, std::chrono::seconds(5));
       ASSERT_TRUE(r) << r.error().describe();
       ASSERT_NE(*r, 0u) << "message " << i << " did not arrive";
       n = c[0].kind == completion_kind::send_received ? *r : 0;
@@ -209,10 +231,10 @@ TEST(shm_backend, a_peer_that_rewrites_its_ring_geometry_after_connect_cannot_mo
   }
   auto src = allocate_buffer(64);
   ASSERT_TRUE(src);
-  auto h = (*la)->register_buffer(*src);
+  auto h = la->register_buffer(*src);
   ASSERT_TRUE(h);
   const remote_buffer forged{1000, 0, 1, 64};
-  auto w = (*la)->write_with_imm(*h, 0, forged, 0, 64, 0, 0);
+  auto w = la->write_with_imm(*h, 0, forged, 0, 64, 0, 0);
   ASSERT_FALSE(w);
   EXPECT_EQ(w.error().code, errc::protocol) << w.error().describe();
   EXPECT_NE(w.error().message.find("no buffer 1000"), std::string::npos) << w.error().describe();
@@ -222,72 +244,60 @@ TEST(shm_backend, a_buffer_size_raised_in_the_peers_table_cannot_carry_a_write_p
   // The peer's registration table is the peer's to write. We map a buffer at its first write
   // and reuse the mapping while the rkey stays; a size raised in the table afterwards (and a
   // descriptor that claims it) once sent the next write past the end of the 4 KiB mapping.
-  auto sa = prepare_link(backend_kind::shm, link_options{});
-  auto sb = prepare_link(backend_kind::shm, link_options{});
-  ASSERT_TRUE(sa && sb);
-  const connect_params pb = (*sb)->local_params();
-  result<std::unique_ptr<bulk::link>> lb = error{};
-  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
-  auto la = (*sa)->connect(pb);
-  t.join();
-  ASSERT_TRUE(la && lb);
+  shm_pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(pair));
+  auto& la = pair.a;
+  auto& lb = pair.b;
   auto target = allocate_buffer(4096);
   auto src = allocate_buffer(4096);
   ASSERT_TRUE(target && src);
-  auto th = (*lb)->register_buffer(*target);
-  auto sh = (*la)->register_buffer(*src);
+  auto th = lb->register_buffer(*target);
+  auto sh = la->register_buffer(*src);
   ASSERT_TRUE(th && sh);
-  auto remote = (*lb)->describe(*th);
+  auto remote = lb->describe(*th);
   ASSERT_TRUE(remote);
-  ASSERT_TRUE((*la)->write_with_imm(*sh, 0, *remote, 0, 64, 1, 1));  // maps the 4 KiB buffer
+  ASSERT_TRUE(la->write_with_imm(*sh, 0, *remote, 0, 64, 1, 1));  // maps the 4 KiB buffer
   // Entry 1 of the table (after the 128-byte header): rkey, fd, then the size at byte 8.
-  const int fd = ::open(pb.shm_name.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << pb.shm_name;
-  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(p, MAP_FAILED);
+  std::byte* p = nullptr;
+  ASSERT_NO_FATAL_FAILURE(map_inbox_page(pair.b_params, p));
   std::uint64_t size = 0;
-  std::memcpy(&size, static_cast<std::byte*>(p) + 128 + 8, sizeof size);
+  std::memcpy(&size, p + 128 + 8, sizeof size);
   ASSERT_EQ(size, 4096u) << "the table entry is not where this test expects it";
   const std::uint64_t huge = std::uint64_t{1} << 30;
-  std::memcpy(static_cast<std::byte*>(p) + 128 + 8, &huge, sizeof huge);
+  std::memcpy(p + 128 + 8, &huge, sizeof huge);
   ::munmap(p, 4096);
   remote_buffer forged = *remote;
   forged.size = huge;
-  auto w = (*la)->write_with_imm(*sh, 0, forged, std::uint64_t{1} << 20, 64, 2, 2);
+  auto w = la->write_with_imm(*sh, 0, forged, std::uint64_t{1} << 20, 64, 2, 2);
   ASSERT_FALSE(w);
   EXPECT_EQ(w.error().code, errc::protocol) << w.error().describe();
   EXPECT_NE(w.error().message.find("is 4096 bytes"), std::string::npos) << w.error().describe();
-  EXPECT_FALSE((*la)->is_up());  // a remote access error takes the link down, as on RDMA
+  EXPECT_FALSE(la->is_up());  // a remote access error takes the link down, as on RDMA
 }
 
 TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
-  auto sa = prepare_link(backend_kind::shm, link_options{});
-  auto sb = prepare_link(backend_kind::shm, link_options{});
-  ASSERT_TRUE(sa && sb);
-  result<std::unique_ptr<bulk::link>> lb = error{};
-  std::thread t([&] { lb = (*sb)->connect((*sa)->local_params()); });
-  auto la = (*sa)->connect((*sb)->local_params());
-  t.join();
-  ASSERT_TRUE(la && lb);
+  shm_pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(pair));
+  auto& la = pair.a;
+  auto& lb = pair.b;
   std::vector<std::byte> priv(4096, std::byte{5});
-  auto h = (*la)->register_buffer(priv.data(), priv.size());
+  auto h = la->register_buffer(priv.data(), priv.size());
   ASSERT_TRUE(h);
-  auto d = (*la)->describe(*h);
+  auto d = la->describe(*h);
   ASSERT_FALSE(d);
   EXPECT_EQ(d.error().code, errc::unsupported);
   EXPECT_NE(d.error().message.find("allocate_buffer"), std::string::npos);
   // ... and as a source it works.
   auto target = allocate_buffer(4096);
   ASSERT_TRUE(target);
-  auto th = (*lb)->register_buffer(*target);
+  auto th = lb->register_buffer(*target);
   ASSERT_TRUE(th);
-  auto remote = (*lb)->describe(*th);
+  auto remote = lb->describe(*th);
   ASSERT_TRUE(remote);
-  ASSERT_TRUE((*la)->write_with_imm(*h, 0, *remote, 0, 4096, 1, 1));
+  ASSERT_TRUE(la->write_with_imm(*h, 0, *remote, 0, 4096, 1, 1));
   completion c[1];
   std::size_t n = 0;
-  while (n == 0) n = *(*lb)->wait(c, std::chrono::seconds(1));
+  while (n == 0) n = *lb->wait(c, std::chrono::seconds(1));
   EXPECT_EQ(c[0].kind, completion_kind::write_received);
   EXPECT_EQ(target->data()[4095], std::byte{5});
 }
