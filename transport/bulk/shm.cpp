@@ -387,11 +387,12 @@ class shm_link final : public link {
   }
 
   result<local_registration> lookup_locked(buffer_handle handle) const {
-    if (handle.id == 0 || handle.id > regs_.size() || !regs_[handle.id - 1].used) {
+    const local_registration* reg = find_locked(handle);
+    if (reg == nullptr) {
       return make_error(errc::invalid_argument, "bulk shm: buffer handle {} is not registered",
                         handle.id);
     }
-    return regs_[handle.id - 1];
+    return *reg;
   }
 
   // Registration `handle`, or nullptr when it is not one.
