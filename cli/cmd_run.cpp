@@ -42,7 +42,7 @@ struct run_args {
   std::string load = "anonymous";
 };
 
-int fail(const std::string& msg) {
+int run_fail(const std::string& msg) {
   std::fprintf(stderr, "tessera run: %s\n", msg.c_str());
   return 1;
 }
@@ -51,7 +51,7 @@ int run(const run_args& a) {
   namespace inf = tessera::inference;
   namespace mdl = tessera::inference::model;
   using clock = std::chrono::steady_clock;
-  if (a.n_predict < 0 || a.n_predict > (1 << 20)) return fail("-n must be in [0, 1048576]");
+  if (a.n_predict < 0 || a.n_predict > (1 << 20)) return run_fail("-n must be in [0, 1048576]");
   mdl::sampler_options so;
   so.temperature = a.temp;
   so.top_k = a.top_k;
@@ -60,32 +60,32 @@ int run(const run_args& a) {
   so.repeat_penalty = a.repeat_penalty;
   so.repeat_window = a.repeat_window;
   so.seed = a.seed;
-  if (auto v = mdl::validate(so); !v) return fail(v.error().message);
+  if (auto v = mdl::validate(so); !v) return run_fail(v.error().message);
 
   auto t_load = clock::now();
   // The model copies the tensors it needs into its own (huge-page) arena: the file is only parsed.
   auto f = inf::gguf::file::open(a.model, {inf::gguf::load_mode::headers_only, {}});
-  if (!f) return fail(f.error().message);
+  if (!f) return run_fail(f.error().message);
   auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
-  if (!tok) return fail(tok.error().message);
+  if (!tok) return run_fail(tok.error().message);
   mdl::load_options lo;
   progress_bar bar(fmt::format("loading {}", std::filesystem::path(a.model).filename().string()));
   lo.on_progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.update(done, total); };
   auto m = mdl::model::load(*f, lo);
   bar.finish();
-  if (!m) return fail(m.error().message);
+  if (!m) return run_fail(m.error().message);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
   std::vector<inf::tokenizer::token_id> prompt;
   if (a.chat) {
     auto family = inf::tokenizer::chat_family_for(*f);
     auto p = inf::tokenizer::apply_chat_template(family, {{"user", a.prompt}}, true);
-    if (!p) return fail(p.error().message);
+    if (!p) return run_fail(p.error().message);
     prompt = tok->encode(p->text, {p->add_bos, true});
   } else {
     prompt = tok->encode(a.prompt, {true, false});
   }
-  if (prompt.empty()) return fail("the prompt encodes to no tokens (give -p TEXT)");
+  if (prompt.empty()) return run_fail("the prompt encodes to no tokens (give -p TEXT)");
 
   const auto& hp = (*m)->params();
   std::int64_t n_ctx = a.ctx;
@@ -93,12 +93,12 @@ int run(const run_args& a) {
     n_ctx = std::min<std::int64_t>(hp.n_ctx_train,
                                    static_cast<std::int64_t>(prompt.size()) + a.n_predict);
   if (n_ctx < static_cast<std::int64_t>(prompt.size()))
-    return fail(fmt::format("the prompt has {} tokens but the context holds {} (--ctx)",
+    return run_fail(fmt::format("the prompt has {} tokens but the context holds {} (--ctx)",
                             prompt.size(), n_ctx));
   auto pool = inf::thread_pool::create(a.threads);
-  if (!pool) return fail(pool.error().message);
+  if (!pool) return run_fail(pool.error().message);
   auto ctx = mdl::context::create(**m, {n_ctx, 256, pool->get()});
-  if (!ctx) return fail(ctx.error().message);
+  if (!ctx) return run_fail(ctx.error().message);
 
   mdl::generator gen(**m, **ctx, &*tok, so);
   std::string text;
@@ -112,7 +112,7 @@ int run(const run_args& a) {
     return true;
   };
   auto st = gen.generate(prompt, a.n_predict, on_text);
-  if (!st) return fail(st.error().message);
+  if (!st) return run_fail(st.error().message);
   const auto& hist = gen.history();
   if (a.json) {
     nlohmann::json j;
