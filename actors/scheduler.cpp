@@ -182,8 +182,12 @@ actor_cell* thread_pool_scheduler::find_work(worker& w) {
 void thread_pool_scheduler::run(worker& w, actor_cell* cell) {
   resume_result r = cell->resume(max_batch_);
   if (r == resume_result::again) {
-    push_back(w, cell, cell->pinned_worker() >= 0);  // the queue keeps our count
-    if (cell->pinned_worker() < 0) notify_if_needed();
+    // Read before the push: once queued, the cell is the queue's (our count goes with it), and
+    // another worker may run it, stop it and free it before the next line here (TSan caught
+    // the second pinned_worker() read racing the delete).
+    const bool pinned = cell->pinned_worker() >= 0;
+    push_back(w, cell, pinned);  // the queue keeps our count
+    if (!pinned) notify_if_needed();
     return;
   }
   intrusive_release(cell);
