@@ -61,11 +61,6 @@ stats summarize(std::vector<double> v) {
   return {med, v.back()};
 }
 
-int bench_fail(const std::string& msg) {
-  std::fprintf(stderr, "tessera bench: %s\n", msg.c_str());
-  return 1;
-}
-
 std::string default_cache_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tessera";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tessera";
@@ -192,19 +187,19 @@ result<row> bench_one(const bench_args& a, const std::string& path, int threads)
 
 int run(const bench_args& a) {
   if (a.model.empty() == a.preset.empty())
-    return bench_fail("give a MODEL.gguf or --preset tiny|large");
+    return fail("bench", "give a MODEL.gguf or --preset tiny|large");
   if (a.pp < 0 || a.pp > 4096 || a.tg < 0 || a.tg > 4096 || (a.pp == 0 && a.tg == 0))
-    return bench_fail("--pp and --tg must be in [0, 4096], not both 0");
-  if (a.reps < 1 || a.reps > 1000) return bench_fail("--reps must be in [1, 1000]");
+    return fail("bench", "--pp and --tg must be in [0, 4096], not both 0");
+  if (a.reps < 1 || a.reps > 1000) return fail("bench", "--reps must be in [1, 1000]");
   if (a.bandwidth_mib < 1 || a.bandwidth_mib > 8192)
-    return bench_fail("--bandwidth-mib must be in [1, 8192]");
+    return fail("bench", "--bandwidth-mib must be in [1, 8192]");
   std::vector<std::string> files;
   if (!a.model.empty()) {
     files.push_back(a.model);
   } else {
     for (const auto& t : a.types) {
       auto p = preset_file(a, t);
-      if (!p) return bench_fail(p.error().message);
+      if (!p) return fail("bench", p.error().message);
       files.push_back(*p);
     }
   }
@@ -218,9 +213,9 @@ int run(const bench_args& a) {
                 "roofline", "% roof");
   for (const auto& path : files) {
     for (int th : a.threads) {
-      if (th < 1 || th > 256) return bench_fail("--threads values must be in [1, 256]");
+      if (th < 1 || th > 256) return fail("bench", "--threads values must be in [1, 256]");
       auto r = bench_one(a, path, th);
-      if (!r) return bench_fail(r.error().message);
+      if (!r) return fail("bench", r.error().message);
       if (!a.json) {
         const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
         std::printf("%-44s %-5s %3d %9.1f (%6.1f) %9.1f (%6.1f) %10.1f %6.0f%%\n", base.c_str(),

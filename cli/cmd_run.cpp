@@ -42,16 +42,11 @@ struct run_args {
   std::string load = "anonymous";
 };
 
-int run_fail(const std::string& msg) {
-  std::fprintf(stderr, "tessera run: %s\n", msg.c_str());
-  return 1;
-}
-
 int run(const run_args& a) {
   namespace inf = tessera::inference;
   namespace mdl = tessera::inference::model;
   using clock = std::chrono::steady_clock;
-  if (a.n_predict < 0 || a.n_predict > (1 << 20)) return run_fail("-n must be in [0, 1048576]");
+  if (a.n_predict < 0 || a.n_predict > (1 << 20)) return fail("run", "-n must be in [0, 1048576]");
   mdl::sampler_options so;
   so.temperature = a.temp;
   so.top_k = a.top_k;
@@ -60,32 +55,32 @@ int run(const run_args& a) {
   so.repeat_penalty = a.repeat_penalty;
   so.repeat_window = a.repeat_window;
   so.seed = a.seed;
-  if (auto v = mdl::validate(so); !v) return run_fail(v.error().message);
+  if (auto v = mdl::validate(so); !v) return fail("run", v.error().message);
 
   auto t_load = clock::now();
   // The model copies the tensors it needs into its own (huge-page) arena: the file is only parsed.
   auto f = inf::gguf::file::open(a.model, {inf::gguf::load_mode::headers_only, {}});
-  if (!f) return run_fail(f.error().message);
+  if (!f) return fail("run", f.error().message);
   auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
-  if (!tok) return run_fail(tok.error().message);
+  if (!tok) return fail("run", tok.error().message);
   mdl::load_options lo;
   progress_bar bar(fmt::format("loading {}", std::filesystem::path(a.model).filename().string()));
   lo.on_progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.update(done, total); };
   auto m = mdl::model::load(*f, lo);
   bar.finish();
-  if (!m) return run_fail(m.error().message);
+  if (!m) return fail("run", m.error().message);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
   std::vector<inf::tokenizer::token_id> prompt;
   if (a.chat) {
     auto family = inf::tokenizer::chat_family_for(*f);
     auto p = inf::tokenizer::apply_chat_template(family, {{"user", a.prompt}}, true);
-    if (!p) return run_fail(p.error().message);
+    if (!p) return fail("run", p.error().message);
     prompt = tok->encode(p->text, {p->add_bos, true});
   } else {
     prompt = tok->encode(a.prompt, {true, false});
   }
-  if (prompt.empty()) return run_fail("the prompt encodes to no tokens (give -p TEXT)");
+  if (prompt.empty()) return fail("run", "the prompt encodes to no tokens (give -p TEXT)");
 
   const auto& hp = (*m)->params();
   std::int64_t n_ctx = a.ctx;
@@ -93,12 +88,12 @@ int run(const run_args& a) {
     n_ctx = std::min<std::int64_t>(hp.n_ctx_train,
                                    static_cast<std::int64_t>(prompt.size()) + a.n_predict);
   if (n_ctx < static_cast<std::int64_t>(prompt.size()))
-    return run_fail(fmt::format("the prompt has {} tokens but the context holds {} (--ctx)",
-                            prompt.size(), n_ctx));
+    return fail("run", fmt::format("the prompt has {} tokens but the context holds {} (--ctx)",
+                                   prompt.size(), n_ctx));
   auto pool = inf::thread_pool::create(a.threads);
-  if (!pool) return run_fail(pool.error().message);
+  if (!pool) return fail("run", pool.error().message);
   auto ctx = mdl::context::create(**m, {n_ctx, 256, pool->get()});
-  if (!ctx) return run_fail(ctx.error().message);
+  if (!ctx) return fail("run", ctx.error().message);
 
   mdl::generator gen(**m, **ctx, &*tok, so);
   std::string text;
@@ -112,7 +107,7 @@ int run(const run_args& a) {
     return true;
   };
   auto st = gen.generate(prompt, a.n_predict, on_text);
-  if (!st) return run_fail(st.error().message);
+  if (!st) return fail("run", st.error().message);
   const auto& hist = gen.history();
   if (a.json) {
     nlohmann::json j;

@@ -12,6 +12,11 @@ int not_yet(const char* command, int issue) {
                command, issue);
   return 2;
 }
+
+int fail(const char* command, const std::string& message) {
+  std::fprintf(stderr, "tessera %s: %s\n", command, message.c_str());
+  return 1;
+}
 }  // namespace tessera::cli
 
 int main(int argc, char** argv) {
