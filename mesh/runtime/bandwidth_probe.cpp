@@ -202,10 +202,11 @@ void bandwidth_prober::initiate(member_id peer, std::string hex, bulk::backend_k
   if (!src) return fail(src.error());
   auto h = (*link)->register_buffer(*src);
   if (!h) return fail(h.error());
+  // The burst is one list of writes: one post (one doorbell on rdma, one system call on tcp).
+  std::array<bulk::write_request, kBurstWrites> burst;
+  for (std::uint32_t i = 0; i < kBurstWrites; ++i) burst[i] = {*h, 0, remote, 0, chunk, i, i};
   const auto t0 = clock_type::now();
-  for (std::uint32_t i = 0; i < kBurstWrites; ++i) {
-    if (auto w = (*link)->write_with_imm(*h, 0, remote, 0, chunk, i, i); !w) return fail(w.error());
-  }
+  if (auto w = (*link)->post_writes(burst); !w) return fail(w.error());
   // The peer answers with a send once the last write landed.
   std::array<bulk::completion, 16> c;
   std::uint32_t done = 0;

@@ -10,24 +10,25 @@ completion_queue::completion_queue(std::uint32_t max_received, std::uint32_t max
   TESSERA_ASSERT(max_received > 0 && max_outstanding > 0, "completion_queue bounds must be > 0");
 }
 
-result<void> completion_queue::reserve_local() {
+result<void> completion_queue::reserve_local(std::uint32_t count) {
   std::lock_guard lock(mutex_);
   if (down_reason_) {
     return make_error(errc::closed, "bulk link is down: {}", down_reason_->describe());
   }
-  if (outstanding_ >= max_outstanding_) {
+  if (count > max_outstanding_ - outstanding_) {
     return make_error(errc::overloaded,
-                      "bulk link: {} operations outstanding (limit {}); poll completions first",
-                      outstanding_, max_outstanding_);
+                      "bulk link: {} operations outstanding, {} more do not fit (limit {}); poll "
+                      "completions first",
+                      outstanding_, count, max_outstanding_);
   }
-  ++outstanding_;
+  outstanding_ += count;
   return ok();
 }
 
-void completion_queue::cancel_local() noexcept {
+void completion_queue::cancel_local(std::uint32_t count) noexcept {
   std::lock_guard lock(mutex_);
-  TESSERA_ASSERT(outstanding_ > 0, "cancel_local without reserve_local");
-  --outstanding_;
+  TESSERA_ASSERT(outstanding_ >= count, "cancel_local without reserve_local");
+  outstanding_ -= count;
 }
 
 void completion_queue::push_local(completion c) {

@@ -24,11 +24,12 @@ class completion_queue {
   /// `max_outstanding`: local operations posted and not yet polled.
   completion_queue(std::uint32_t max_received, std::uint32_t max_outstanding, std::uint32_t spin_us);
 
-  /// Claims one outstanding slot for an operation about to be posted. errc::overloaded at the
-  /// bound, errc::closed (with the down reason) once down.
-  [[nodiscard]] result<void> reserve_local();
-  /// Returns a slot claimed by reserve_local() whose operation was not posted after all.
-  void cancel_local() noexcept;
+  /// Claims `count` outstanding slots for operations about to be posted: all or none.
+  /// errc::overloaded when they do not fit under the bound, errc::closed (with the down reason)
+  /// once down.
+  [[nodiscard]] result<void> reserve_local(std::uint32_t count = 1);
+  /// Returns `count` slots claimed by reserve_local() whose operations were not posted after all.
+  void cancel_local(std::uint32_t count = 1) noexcept;
   /// Queues the completion of a posted operation (its slot is freed when it is polled).
   void push_local(completion c);
   /// Queues a received completion, blocking while max_received are queued. Returns false (and

@@ -13,6 +13,10 @@
 //     `write_received` completion carrying imm and the byte count, and only after every byte is in
 //     its buffer (RDMA WRITE_WITH_IMM). The writer receives one `write_done` completion carrying
 //     its wr_id once the source range may be reused.
+//   * post_writes(): a list of writes posted as one (RDMA: one chain of work requests and one
+//     doorbell, as ibv_post_send takes them). Each write behaves exactly as its own
+//     write_with_imm() would (its own write_done and write_received, in list order); the list is
+//     checked whole before any byte moves, so a refusal posts none of it.
 //   * send(): a small two-sided message (<= link_limits::max_send_bytes); the peer receives one
 //     `send_received` completion carrying the bytes; the sender one `send_done`.
 //   * Ordering: the peer sees received completions in the order the operations were posted (one
@@ -165,6 +169,17 @@ struct completion {
   [[nodiscard]] bool ok() const noexcept { return !failure.has_value(); }
 };
 
+/// One write of a post_writes() list: the arguments of one write_with_imm().
+struct write_request {
+  buffer_handle local;
+  std::uint64_t local_offset = 0;
+  remote_buffer remote;
+  std::uint64_t remote_offset = 0;
+  std::uint64_t bytes = 0;
+  std::uint32_t imm = 0;
+  std::uint64_t wr_id = 0;
+};
+
 class shared_buffer;
 
 /// One established point-to-point link. See the file comment for the semantics.
@@ -200,6 +215,18 @@ class link {
                                                     std::uint64_t remote_offset,
                                                     std::uint64_t bytes, std::uint32_t imm,
                                                     std::uint64_t wr_id) = 0;
+  /// Posts `writes` in order as one operation, each as write_with_imm() would post it (one
+  /// write_done per write, and one write_received per write at the peer, in list order). Why a
+  /// list: every post pays a fixed cost besides its bytes (a lock, checks, the hand-off to the
+  /// peer: a doorbell on RDMA, a system call on tcp, a cache line that moves to the reader's core
+  /// on shm), and a list pays it once. All or nothing: the whole list is checked first, and when
+  /// any write would be refused (the reasons of write_with_imm(), the message naming the write's
+  /// index) or the list does not fit in the room left under max_outstanding (errc::overloaded;
+  /// errc::invalid_argument when it exceeds max_outstanding itself), none is posted. An empty
+  /// list posts nothing and succeeds. A link that goes down while the list is being posted
+  /// makes it return errc::closed; like single writes cut off by the same failure, a prefix of
+  /// the list may have reached the peer, and no write is reported done that did not finish.
+  [[nodiscard]] virtual result<void> post_writes(std::span<const write_request> writes) = 0;
   /// Sends a small message. errc::invalid_argument over max_send_bytes; errc::overloaded at
   /// max_outstanding; errc::closed when down. May block while the transport applies backpressure
   /// (never longer than link_options::peer_timeout_ms; then the link goes down).

@@ -245,6 +245,7 @@ class endpoint {
   result<void> write_with_imm(buffer_handle local, std::uint64_t local_offset,
                               const remote_buffer& remote, std::uint64_t remote_offset,
                               std::uint64_t bytes, std::uint32_t imm, std::uint64_t wr_id);
+  result<void> post_writes(std::span<const write_request> writes);
   result<void> send(std::span<const std::byte> message, std::uint64_t wr_id);
   std::size_t poll(std::span<completion> out);
   result<std::size_t> wait(std::span<completion> out, std::chrono::microseconds timeout);
@@ -260,6 +261,17 @@ class endpoint {
   result<void> post_all_receives();
   int post_receive(std::uint32_t slot);
   int post_control(ctl type, std::span<const std::byte> payload);
+  // `local`'s registration when write_with_imm() would accept the write, else nullptr and `why`.
+  const registration* check_write_locked(buffer_handle local, std::uint64_t local_offset,
+                                         const remote_buffer& remote, std::uint64_t remote_offset,
+                                         std::uint64_t bytes, error& why) const;
+  // Send-queue entries one write takes: one, or its chunks and the notice after them.
+  std::uint32_t write_wr_count(std::uint64_t bytes) const noexcept;
+  // Fills write_wr_count(bytes) work requests (linked among themselves, the last one's `next`
+  // left null) and their scatter entries for one write held by `slot`.
+  void fill_write_wrs(std::uint32_t slot, const registration& reg, std::uint64_t local_offset,
+                      const remote_buffer& remote, std::uint64_t remote_offset,
+                      std::uint64_t bytes, std::uint32_t imm, ibv_send_wr* wr, ibv_sge* sge);
   std::optional<std::uint32_t> take_slot();
   void release_slot(std::uint32_t slot);
   std::byte* staging(std::uint32_t slot) const noexcept {
@@ -989,55 +1001,55 @@ result<remote_buffer> endpoint::describe(buffer_handle handle) const {
                        it->second.mr->rkey, it->second.size};
 }
 
-result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_offset,
-                                      const remote_buffer& remote, std::uint64_t remote_offset,
-                                      std::uint64_t bytes, std::uint32_t imm, std::uint64_t wr_id) {
-  std::lock_guard lock(mu_);
-  if (state_ != link_state::up) return closed_error_locked();
+const registration* endpoint::check_write_locked(buffer_handle local, std::uint64_t local_offset,
+                                                const remote_buffer& remote,
+                                                std::uint64_t remote_offset, std::uint64_t bytes,
+                                                error& why) const {
   auto it = regs_.find(local.id);
   if (it == regs_.end()) {
-    return make_error(errc::invalid_argument, "rdma: write from unregistered buffer handle {}",
-                      local.id);
+    why = make_error(errc::invalid_argument, "rdma: write from unregistered buffer handle {}",
+                     local.id);
+    return nullptr;
   }
   const registration& reg = it->second;
   if (local_offset > reg.size || bytes > reg.size - local_offset) {
-    return make_error(errc::invalid_argument,
-                      "rdma: write source [{}, +{}) outside local buffer {} of {} bytes",
-                      local_offset, bytes, local.id, reg.size);
+    why = make_error(errc::invalid_argument,
+                     "rdma: write source [{}, +{}) outside local buffer {} of {} bytes",
+                     local_offset, bytes, local.id, reg.size);
+    return nullptr;
   }
   if (remote_offset > remote.size || bytes > remote.size - remote_offset) {
-    return make_error(errc::invalid_argument,
-                      "rdma: write target [{}, +{}) outside remote buffer {} of {} bytes",
-                      remote_offset, bytes, remote.id, remote.size);
+    why = make_error(errc::invalid_argument,
+                     "rdma: write target [{}, +{}) outside remote buffer {} of {} bytes",
+                     remote_offset, bytes, remote.id, remote.size);
+    return nullptr;
   }
   if (bytes > limits_.max_write_bytes) {
-    return make_error(errc::invalid_argument, "rdma: write of {} bytes > max_write_bytes {}", bytes,
-                      limits_.max_write_bytes);
+    why = make_error(errc::invalid_argument, "rdma: write of {} bytes > max_write_bytes {}", bytes,
+                     limits_.max_write_bytes);
+    return nullptr;
   }
+  return &reg;
+}
+
+std::uint32_t endpoint::write_wr_count(std::uint64_t bytes) const noexcept {
   const std::uint64_t chunks = rdma::chunk_count(bytes, max_msg_bytes_);
-  const std::uint32_t wrs = static_cast<std::uint32_t>(chunks == 1 ? 1 : chunks + 1);
-  if (outstanding_ >= limits_.max_outstanding || sq_used_ + wrs > sq_depth_) {
-    return make_error(errc::overloaded, "rdma: {} operations outstanding (max_outstanding {})",
-                      outstanding_, limits_.max_outstanding);
-  }
-  const std::uint32_t slot = *take_slot();  // outstanding_ < max: a slot is free
-  // Work requests on the stack for the common case; only long chunked writes allocate.
-  std::array<ibv_send_wr, 4> wr_small{};
-  std::array<ibv_sge, 4> sge_small{};
-  std::vector<ibv_send_wr> wr_big;
-  std::vector<ibv_sge> sge_big;
-  if (wrs > wr_small.size()) {
-    wr_big.resize(wrs);
-    sge_big.resize(wrs);
-  }
-  ibv_send_wr* wr = wrs > wr_small.size() ? wr_big.data() : wr_small.data();
-  ibv_sge* sge = wrs > wr_small.size() ? sge_big.data() : sge_small.data();
+  return static_cast<std::uint32_t>(chunks == 1 ? 1 : chunks + 1);
+}
+
+void endpoint::fill_write_wrs(std::uint32_t slot, const registration& reg,
+                              std::uint64_t local_offset, const remote_buffer& remote,
+                              std::uint64_t remote_offset, std::uint64_t bytes, std::uint32_t imm,
+                              ibv_send_wr* wr, ibv_sge* sge) {
+  const std::uint64_t chunks = rdma::chunk_count(bytes, max_msg_bytes_);
+  const std::uint32_t wrs = write_wr_count(bytes);
   for (std::uint64_t i = 0; i < chunks; ++i) {
     const std::uint64_t off = i * max_msg_bytes_;
     const std::uint64_t len = std::min<std::uint64_t>(bytes - std::min(bytes, off), max_msg_bytes_);
     sge[i].addr = reinterpret_cast<std::uintptr_t>(reg.addr + local_offset + off);
     sge[i].length = static_cast<std::uint32_t>(len);
     sge[i].lkey = reg.mr->lkey;
+    wr[i] = ibv_send_wr{};
     wr[i].wr_id = slot;
     wr[i].sg_list = &sge[i];
     wr[i].num_sge = len == 0 ? 0 : 1;
@@ -1056,6 +1068,7 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
     std::memcpy(note, &imm, 4);
     std::memcpy(note + 4, &bytes, 8);
     ibv_send_wr& n = wr[wrs - 1];
+    n = ibv_send_wr{};
     sge[wrs - 1] = ibv_sge{reinterpret_cast<std::uintptr_t>(note), notice_bytes, send_mr_->lkey};
     n.wr_id = slot;
     n.sg_list = &sge[wrs - 1];
@@ -1064,6 +1077,35 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
     n.imm_data = htonl(static_cast<std::uint32_t>(ctl::write_notice));
     n.send_flags = signaled_flags(notice_bytes);
   }
+}
+
+result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_offset,
+                                      const remote_buffer& remote, std::uint64_t remote_offset,
+                                      std::uint64_t bytes, std::uint32_t imm, std::uint64_t wr_id) {
+  std::lock_guard lock(mu_);
+  if (state_ != link_state::up) return closed_error_locked();
+  error why;
+  const registration* reg = check_write_locked(local, local_offset, remote, remote_offset, bytes,
+                                               why);
+  if (reg == nullptr) return why;
+  const std::uint32_t wrs = write_wr_count(bytes);
+  if (outstanding_ >= limits_.max_outstanding || sq_used_ + wrs > sq_depth_) {
+    return make_error(errc::overloaded, "rdma: {} operations outstanding (max_outstanding {})",
+                      outstanding_, limits_.max_outstanding);
+  }
+  const std::uint32_t slot = *take_slot();  // outstanding_ < max: a slot is free
+  // Work requests on the stack for the common case; only long chunked writes allocate.
+  std::array<ibv_send_wr, 4> wr_small{};
+  std::array<ibv_sge, 4> sge_small{};
+  std::vector<ibv_send_wr> wr_big;
+  std::vector<ibv_sge> sge_big;
+  if (wrs > wr_small.size()) {
+    wr_big.resize(wrs);
+    sge_big.resize(wrs);
+  }
+  ibv_send_wr* wr = wrs > wr_small.size() ? wr_big.data() : wr_small.data();
+  ibv_sge* sge = wrs > wr_small.size() ? sge_big.data() : sge_small.data();
+  fill_write_wrs(slot, *reg, local_offset, remote, remote_offset, bytes, imm, wr, sge);
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_.get(), wr, &bad); rc != 0) {
     release_slot(slot);
@@ -1073,6 +1115,85 @@ result<void> endpoint::write_with_imm(buffer_handle local, std::uint64_t local_o
   ops_[slot] = pending_op{true, completion_kind::write_done, wr_id, bytes, wrs};
   ++outstanding_;
   sq_used_ += wrs;
+  return ok();
+}
+
+result<void> endpoint::post_writes(std::span<const write_request> writes) {
+  if (writes.empty()) return ok();
+  if (writes.size() > limits_.max_outstanding) {
+    return make_error(errc::invalid_argument,
+                      "post_writes: {} writes in one list exceed max_outstanding ({})",
+                      writes.size(), limits_.max_outstanding);
+  }
+  std::lock_guard lock(mu_);
+  if (state_ != link_state::up) return closed_error_locked();
+  std::vector<const registration*> regs(writes.size());
+  std::uint32_t wrs = 0;
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const write_request& w = writes[i];
+    error why;
+    regs[i] = check_write_locked(w.local, w.local_offset, w.remote, w.remote_offset, w.bytes, why);
+    if (regs[i] == nullptr) {
+      return make_error(why.code, "post_writes: write {}: {}", i, why.message);
+    }
+    wrs += write_wr_count(w.bytes);
+  }
+  if (wrs > sq_depth_) {
+    return make_error(errc::invalid_argument,
+                      "post_writes: the list takes {} work requests, the send queue holds {}", wrs,
+                      sq_depth_);
+  }
+  if (outstanding_ + writes.size() > limits_.max_outstanding || sq_used_ + wrs > sq_depth_) {
+    return make_error(errc::overloaded,
+                      "rdma: {} operations outstanding, {} more do not fit (max_outstanding {})",
+                      outstanding_, writes.size(), limits_.max_outstanding);
+  }
+  // One chain, one ibv_post_send: one doorbell for the list (what it is for).
+  std::vector<ibv_send_wr> wr(wrs);
+  std::vector<ibv_sge> sge(wrs);
+  std::vector<std::uint32_t> slots(writes.size());
+  std::uint32_t at = 0;
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const write_request& w = writes[i];
+    slots[i] = *take_slot();  // outstanding_ + size <= max: slots are free
+    fill_write_wrs(slots[i], *regs[i], w.local_offset, w.remote, w.remote_offset, w.bytes, w.imm,
+                   &wr[at], &sge[at]);
+    at += write_wr_count(w.bytes);
+    if (at < wrs) wr[at - 1].next = &wr[at];
+  }
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_.get(), wr.data(), &bad);
+  if (rc != 0 && bad == wr.data()) {
+    for (std::uint32_t slot : slots) release_slot(slot);
+    return make_error(errc::io, "rdma: ibv_post_send (list of {} writes): {}", writes.size(),
+                      rdma::errno_text(rc));
+  }
+  // Writes wholly before `bad` (all of them when the post succeeded) are in flight: account them.
+  // One cut inside the list leaves the queue pair with part of a list (maybe part of a chunked
+  // write) that no caller can reason about: the link goes down, which flushes what was posted
+  // with errors, and the rest was never posted.
+  at = 0;
+  std::size_t posted = writes.size();
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const std::uint32_t n = write_wr_count(writes[i].bytes);
+    const bool whole = rc == 0 || &wr[at + n - 1] < bad;
+    if (!whole && posted == writes.size()) posted = i;
+    if (i >= posted) {
+      release_slot(slots[i]);
+    } else {
+      ops_[slots[i]] = pending_op{true, completion_kind::write_done, writes[i].wr_id,
+                                  writes[i].bytes, n};
+      ++outstanding_;
+      sq_used_ += n;
+    }
+    at += n;
+  }
+  if (rc != 0) {
+    auto cause = make_error(errc::io, "rdma: ibv_post_send took {} of a list of {} writes: {}",
+                            posted, writes.size(), rdma::errno_text(rc));
+    go_down_locked(cause);
+    return make_error(errc::closed, "bulk link is down: {}", cause.describe());
+  }
   return ok();
 }
 
@@ -1201,6 +1322,9 @@ class rdma_link final : public link {
                               const remote_buffer& remote, std::uint64_t remote_offset,
                               std::uint64_t bytes, std::uint32_t imm, std::uint64_t wr_id) override {
     return ep_->write_with_imm(local, local_offset, remote, remote_offset, bytes, imm, wr_id);
+  }
+  result<void> post_writes(std::span<const write_request> writes) override {
+    return ep_->post_writes(writes);
   }
   result<void> send(std::span<const std::byte> message, std::uint64_t wr_id) override {
     return ep_->send(message, wr_id);

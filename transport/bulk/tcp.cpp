@@ -265,28 +265,65 @@ class tcp_link final : public link {
       if (!reg) return std::move(reg).error();
       src = *reg;
     }
-    if (bytes > options_.limits.max_write_bytes) {
-      return make_error(errc::invalid_argument, "write_with_imm: {} bytes exceeds the limit of {}",
-                        bytes, options_.limits.max_write_bytes);
-    }
-    if (local_offset > src.size || bytes > src.size - local_offset) {
+    auto source = check_write(src, local, local_offset, remote, remote_offset, bytes);
+    if (!source) return std::move(source).error();
+    const frame_header h = write_frame(remote, remote_offset, bytes, imm);
+    return post(h, *source, bytes, completion_kind::write_done, wr_id);
+  }
+
+  result<void> post_writes(std::span<const write_request> writes) override {
+    if (writes.empty()) return ok();
+    if (writes.size() > options_.limits.max_outstanding) {
       return make_error(errc::invalid_argument,
-                        "write_with_imm: source range [{}, +{}) outside local buffer {} of {} bytes",
-                        local_offset, bytes, local.id, src.size);
+                        "post_writes: {} writes in one list exceed max_outstanding ({})",
+                        writes.size(), options_.limits.max_outstanding);
     }
-    if (remote_offset > remote.size || bytes > remote.size - remote_offset) {
-      return make_error(errc::invalid_argument,
-                        "write_with_imm: target range [{}, +{}) outside remote buffer {} of {} bytes",
-                        remote_offset, bytes, remote.id, remote.size);
+    // Every frame goes out in one sendmsg() (or one per IOV_MAX vectors): one system call and
+    // one pass through the socket's send path for the list instead of one per write.
+    std::vector<frame_header> headers(writes.size());
+    std::vector<iovec> iov;
+    iov.reserve(2 * writes.size());
+    {
+      std::lock_guard lock(regs_mutex_);
+      for (std::size_t i = 0; i < writes.size(); ++i) {
+        const write_request& w = writes[i];
+        auto reg = lookup_locked(w.local);
+        if (!reg) return in_list(i, reg.error());
+        auto source = check_write(*reg, w.local, w.local_offset, w.remote, w.remote_offset, w.bytes);
+        if (!source) return in_list(i, source.error());
+        headers[i] = write_frame(w.remote, w.remote_offset, w.bytes, w.imm);
+        iov.push_back({&headers[i], sizeof(frame_header)});
+        if (w.bytes > 0) {
+          iov.push_back({const_cast<std::byte*>(*source), static_cast<std::size_t>(w.bytes)});
+        }
+      }
     }
-    frame_header h;
-    h.type = static_cast<std::uint32_t>(frame_type::write_imm);
-    h.imm = imm;
-    h.buffer_id = remote.id;
-    h.rkey = remote.rkey;
-    h.offset = remote_offset;
-    h.bytes = bytes;
-    return post(h, src.addr + local_offset, bytes, completion_kind::write_done, wr_id);
+    const auto count = static_cast<std::uint32_t>(writes.size());
+    TESSERA_TRY(queue_.reserve_local(count));
+    std::unique_lock lock(send_mutex_);
+    if (queue_.is_down()) {
+      queue_.cancel_local(count);
+      return make_error(errc::closed, "bulk link is down: {}", queue_.down_reason().describe());
+    }
+    for (std::size_t at = 0; at < iov.size(); at += iov_max) {
+      const int n = static_cast<int>(std::min(iov_max, iov.size() - at));
+      auto written = write_all(fd_, iov.data() + at, n, options_.peer_timeout_ms, true);
+      if (!written) {
+        lock.unlock();
+        queue_.cancel_local(count);
+        go_down(written.error());
+        return make_error(errc::closed, "bulk link is down: {}", written.error().describe());
+      }
+    }
+    lock.unlock();
+    for (const write_request& w : writes) {
+      completion c;
+      c.kind = completion_kind::write_done;
+      c.wr_id = w.wr_id;
+      c.bytes = w.bytes;
+      queue_.push_local(std::move(c));
+    }
+    return ok();
   }
 
   result<void> send(std::span<const std::byte> message, std::uint64_t wr_id) override {
@@ -319,6 +356,47 @@ class tcp_link final : public link {
   void close() override { go_down(make_error(errc::closed, "bulk tcp: link closed locally")); }
 
  private:
+  // sendmsg() takes at most this many vectors (IOV_MAX on Linux).
+  static constexpr std::size_t iov_max = 1024;
+
+  // Where write_with_imm()'s bytes come from, or why it is refused (src is `local`'s registration).
+  result<const std::byte*> check_write(const registration& src, buffer_handle local,
+                                       std::uint64_t local_offset, const remote_buffer& remote,
+                                       std::uint64_t remote_offset, std::uint64_t bytes) const {
+    if (bytes > options_.limits.max_write_bytes) {
+      return make_error(errc::invalid_argument, "write_with_imm: {} bytes exceeds the limit of {}",
+                        bytes, options_.limits.max_write_bytes);
+    }
+    if (local_offset > src.size || bytes > src.size - local_offset) {
+      return make_error(errc::invalid_argument,
+                        "write_with_imm: source range [{}, +{}) outside local buffer {} of {} bytes",
+                        local_offset, bytes, local.id, src.size);
+    }
+    if (remote_offset > remote.size || bytes > remote.size - remote_offset) {
+      return make_error(errc::invalid_argument,
+                        "write_with_imm: target range [{}, +{}) outside remote buffer {} of {} bytes",
+                        remote_offset, bytes, remote.id, remote.size);
+    }
+    return static_cast<const std::byte*>(src.addr + local_offset);
+  }
+
+  static frame_header write_frame(const remote_buffer& remote, std::uint64_t remote_offset,
+                                  std::uint64_t bytes, std::uint32_t imm) {
+    frame_header h;
+    h.type = static_cast<std::uint32_t>(frame_type::write_imm);
+    h.imm = imm;
+    h.buffer_id = remote.id;
+    h.rkey = remote.rkey;
+    h.offset = remote_offset;
+    h.bytes = bytes;
+    return h;
+  }
+
+  // An error about write `index` of a post_writes() list.
+  static error in_list(std::size_t index, const error& e) {
+    return make_error(e.code, "post_writes: write {}: {}", index, e.message);
+  }
+
   result<registration> lookup_locked(buffer_handle handle) const {
     if (handle.id == 0 || handle.id > regs_.size() || regs_[handle.id - 1].rkey == 0) {
       return make_error(errc::invalid_argument, "bulk tcp: buffer handle {} is not registered",

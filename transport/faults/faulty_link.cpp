@@ -55,6 +55,102 @@ result<void> faulty_link::write_with_imm(bulk::buffer_handle local, std::uint64_
   return submit(std::move(o), wr_id);
 }
 
+result<bulk::buffer_handle> faulty_link::register_buffer(void* addr, std::size_t size) {
+  auto h = inner_->register_buffer(addr, size);
+  if (h) {
+    std::lock_guard lock(mutex_);
+    registered_[h->id] = size;
+  }
+  return h;
+}
+
+result<bulk::buffer_handle> faulty_link::register_buffer(const bulk::shared_buffer& buffer) {
+  auto h = inner_->register_buffer(buffer);
+  if (h) {
+    std::lock_guard lock(mutex_);
+    registered_[h->id] = buffer.size();
+  }
+  return h;
+}
+
+result<void> faulty_link::deregister_buffer(bulk::buffer_handle handle) {
+  auto r = inner_->deregister_buffer(handle);
+  if (r) {
+    std::lock_guard lock(mutex_);
+    registered_.erase(handle.id);
+  }
+  return r;
+}
+
+result<void> faulty_link::post_writes(std::span<const bulk::write_request> writes) {
+  if (writes.empty()) return ok();
+  const std::uint32_t limit = limits().max_outstanding;
+  if (writes.size() > limit) {
+    return make_error(errc::invalid_argument,
+                      "post_writes: {} writes in one list exceed max_outstanding ({})",
+                      writes.size(), limit);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (!inner_->is_up() || down_) {
+      return make_error(errc::closed, "faulty link {}->{}: link is down", local_, remote_);
+    }
+    for (std::size_t i = 0; i < writes.size(); ++i) {
+      const bulk::write_request& w = writes[i];
+      auto reg = registered_.find(w.local.id);
+      if (reg == registered_.end()) {
+        return make_error(errc::invalid_argument,
+                          "post_writes: write {}: buffer handle {} is not registered", i,
+                          w.local.id);
+      }
+      if (w.bytes > limits().max_write_bytes) {
+        return make_error(errc::invalid_argument,
+                          "post_writes: write {}: {} bytes exceeds the limit of {}", i, w.bytes,
+                          limits().max_write_bytes);
+      }
+      if (w.local_offset > reg->second || w.bytes > reg->second - w.local_offset) {
+        return make_error(errc::invalid_argument,
+                          "post_writes: write {}: source range [{}, +{}) outside local buffer {} "
+                          "of {} bytes",
+                          i, w.local_offset, w.bytes, w.local.id, reg->second);
+      }
+      if (w.remote_offset > w.remote.size || w.bytes > w.remote.size - w.remote_offset) {
+        return make_error(errc::invalid_argument,
+                          "post_writes: write {}: target range [{}, +{}) outside remote buffer "
+                          "{} of {} bytes",
+                          i, w.remote_offset, w.bytes, w.remote.id, w.remote.size);
+      }
+    }
+    if (writes.size() > limit - outstanding_) {
+      return make_error(errc::overloaded,
+                        "faulty link {}->{}: {} operations outstanding, {} more do not fit (limit "
+                        "{}); poll first",
+                        local_, remote_, outstanding_, writes.size(), limit);
+    }
+    outstanding_ += static_cast<std::uint32_t>(writes.size());
+  }
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const bulk::write_request& w = writes[i];
+    op o;
+    o.is_write = true;
+    o.local = w.local;
+    o.local_offset = w.local_offset;
+    o.remote = w.remote;
+    o.remote_offset = w.remote_offset;
+    o.bytes = w.bytes;
+    o.imm = w.imm;
+    if (auto r = submit(std::move(o), w.wr_id, true); !r) {
+      // Checked above, so only a link that went down meanwhile refuses one: the writes before
+      // it were submitted, the rest give their reservations back.
+      std::lock_guard lock(mutex_);
+      outstanding_ -= static_cast<std::uint32_t>(writes.size() - i - 1);
+      return make_error(r.error().code, "post_writes: {} of {} writes posted: {}", i,
+                        writes.size(), r.error().message);
+    }
+  }
+  return ok();
+}
+
 result<void> faulty_link::send(std::span<const std::byte> message, std::uint64_t wr_id) {
   if (message.size() > limits().max_send_bytes) return inner_->send(message, wr_id);
   op o;
@@ -71,7 +167,7 @@ result<void> faulty_link::post_inner(const op& o, std::uint64_t internal_id) {
   return inner_->send(o.message, internal_id);
 }
 
-result<void> faulty_link::submit(op o, std::uint64_t wr_id) {
+result<void> faulty_link::submit(op o, std::uint64_t wr_id, bool reserved) {
   const auto now = clock::now();
   const decision d = faults_->decide(local_, remote_, now.time_since_epoch());
   auto shared = std::make_shared<const op>(std::move(o));
@@ -80,15 +176,16 @@ result<void> faulty_link::submit(op o, std::uint64_t wr_id) {
   {
     std::lock_guard lock(mutex_);
     if (!inner_->is_up() || down_) {
+      if (reserved) --outstanding_;
       return make_error(errc::closed, "faulty link {}->{}: link is down", local_, remote_);
     }
-    if (outstanding_ >= limits().max_outstanding) {
+    if (!reserved && outstanding_ >= limits().max_outstanding) {
       return make_error(errc::overloaded,
                         "faulty link {}->{}: {} operations outstanding (limit {}); poll first",
                         local_, remote_, outstanding_, limits().max_outstanding);
     }
     id = next_id_++;
-    ++outstanding_;
+    if (!reserved) ++outstanding_;
     const auto kind = shared->is_write ? completion_kind::write_done : completion_kind::send_done;
     pending_[id] = pending{wr_id, kind, d.copies, false};
     if (d.lost()) {

@@ -43,15 +43,9 @@ class faulty_link final : public bulk::link {
 
   bulk::backend_kind kind() const noexcept override { return inner_->kind(); }
   const bulk::link_limits& limits() const noexcept override { return inner_->limits(); }
-  result<bulk::buffer_handle> register_buffer(void* addr, std::size_t size) override {
-    return inner_->register_buffer(addr, size);
-  }
-  result<bulk::buffer_handle> register_buffer(const bulk::shared_buffer& buffer) override {
-    return inner_->register_buffer(buffer);
-  }
-  result<void> deregister_buffer(bulk::buffer_handle handle) override {
-    return inner_->deregister_buffer(handle);
-  }
+  result<bulk::buffer_handle> register_buffer(void* addr, std::size_t size) override;
+  result<bulk::buffer_handle> register_buffer(const bulk::shared_buffer& buffer) override;
+  result<void> deregister_buffer(bulk::buffer_handle handle) override;
   result<bulk::remote_buffer> describe(bulk::buffer_handle handle) const override {
     return inner_->describe(handle);
   }
@@ -59,6 +53,11 @@ class faulty_link final : public bulk::link {
   result<void> write_with_imm(bulk::buffer_handle local, std::uint64_t local_offset,
                               const bulk::remote_buffer& remote, std::uint64_t remote_offset,
                               std::uint64_t bytes, std::uint32_t imm, std::uint64_t wr_id) override;
+  /// Each write of the list gets its own fate, as single writes do, and is posted to the inner
+  /// link on its own (a fault-injected link is for tests, not speed). All or nothing as the
+  /// interface says: the list is checked against the registrations made through this decorator
+  /// and the outstanding bound before any write is submitted.
+  result<void> post_writes(std::span<const bulk::write_request> writes) override;
   result<void> send(std::span<const std::byte> message, std::uint64_t wr_id) override;
 
   std::size_t poll(std::span<bulk::completion> out) override;
@@ -95,7 +94,8 @@ class faulty_link final : public bulk::link {
     bool reported = false;      // the user's completion has been queued
   };
 
-  result<void> submit(op o, std::uint64_t wr_id);
+  // `reserved`: the caller already counted the operation in outstanding_ (post_writes).
+  result<void> submit(op o, std::uint64_t wr_id, bool reserved = false);
   result<void> post_inner(const op& o, std::uint64_t internal_id);
   void timer_loop();
   // Turns inner completions into user completions (in place), returns how many remain.
@@ -120,6 +120,9 @@ class faulty_link final : public bulk::link {
   std::uint64_t next_id_ = 1;
   std::uint64_t next_seq_ = 0;
   std::uint32_t outstanding_ = 0;
+  // Sizes of the live registrations (by handle id), so post_writes() can check a whole list
+  // before it submits any of it; guarded by mutex_.
+  std::map<std::uint32_t, std::uint64_t> registered_;
   bool stopping_ = false;
   std::thread timer_;
 };

@@ -5,11 +5,13 @@
 //     same size between two buffers in one process and, to tell our overhead from the machine's,
 //     vs a bare hand-off ring laid out as the link's, between two pinned threads
 //     (ring_floor_throughput below); and, for the gain of the fence-free post path, vs the same
-//     shm link with link_options::shm_fence_free off (a fence in every post);
+//     shm link with link_options::shm_fence_free off (a fence in every post); and the shm link
+//     posting lists of --post-list writes with link::post_writes() (one post per list, reaped
+//     after each list) vs the same memcpy;
 //   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
-//   tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K] [--reap-every R]
+//   tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K] [--reap-every R] [--post-list L]
 //
 // --max-*: the largest size (default 64 MiB). --reap-every R: the writer of a throughput trial
 // polls its completions after every R-th post (default 1: after each), and whenever a post is
@@ -46,6 +48,7 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 int reap_every = 1;  // --reap-every
+int post_list = 16;  // --post-list: writes per post_writes() in the list trial
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "tessera_bulk_bench: %s\n", what.c_str());
@@ -127,7 +130,22 @@ bulk::completion wait_kind(bulk::link& l, bulk::completion_kind kind) {
                                     reinterpret_cast<const std::byte*>(&d) + sizeof d};
   must_ok(l->send(desc, 0), "send descriptor");
   for (int phase : {warm, iters}) {
-    for (int i = 0; i < phase; ++i) (void)wait_kind(*l, bulk::completion_kind::write_received);
+    // In batches, as a receiver that streams does. Besides the writes, only the completions of
+    // our own sends (the descriptor, acks) come, and the parent sends nothing until our ack: a
+    // batch never takes more than this phase's writes.
+    bulk::completion c[64];
+    for (int i = 0; i < phase;) {
+      const std::size_t room = static_cast<std::size_t>(std::min(64, phase - i));
+      auto n = must(l->wait(std::span(c, room), std::chrono::seconds(30)), "wait");
+      if (n == 0) die("timed out waiting for writes");
+      for (std::size_t k = 0; k < n; ++k) {
+        if (c[k].kind == bulk::completion_kind::write_received) {
+          ++i;
+        } else if (c[k].kind != bulk::completion_kind::send_done) {
+          die("expected writes");
+        }
+      }
+    }
     const std::byte ack[1] = {std::byte{1}};
     must_ok(l->send(ack, 1), "ack");
   }
@@ -153,8 +171,9 @@ void close_parent_side(pipe_pair& p, pid_t pid) {
 
 // GB/s of the bulk backend `kind` writing `size` bytes `iters` times into the other process.
 // `fenced`: the shm link with link_options::shm_fence_free off (a fence in every post and poll).
+// `list` > 1: the writes go out in post_writes() lists of that many, reaped after each list.
 double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
-                          bool fenced = false) {
+                          bool fenced = false, int list = 1) {
   const int warm = 2;
   pipe_pair p{};
   const pid_t pid = fork_child(p);
@@ -182,7 +201,28 @@ double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
         acks += c[k].kind == bulk::completion_kind::send_received;
       }
     };
+    // Built once; each list only renumbers its immediates, as a caller that streams into one
+    // target reuses its list.
+    std::vector<bulk::write_request> batch(static_cast<std::size_t>(list),
+                                           bulk::write_request{h, 0, remote, 0, size, 0, 0});
+    auto run_lists = [&](int n) {
+      const int want = acks + 1;
+      bulk::completion c[64];
+      for (int i = 0; i < n; i += list) {
+        const auto k = static_cast<std::size_t>(std::min(list, n - i));
+        for (std::size_t j = 0; j < k; ++j) batch[j].imm = static_cast<std::uint32_t>(i + j);
+        for (;;) {
+          auto r = l->post_writes(std::span(batch).first(k));
+          if (r) break;
+          if (r.error().code != tessera::errc::overloaded) die(r.error().describe());
+          reap(must(l->wait(c, std::chrono::milliseconds(1)), "wait"), c);
+        }
+        reap(l->poll(c), c);
+      }
+      while (acks < want) reap(must(l->wait(c, std::chrono::seconds(30)), "wait"), c);
+    };
     auto run = [&](int n) {
+      if (list > 1) return run_lists(n);
       const int want = acks + 1;
       bulk::completion c[64];
       for (int i = 0; i < n; ++i) {
@@ -536,21 +576,26 @@ int main(int argc, char** argv) {
       max_bytes = static_cast<std::size_t>(std::max(0, std::atoi(argv[i + 1]))) << 10;
     else if (a == "--reap-every")
       reap_every = std::clamp(std::atoi(argv[i + 1]), 1, 64);
+    else if (a == "--post-list")
+      post_list = std::clamp(std::atoi(argv[i + 1]), 2, 64);
     else
-      die("usage: tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K] [--reap-every R]");
+      die("usage: tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K] [--reap-every R] "
+          "[--post-list L]");
   }
   std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
-              "brackets), GB/s; the writer reaps its completions after every %d post(s)\n\n",
-              reps, reap_every);
+              "brackets), GB/s; the writer reaps its completions after every %d post(s); shm "
+              "list: post_writes() of %d writes, reaped after each list\n\n",
+              reps, reap_every, post_list);
   std::printf(
       "| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy | "
-      "ring floor | floor/memcpy | shm/floor | shm fenced | shm/fenced |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "ring floor | floor/memcpy | shm/floor | shm fenced | shm/fenced | shm list | "
+      "list/memcpy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
     // About 256 MiB per measurement (at least 4 messages): 65536 at 4 KiB, so the shortest timed
     // run lasts ~7 ms, not the 2 ms that 20000 took, which one host hiccup could halve.
     const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 65536));
-    std::vector<double> tcp, raw, shm, mem, bare, fenced;
+    std::vector<double> tcp, raw, shm, mem, bare, fenced, listed;
     for (int r = 0; r < reps; ++r) {
       tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
       raw.push_back(raw_tcp_throughput(size, iters));
@@ -558,18 +603,20 @@ int main(int argc, char** argv) {
       mem.push_back(memcpy_throughput(size, iters));
       bare.push_back(ring_floor_throughput(size, iters));
       fenced.push_back(backend_throughput(bulk::backend_kind::shm, size, iters, true));
+      listed.push_back(backend_throughput(bulk::backend_kind::shm, size, iters, false, post_list));
     }
     const std::string label =
         size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
     std::printf(
         "| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f "
         "(%.2f) "
-        "| %.2fx | %.2fx | %.2f (%.2f) | %.2fx |\n",
+        "| %.2fx | %.2fx | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2fx |\n",
         label.c_str(), median(tcp), best(tcp), median(raw), best(raw), median(tcp) / median(raw),
         median(shm), best(shm), median(mem), best(mem), median(shm) / median(mem), median(bare),
         best(bare), median(bare) / median(mem),
         median(bare) > 0 ? median(shm) / median(bare) : 0.0, median(fenced), best(fenced),
-        median(shm) / median(fenced));
+        median(shm) / median(fenced), median(listed), best(listed),
+        median(listed) / median(mem));
     std::fflush(stdout);
   }
   std::printf("\nRound trip of a 64-byte send, two processes, 2000 rounds per repetition, median "

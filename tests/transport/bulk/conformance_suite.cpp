@@ -297,6 +297,69 @@ TEST_P(bulk_conformance, write_outside_the_target_is_refused_and_nothing_is_writ
   EXPECT_TRUE(p.b->is_up());
 }
 
+TEST_P(bulk_conformance, a_write_list_with_one_bad_write_is_refused_whole) {
+  auto o = options();
+  o.limits.max_outstanding = 4;
+  auto p = must_connect(kind(), o);
+  ASSERT_TRUE(p.a);
+  auto w = make_write_setup(p, 8192);
+  fill_pattern(w.src.span(), 5);
+  auto good = [&](std::uint64_t offset, std::uint64_t wr_id) {
+    return write_request{w.src_handle, offset, w.dst_remote, offset, 1024,
+                         static_cast<std::uint32_t>(wr_id), wr_id};
+  };
+  // Write 2 runs one byte past the target: the list is refused and names it.
+  std::vector<write_request> list = {good(0, 1), good(1024, 2), good(4096, 3)};
+  list[2].remote_offset = w.dst.size() - 1023;
+  auto r = p.a->post_writes(list);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::invalid_argument) << r.error().describe();
+  EXPECT_NE(r.error().message.find("write 2"), std::string::npos) << r.error().describe();
+  // An unknown source handle, first in the list.
+  list = {good(0, 1), good(1024, 2)};
+  list[0].local = buffer_handle{77};
+  r = p.a->post_writes(list);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::invalid_argument) << r.error().describe();
+  EXPECT_NE(r.error().message.find("write 0"), std::string::npos) << r.error().describe();
+  // More writes than max_outstanding can never fit; more than the room left does not fit now.
+  list = {good(0, 1), good(1024, 2), good(2048, 3), good(3072, 4), good(4096, 5)};
+  r = p.a->post_writes(list);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::invalid_argument) << r.error().describe();
+  std::vector<std::byte> msg(8, std::byte{1});
+  ASSERT_TRUE(p.a->send(msg, 10));
+  ASSERT_TRUE(p.a->send(msg, 11));
+  list = {good(0, 1), good(1024, 2), good(2048, 3)};
+  r = p.a->post_writes(list);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::overloaded) << r.error().describe();
+  // An empty list posts nothing and succeeds.
+  EXPECT_TRUE(p.a->post_writes({}));
+  // None of the refused writes arrived: b sees the two sends, then nothing, and its buffer is
+  // still zero; a's own completions are the two send_done.
+  for (int i = 0; i < 2; ++i) {
+    completion c = next_completion(*p.b);
+    EXPECT_EQ(c.kind, completion_kind::send_received);
+  }
+  for (int i = 0; i < 2; ++i) {
+    completion c = next_completion(*p.a);
+    EXPECT_EQ(c.kind, completion_kind::send_done);
+  }
+  completion none[1];
+  EXPECT_EQ(p.b->poll(none), 0u);
+  EXPECT_EQ(p.a->poll(none), 0u);
+  for (std::byte x : w.dst.span()) ASSERT_EQ(x, std::byte{0});
+  // With the room back, the same list of three goes.
+  ASSERT_TRUE(p.a->post_writes(list));
+  for (int i = 1; i <= 3; ++i) {
+    completion c = wait_for_kind(*p.b, completion_kind::write_received);
+    EXPECT_EQ(c.imm, static_cast<std::uint32_t>(i));
+  }
+  EXPECT_TRUE(p.a->is_up());
+  EXPECT_TRUE(p.b->is_up());
+}
+
 TEST_P(bulk_conformance, outstanding_operations_are_bounded_until_completions_are_polled) {
   auto o = options();
   o.limits.max_outstanding = 4;
@@ -528,6 +591,65 @@ TEST_P(bulk_conformance, write_with_imm_puts_the_bytes_in_place_before_the_compl
     EXPECT_TRUE(done.ok());
     EXPECT_EQ(done.wr_id, imm + 1000u);
     ++imm;
+  }
+}
+
+TEST_P(bulk_conformance, a_write_list_lands_in_order_with_a_completion_per_write) {
+  // A receive bound of 4 under lists of 16: a list outruns the peer's queue (shm: its ring)
+  // and must still arrive whole and in order.
+  auto o = options();
+  o.limits.max_outstanding = 16;
+  o.limits.max_received = 4;
+  auto p = must_connect(kind(), o);
+  ASSERT_TRUE(p.a);
+  constexpr std::size_t chunk = 3000;  // not a multiple of anything the backends align to
+  constexpr std::uint32_t lists = 8;
+  constexpr std::uint32_t per_list = 16;
+  constexpr std::uint32_t count = lists * per_list;
+  auto w = make_write_setup(p, chunk * count);
+  fill_pattern(w.src.span(), 11);
+  std::vector<completion> received;
+  // A jthread: an ASSERT below that returns early still joins it (it stops by its deadline).
+  std::jthread reader([&] {
+    completion in[8];
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (received.size() < count && std::chrono::steady_clock::now() < deadline) {
+      auto n = p.b->wait(in, std::chrono::milliseconds(100));
+      if (!n) return;
+      for (std::size_t i = 0; i < *n; ++i) received.push_back(std::move(in[i]));
+    }
+  });
+  std::vector<std::uint64_t> done;
+  for (std::uint32_t l = 0; l < lists; ++l) {
+    std::vector<write_request> list;
+    for (std::uint32_t k = 0; k < per_list; ++k) {
+      const std::uint32_t i = l * per_list + k;
+      // Every fifth write carries only its immediate.
+      const std::uint64_t bytes = i % 5 == 4 ? 0 : chunk;
+      list.push_back({w.src_handle, i * chunk, w.dst_remote, i * chunk, bytes, i, 1000 + i});
+    }
+    auto r = p.a->post_writes(list);
+    ASSERT_TRUE(r) << r.error().describe();
+    // The whole list is outstanding until its completions are polled.
+    while (done.size() < (l + 1) * per_list) {
+      completion c = next_completion(*p.a);
+      ASSERT_EQ(c.kind, completion_kind::write_done);
+      ASSERT_TRUE(c.ok()) << c.failure->describe();
+      done.push_back(c.wr_id);
+    }
+  }
+  reader.join();
+  ASSERT_EQ(received.size(), count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const completion& c = received[i];
+    ASSERT_TRUE(c.ok());
+    ASSERT_EQ(c.kind, completion_kind::write_received) << i;
+    EXPECT_EQ(c.imm, i);
+    EXPECT_EQ(c.bytes, i % 5 == 4 ? 0u : chunk) << i;
+    EXPECT_EQ(done[i], 1000u + i);
+    const bool written = i % 5 != 4;
+    EXPECT_EQ(std::memcmp(w.dst.data() + i * chunk, w.src.data() + i * chunk, chunk) == 0, written)
+        << "write " << i;
   }
 }
 

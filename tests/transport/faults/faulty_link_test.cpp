@@ -226,6 +226,73 @@ TEST_P(faulty_link_test, a_delayed_write_lands_with_its_bytes_and_immediate) {
   EXPECT_EQ(done.wr_id, 5u);
 }
 
+TEST_P(faulty_link_test, a_write_list_gives_each_write_its_own_fate_and_is_checked_whole) {
+  auto p = make_pair(GetParam(), 8);
+  auto src = bulk::allocate_buffer(8 * 1024);
+  auto dst = bulk::allocate_buffer(8 * 1024);
+  ASSERT_TRUE(src && dst);
+  for (std::size_t i = 0; i < src->size(); ++i) src->data()[i] = static_cast<std::byte>(i * 13);
+  auto hs = p.a->register_buffer(*src);
+  auto hd = p.b->register_buffer(*dst);
+  ASSERT_TRUE(hs && hd);
+  auto remote = p.b->describe(*hd);
+  ASSERT_TRUE(remote);
+  std::vector<bulk::write_request> list;
+  for (std::uint32_t i = 0; i < 4; ++i) list.push_back({*hs, i * 1024, *remote, i * 1024, 1024, i, 10 + i});
+  // Refused whole while faults are on: a bad last write, then more than the bound.
+  apply_cmd(*p.faults, "delay a->b 60s");
+  auto bad = list;
+  bad[3].local_offset = src->size() - 1000;
+  auto r = p.a->post_writes(bad);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::invalid_argument) << r.error().describe();
+  EXPECT_NE(r.error().message.find("write 3"), std::string::npos) << r.error().describe();
+  bad = list;
+  bad[1].local = bulk::buffer_handle{55};
+  r = p.a->post_writes(bad);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("write 1"), std::string::npos) << r.error().describe();
+  bad = list;
+  bad.insert(bad.end(), list.begin(), list.end());
+  bad.push_back(list[0]);
+  r = p.a->post_writes(bad);  // 9 writes, bound 8
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::invalid_argument) << r.error().describe();
+  EXPECT_EQ(p.a->held(), 0u);
+  // Held: the list counts against the bound like single writes.
+  ASSERT_TRUE(p.a->post_writes(list));
+  EXPECT_EQ(p.a->held(), 4u);
+  ASSERT_TRUE(p.a->post_writes(list));
+  r = p.a->post_writes(std::span(list).first(1));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, errc::overloaded) << r.error().describe();
+  // Duplicated: each write of a list lands twice and completes once.
+  auto q = make_pair(GetParam(), 8);
+  auto qs = q.a->register_buffer(*src);
+  auto qd = q.b->register_buffer(*dst);
+  ASSERT_TRUE(qs && qd);
+  auto qremote = q.b->describe(*qd);
+  ASSERT_TRUE(qremote);
+  for (auto& w : list) {
+    w.local = *qs;
+    w.remote = *qremote;
+  }
+  apply_cmd(*q.faults, "duplicate a->b 1");
+  ASSERT_TRUE(q.a->post_writes(list));
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    for (int copy = 0; copy < 2; ++copy) {
+      completion c = next_of(*q.b, completion_kind::write_received);
+      EXPECT_EQ(c.imm, i);
+    }
+  }
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(next_of(*q.a, completion_kind::write_done).wr_id, 10u + i);
+  }
+  completion extra[2];
+  EXPECT_EQ(q.a->poll(extra), 0u) << "a duplicate produced a second local completion";
+  EXPECT_EQ(std::memcmp(src->data(), dst->data(), 4 * 1024), 0);
+}
+
 TEST_P(faulty_link_test, the_same_seed_loses_the_same_messages_on_a_real_link) {
   // Two independent link pairs under the same seed and rule: exactly the same messages arrive.
   // b drains as a goes (its receive queue is bounded; a receiver that never polls holds the
