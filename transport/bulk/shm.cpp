@@ -630,9 +630,9 @@ class shm_link final : public link {
 
   // Fills and publishes the next slots of the peer's ring with writes[from, to) of a
   // post_writes() list (whose bytes are in place): heads first, then the sequence numbers in
-  // order, then one look at the sleeping flag, the handshake of publish_then_wake() for the last
-  // of them (a consumer that re-checks the first slot after announcing sleep sees it, or we see
-  // the flag: the stores are in order).
+  // order, then one look at the sleeping flag: publish_then_wake()'s handshake for the whole
+  // list. A consumer that announced sleep re-checks the first of these slots; fence-free, its
+  // membarrier() orders our stores before that re-check or we see its flag, as for one slot.
   void publish_list(std::span<const write_request> writes, std::size_t from, std::size_t to) {
     if (from == to) return;
     std::uint32_t pos = head_pos_;
@@ -643,15 +643,16 @@ class shm_link final : public link {
       sh->bytes = writes[i].bytes;
       if (++pos == peer_.depth) pos = 0;
     }
+    // Fenced (not fence_free_): every store seq_cst, as publish_then_wake()'s single one is, so
+    // that the slot the consumer re-checks takes part in the handshake whichever it is. (No
+    // atomic_thread_fence after release stores instead: ThreadSanitizer does not model fences,
+    // and GCC refuses them under -fsanitize=thread.)
+    const auto order = fence_free_ ? std::memory_order_release : std::memory_order_seq_cst;
     for (std::size_t i = from; i < to; ++i) {
-      slot_seq(peer_.slot(head_pos_))->store(++published_, std::memory_order_release);
+      slot_seq(peer_.slot(head_pos_))->store(++published_, order);
       if (++head_pos_ == peer_.depth) head_pos_ = 0;
     }
-    if (fence_free_) {
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-    } else {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-    }
+    if (fence_free_) std::atomic_signal_fence(std::memory_order_seq_cst);
     wake_if_sleeping(peer_.header());
   }
 
