@@ -269,21 +269,13 @@ class shm_link final : public link {
     // cost ~105 ns on one core, more than a 4 KiB memcpy); anything unusual takes the slow calls,
     // which say what is wrong.
     const local_registration* src = find_locked(local);
-    if (src == nullptr || bytes > options_.limits.max_write_bytes ||
-        local_offset > src->size || bytes > src->size - local_offset ||
-        remote_offset > remote.size || bytes > remote.size - remote_offset) {
+    if (!write_fits(src, local_offset, remote, remote_offset, bytes)) {
       return refuse_write(local, local_offset, remote, remote_offset, bytes);
     }
     if (!done_has_room()) TESSERA_TRY(reserve_done());
-    std::byte* target = mapped_target(remote);
-    if (target == nullptr) {
-      auto mapped = map_target(remote);
-      if (!mapped) {
-        fail(mapped.error());
-        return std::move(mapped).error();
-      }
-      target = *mapped;
-    }
+    error why;
+    std::byte* target = target_or_fail(remote, why);
+    if (target == nullptr) return why;
     auto slot = claim_slot();
     if (!slot) return std::move(slot).error();
     if (bytes > 0) std::memcpy(target + remote_offset, src->addr + local_offset, bytes);
@@ -307,21 +299,13 @@ class shm_link final : public link {
     for (std::size_t i = 0; i < writes.size(); ++i) {
       const write_request& w = writes[i];
       const local_registration* src = find_locked(w.local);
-      if (src == nullptr || w.bytes > options_.limits.max_write_bytes ||
-          w.local_offset > src->size || w.bytes > src->size - w.local_offset ||
-          w.remote_offset > w.remote.size || w.bytes > w.remote.size - w.remote_offset) {
+      if (!write_fits(src, w.local_offset, w.remote, w.remote_offset, w.bytes)) {
         return in_list(i, refuse_write(w.local, w.local_offset, w.remote, w.remote_offset,
                                        w.bytes).error());
       }
-      std::byte* target = mapped_target(w.remote);
-      if (target == nullptr) {
-        auto mapped = map_target(w.remote);
-        if (!mapped) {
-          fail(mapped.error());
-          return in_list(i, mapped.error());
-        }
-        target = *mapped;
-      }
+      error why;
+      std::byte* target = target_or_fail(w.remote, why);
+      if (target == nullptr) return in_list(i, why);
       list_targets_[i] = target + w.remote_offset;
       list_sources_[i] = src->addr + w.local_offset;
     }
@@ -500,6 +484,29 @@ class shm_link final : public link {
     return make_error(errc::invalid_argument,
                       "write_with_imm: target range [{}, +{}) outside remote buffer {} of {} bytes",
                       remote_offset, bytes, remote.id, remote.size);
+  }
+
+  // True when a write from `src` (nullptr: an unknown handle) fits both buffers and the size
+  // limit: plain comparisons, no result<> on the post path; refuse_write() says what is wrong.
+  bool write_fits(const local_registration* src, std::uint64_t local_offset,
+                  const remote_buffer& remote, std::uint64_t remote_offset,
+                  std::uint64_t bytes) const {
+    return src != nullptr && bytes <= options_.limits.max_write_bytes &&
+           local_offset <= src->size && bytes <= src->size - local_offset &&
+           remote_offset <= remote.size && bytes <= remote.size - remote_offset;
+  }
+
+  // The peer's buffer `remote` names, mapped (cached per registration); nullptr and `why` on a
+  // remote access error, which takes the link down, as it does on RDMA.
+  std::byte* target_or_fail(const remote_buffer& remote, error& why) {
+    if (std::byte* target = mapped_target(remote)) return target;
+    auto mapped = map_target(remote);
+    if (!mapped) {
+      fail(mapped.error());
+      why = std::move(mapped).error();
+      return nullptr;
+    }
+    return *mapped;
   }
 
   // The peer's buffer as mapped by an earlier write, when the peer's table still holds the

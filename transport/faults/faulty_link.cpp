@@ -44,15 +44,19 @@ result<void> faulty_link::write_with_imm(bulk::buffer_handle local, std::uint64_
       bytes > remote.size - remote_offset) {
     return inner_->write_with_imm(local, local_offset, remote, remote_offset, bytes, imm, wr_id);
   }
+  return submit(write_op({local, local_offset, remote, remote_offset, bytes, imm, wr_id}), wr_id);
+}
+
+faulty_link::op faulty_link::write_op(const bulk::write_request& w) {
   op o;
   o.is_write = true;
-  o.local = local;
-  o.local_offset = local_offset;
-  o.remote = remote;
-  o.remote_offset = remote_offset;
-  o.bytes = bytes;
-  o.imm = imm;
-  return submit(std::move(o), wr_id);
+  o.local = w.local;
+  o.local_offset = w.local_offset;
+  o.remote = w.remote;
+  o.remote_offset = w.remote_offset;
+  o.bytes = w.bytes;
+  o.imm = w.imm;
+  return o;
 }
 
 result<bulk::buffer_handle> faulty_link::register_buffer(void* addr, std::size_t size) {
@@ -130,16 +134,7 @@ result<void> faulty_link::post_writes(std::span<const bulk::write_request> write
     outstanding_ += static_cast<std::uint32_t>(writes.size());
   }
   for (std::size_t i = 0; i < writes.size(); ++i) {
-    const bulk::write_request& w = writes[i];
-    op o;
-    o.is_write = true;
-    o.local = w.local;
-    o.local_offset = w.local_offset;
-    o.remote = w.remote;
-    o.remote_offset = w.remote_offset;
-    o.bytes = w.bytes;
-    o.imm = w.imm;
-    if (auto r = submit(std::move(o), w.wr_id, true); !r) {
+    if (auto r = submit(write_op(writes[i]), writes[i].wr_id, true); !r) {
       // Checked above, so only a link that went down meanwhile refuses one: the writes before
       // it were submitted, the rest give their reservations back.
       std::lock_guard lock(mutex_);

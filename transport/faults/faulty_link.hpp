@@ -94,6 +94,7 @@ class faulty_link final : public bulk::link {
     bool reported = false;      // the user's completion has been queued
   };
 
+  static op write_op(const bulk::write_request& w);
   // `reserved`: the caller already counted the operation in outstanding_ (post_writes).
   result<void> submit(op o, std::uint64_t wr_id, bool reserved = false);
   result<void> post_inner(const op& o, std::uint64_t internal_id);
