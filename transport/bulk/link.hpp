@@ -124,7 +124,9 @@ struct link_limits {
   std::uint32_t max_outstanding = 64;          ///< posted ops not yet completed+polled
   std::uint32_t max_send_bytes = 64 * 1024;    ///< one send()
   std::uint64_t max_write_bytes = 1ull << 30;  ///< one write_with_imm()
-  /// Received completions queued and not yet polled (shm: ring slots of max_send_bytes each).
+  /// Received completions queued and not yet polled (shm: ring slots of max_send_bytes each; a
+  /// slot holds one write or send, or a group of up to max_send_bytes / 16 writes of one
+  /// post_writes() list, so lists may queue more writes than this).
   /// At the bound the sender is held back (backpressure), up to peer_timeout_ms.
   std::uint32_t max_received = 64;
 };

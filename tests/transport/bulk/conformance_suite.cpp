@@ -594,13 +594,11 @@ TEST_P(bulk_conformance, write_with_imm_puts_the_bytes_in_place_before_the_compl
   }
 }
 
-TEST_P(bulk_conformance, a_write_list_lands_in_order_with_a_completion_per_write) {
-  // A receive bound of 4 under lists of 16: a list outruns the peer's queue (shm: its ring)
-  // and must still arrive whole and in order.
-  auto o = options();
-  o.limits.max_outstanding = 16;
-  o.limits.max_received = 4;
-  auto p = must_connect(kind(), o);
+// Posts 8 lists of 16 writes (every fifth carries only its immediate) over a `kind` link made
+// with `o` while a reader takes the peer's completions 8 at a time; checks bytes, immediates and
+// wr_ids.
+void write_lists_and_check_them(backend_kind kind, const link_options& o) {
+  auto p = must_connect(kind, o);
   ASSERT_TRUE(p.a);
   constexpr std::size_t chunk = 3000;  // not a multiple of anything the backends align to
   constexpr std::uint32_t lists = 8;
@@ -650,6 +648,22 @@ TEST_P(bulk_conformance, a_write_list_lands_in_order_with_a_completion_per_write
     const bool written = i % 5 != 4;
     EXPECT_EQ(std::memcmp(w.dst.data() + i * chunk, w.src.data() + i * chunk, chunk) == 0, written)
         << "write " << i;
+  }
+}
+
+TEST_P(bulk_conformance, a_write_list_lands_in_order_with_a_completion_per_write) {
+  // A receive bound of 4 under lists of 16, and a reader that takes 8 completions at a time. shm
+  // publishes a list's writes in groups, one slot per group, as many as the slot payload
+  // (max_send_bytes) holds: by default one group per list, which the reader takes in two halves;
+  // with 48-byte slots, groups of 3 and a single write at the end, so that a list outruns the
+  // ring; with 16-byte slots, one slot per write. Every list must arrive whole and in order.
+  for (const std::uint32_t slot_payload : {link_limits{}.max_send_bytes, 48u, 16u}) {
+    SCOPED_TRACE("max_send_bytes " + std::to_string(slot_payload));
+    auto o = options();
+    o.limits.max_outstanding = 16;
+    o.limits.max_received = 4;
+    o.limits.max_send_bytes = slot_payload;
+    ASSERT_NO_FATAL_FAILURE(write_lists_and_check_them(kind(), o));
   }
 }
 

@@ -302,4 +302,61 @@ TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
   EXPECT_EQ(target->data()[4095], std::byte{5});
 }
 
+
+TEST(shm_backend, a_group_of_writes_that_claims_more_than_its_slot_holds_takes_the_link_down) {
+  // A post_writes() list reaches the peer as groups, a slot each, whose head says how many
+  // records follow. The count is the writer's to write; the reader bounds it by its own slot
+  // size, and a larger one is a broken peer: the link goes down naming it, after the writes
+  // already taken, and nothing is read past the slot.
+  shm_pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(pair));
+  auto& la = pair.a;
+  auto& lb = pair.b;
+  auto target = allocate_buffer(4096);
+  auto src = allocate_buffer(4096);
+  ASSERT_TRUE(target && src);
+  auto th = lb->register_buffer(*target);
+  auto sh = la->register_buffer(*src);
+  ASSERT_TRUE(th && sh);
+  auto remote = lb->describe(*th);
+  ASSERT_TRUE(remote);
+  ASSERT_TRUE(la->write_with_imm(*sh, 0, *remote, 0, 64, 7, 1));  // taken whole, before the group
+  const write_request list[2] = {{*sh, 0, *remote, 0, 64, 8, 2}, {*sh, 64, *remote, 64, 64, 9, 3}};
+  ASSERT_TRUE(la->post_writes(list));
+  // Find the group's slot in b's inbox: sequence number 2, then kind 3 (a group) and count 2.
+  const int fd = ::open(pair.b_params.shm_name.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  void* m = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* inbox = static_cast<std::byte*>(m);
+  const std::uint64_t want[2] = {2, (std::uint64_t{2} << 32) | 3};  // seq, then {kind, imm}
+  std::byte* head = nullptr;
+  for (off_t off = 0; off + 16 <= size && head == nullptr; off += 64) {
+    if (std::memcmp(inbox + off, want, sizeof want) == 0) head = inbox + off;
+  }
+  ASSERT_NE(head, nullptr) << "no group slot in the inbox";
+  const std::uint32_t forged = 1u << 30;
+  std::memcpy(head + 12, &forged, sizeof forged);
+  ::munmap(m, static_cast<std::size_t>(size));
+  std::vector<completion> got;
+  completion c[4];
+  while (got.empty() || got.back().kind != completion_kind::link_down) {
+    auto n = lb->wait(c, std::chrono::seconds(5));
+    ASSERT_TRUE(n) << n.error().describe();
+    ASSERT_GT(*n, 0u) << "the link stayed up";
+    got.insert(got.end(), std::make_move_iterator(c), std::make_move_iterator(c + *n));
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].kind, completion_kind::write_received);
+  EXPECT_EQ(got[0].imm, 7u);
+  ASSERT_TRUE(got[1].failure.has_value());
+  EXPECT_EQ(got[1].failure->code, errc::protocol) << got[1].failure->describe();
+  EXPECT_NE(got[1].failure->message.find("group of 1073741824 writes"), std::string::npos)
+      << got[1].failure->describe();
+  EXPECT_FALSE(lb->is_up());
+}
+
 }  // namespace
