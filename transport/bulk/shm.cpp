@@ -225,8 +225,7 @@ class shm_link final : public link {
         local_(options.limits.max_received, options.limits.max_outstanding, options.spin_us),
         mutex_(options.shm_fence_free),
         done_(options.limits.max_outstanding),
-        list_targets_(options.limits.max_outstanding),
-        list_sources_(options.limits.max_outstanding),
+        list_copies_(options.limits.max_outstanding),
         regs_(options.limits.max_buffers),
         peer_maps_(peer.max_buffers),
         consumer_mutex_(options.shm_fence_free) {}
@@ -319,6 +318,7 @@ class shm_link final : public link {
     // later. A remote access error takes the link down, as it does for one write. A write that
     // names the same source and target as the one before it (a caller streaming chunks of one
     // tensor) reuses their lookups, which took a fifth of post_writes()' own time (perf).
+    list_copy* const copies = list_copies_.data();
     const local_registration* src = nullptr;
     const remote_buffer* mapped_for = nullptr;  // the descriptor `target` was mapped for
     std::byte* target = nullptr;
@@ -335,8 +335,7 @@ class shm_link final : public link {
         if (target == nullptr) return in_list(i, why);
         mapped_for = &w.remote;
       }
-      list_targets_[i] = target + w.remote_offset;
-      list_sources_[i] = src->addr + w.local_offset;
+      copies[i] = {target + w.remote_offset, src->addr + w.local_offset};
     }
     if (!done_has_room(writes.size())) TESSERA_TRY(reserve_done(writes.size()));
     if (auto alive = check_peer_alive(); !alive) return alive;
@@ -348,7 +347,11 @@ class shm_link final : public link {
     // already copied has been published.
     const std::uint64_t done_head = done_head_.load(std::memory_order_relaxed);
     const std::size_t per_slot = records_per_slot(peer_.slot_payload);
-    std::size_t done_pos = done_head % done_.size();  // wrapped by comparison below: no division
+    // Locals, not members: a memcpy call may write any member, so members are loaded again
+    // after every copy.
+    local_done* const done = done_.data();
+    const std::size_t done_size = done_.size();
+    std::size_t done_pos = done_head % done_size;  // wrapped by comparison below: no division
     for (std::size_t first = 0; first < writes.size();) {
       const std::size_t last = std::min(writes.size(), first + per_slot);
       std::byte* slot = nullptr;
@@ -369,9 +372,9 @@ class shm_link final : public link {
       for (std::size_t off = 0; off < slot_bytes; off += 64) __builtin_prefetch(slot + off, 1);
       for (std::size_t i = first; i < last; ++i) {
         const write_request& w = writes[i];
-        if (w.bytes > 0) std::memcpy(list_targets_[i], list_sources_[i], w.bytes);
-        done_[done_pos] = {completion_kind::write_done, w.wr_id, w.bytes};
-        if (++done_pos == done_.size()) done_pos = 0;
+        if (w.bytes > 0) std::memcpy(copies[i].to, copies[i].from, w.bytes);
+        done[done_pos] = {completion_kind::write_done, w.wr_id, w.bytes};
+        if (++done_pos == done_size) done_pos = 0;
       }
       if (last - first == 1) {
         publish(slot, slot_write, writes[first].imm, writes[first].bytes);
@@ -897,9 +900,12 @@ class shm_link final : public link {
   };
   std::vector<local_done> done_;
   // post_writes(): each write's target and source address, found while the list is checked
-  // (max_outstanding entries each, allocated once); guarded by mutex_.
-  std::vector<std::byte*> list_targets_;
-  std::vector<const std::byte*> list_sources_;
+  // (max_outstanding entries, allocated once); guarded by mutex_.
+  struct list_copy {
+    std::byte* to;
+    const std::byte* from;
+  };
+  std::vector<list_copy> list_copies_;
   alignas(64) std::atomic<std::uint64_t> done_head_{0};
   alignas(64) std::atomic<std::uint64_t> done_tail_{0};
   std::uint64_t done_tail_seen_ = 0;  // guarded by mutex_

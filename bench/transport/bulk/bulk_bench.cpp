@@ -169,11 +169,23 @@ void close_parent_side(pipe_pair& p, pid_t pid) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("peer process failed");
 }
 
+// Writes per block of a paired trial (backend_throughput's `paired`): at most 1024 (64 lists of
+// 16 at 4 KiB, ~0.1 ms: short next to the host's clock changes, which last seconds, long next to
+// one list), and at least 16 blocks per trial at the large sizes, where a trial has few writes.
+int paired_block_writes(int iters) { return std::max(1, std::min(1024, iters / 16)); }
+
 // GB/s of the bulk backend `kind` writing `size` bytes `iters` times into the other process.
 // `fenced`: the shm link with link_options::shm_fence_free off (a fence in every post and poll).
 // `list` > 1: the writes go out in post_writes() lists of that many, reaped after each list.
+// `paired` (with `list` > 1): instead of one timed run, blocks of paired_block_writes() writes
+// alternate with as many memcpys of `size` bytes between two private buffers, each block timed;
+// each pair's memcpy time / list time goes into *paired, and the GB/s returned is 0. This host's
+// clock moves between a fast and a slow mode from one second to the next (memcpy at 4 KiB
+// 43-73 GB/s), and trials measured apart can land in different modes; a pair is measured within
+// ~0.2 ms, so its ratio is our overhead, not the host's mode.
 double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
-                          bool fenced = false, int list = 1) {
+                          bool fenced = false, int list = 1,
+                          std::vector<double>* paired = nullptr) {
   const int warm = 2;
   pipe_pair p{};
   const pid_t pid = fork_child(p);
@@ -205,7 +217,8 @@ double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
     // target reuses its list.
     std::vector<bulk::write_request> batch(static_cast<std::size_t>(list),
                                            bulk::write_request{h, 0, remote, 0, size, 0, 0});
-    auto run_lists = [&](int n) {
+    // `ack`: wait for the child's ack after the n writes (the end of a phase).
+    auto run_lists = [&](int n, bool ack = true) {
       const int want = acks + 1;
       bulk::completion c[64];
       for (int i = 0; i < n; i += list) {
@@ -219,7 +232,7 @@ double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
         }
         reap(l->poll(c), c);
       }
-      while (acks < want) reap(must(l->wait(c, std::chrono::seconds(30)), "wait"), c);
+      while (ack && acks < want) reap(must(l->wait(c, std::chrono::seconds(30)), "wait"), c);
     };
     auto run = [&](int n) {
       if (list > 1) return run_lists(n);
@@ -237,10 +250,30 @@ double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
       while (acks < want) reap(must(l->wait(c, std::chrono::seconds(30)), "wait"), c);
     };
     run(warm);
-    const auto t0 = clock_type::now();
-    run(iters);
-    const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    gbps = static_cast<double>(size) * iters / s / 1e9;
+    if (paired != nullptr && list > 1) {
+      auto from = must(bulk::allocate_buffer(size), "allocate");
+      auto to = must(bulk::allocate_buffer(size), "allocate");
+      std::memset(from.data(), 0x5a, from.size());
+      std::memcpy(to.data(), from.data(), size);
+      const int block = paired_block_writes(iters);
+      for (int done = 0; done < iters; done += block) {
+        const int n = std::min(block, iters - done);
+        const auto l0 = clock_type::now();
+        run_lists(n, done + n >= iters);  // the last block waits for the child's ack
+        const auto l1 = clock_type::now();
+        for (int i = 0; i < n; ++i) {
+          std::memcpy(to.data(), from.data(), size);
+          asm volatile("" : : "r"(to.data()) : "memory");
+        }
+        const auto m1 = clock_type::now();
+        if (done + n < iters) paired->push_back((m1 - l1) / std::chrono::duration<double>(l1 - l0));
+      }
+    } else {
+      const auto t0 = clock_type::now();
+      run(iters);
+      const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      gbps = static_cast<double>(size) * iters / s / 1e9;
+    }
     const std::byte bye[1] = {std::byte{0}};
     must_ok(l->send(bye, 2), "bye");
     bulk::completion c[8];
@@ -584,18 +617,20 @@ int main(int argc, char** argv) {
   }
   std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
               "brackets), GB/s; the writer reaps its completions after every %d post(s); shm "
-              "list: post_writes() of %d writes, reaped after each list\n\n",
+              "list: post_writes() of %d writes, reaped after each list; paired: median (p10) "
+              "over all repetitions of memcpy time / list time, blocks of lists alternating with "
+              "as many memcpys in one trial\n\n",
               reps, reap_every, post_list);
   std::printf(
       "| size | tcp backend | raw TCP | tcp/raw | shm backend | memcpy | shm/memcpy | "
       "ring floor | floor/memcpy | shm/floor | shm fenced | shm/fenced | shm list | "
-      "list/memcpy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "list/memcpy | list/memcpy paired (p10) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
     // About 256 MiB per measurement (at least 4 messages): 65536 at 4 KiB, so the shortest timed
     // run lasts ~7 ms, not the 2 ms that 20000 took, which one host hiccup could halve.
     const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 65536));
-    std::vector<double> tcp, raw, shm, mem, bare, fenced, listed;
+    std::vector<double> tcp, raw, shm, mem, bare, fenced, listed, pairs;
     for (int r = 0; r < reps; ++r) {
       tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
       raw.push_back(raw_tcp_throughput(size, iters));
@@ -604,19 +639,22 @@ int main(int argc, char** argv) {
       bare.push_back(ring_floor_throughput(size, iters));
       fenced.push_back(backend_throughput(bulk::backend_kind::shm, size, iters, true));
       listed.push_back(backend_throughput(bulk::backend_kind::shm, size, iters, false, post_list));
+      (void)backend_throughput(bulk::backend_kind::shm, size, iters, false, post_list, &pairs);
     }
+    std::sort(pairs.begin(), pairs.end());
     const std::string label =
         size >= (1u << 20) ? std::to_string(size >> 20) + " MiB" : std::to_string(size >> 10) + " KiB";
     std::printf(
         "| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2f (%.2f) | %.2fx | %.2f "
         "(%.2f) "
-        "| %.2fx | %.2fx | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2fx |\n",
+        "| %.2fx | %.2fx | %.2f (%.2f) | %.2fx | %.2f (%.2f) | %.2fx | %.2fx (%.2fx) |\n",
         label.c_str(), median(tcp), best(tcp), median(raw), best(raw), median(tcp) / median(raw),
         median(shm), best(shm), median(mem), best(mem), median(shm) / median(mem), median(bare),
         best(bare), median(bare) / median(mem),
         median(bare) > 0 ? median(shm) / median(bare) : 0.0, median(fenced), best(fenced),
         median(shm) / median(fenced), median(listed), best(listed),
-        median(listed) / median(mem));
+        median(listed) / median(mem), pairs.empty() ? 0.0 : pairs[pairs.size() / 2],
+        pairs.empty() ? 0.0 : pairs[pairs.size() / 10]);
     std::fflush(stdout);
   }
   std::printf("\nRound trip of a 64-byte send, two processes, 2000 rounds per repetition, median "
