@@ -169,10 +169,15 @@ void close_parent_side(pipe_pair& p, pid_t pid) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("peer process failed");
 }
 
-// Writes per block of a paired trial (backend_throughput's `paired`): at most 1024 (64 lists of
-// 16 at 4 KiB, ~0.1 ms: short next to the host's clock changes, which last seconds, long next to
-// one list), and at least 16 blocks per trial at the large sizes, where a trial has few writes.
-int paired_block_writes(int iters) { return std::max(1, std::min(1024, iters / 16)); }
+// Writes per block of a paired trial (backend_throughput's `paired`): about 1 MiB (256 writes, 16
+// lists, ~25 us at 4 KiB), and at least 16 blocks per trial. Short next to the host's clock
+// changes (they last seconds), and, up to 1 MiB writes, shorter than the receiver's spin before it
+// sleeps (link_options::spin_us, 50 us): with 1024 writes per block the receiver slept through
+// every memcpy block, its membarrier() interrupting that block and its wake-up the next list block.
+int paired_block_writes(std::size_t size, int iters) {
+  const int by_bytes = static_cast<int>(std::max<std::size_t>(1, (std::size_t{1} << 20) / size));
+  return std::max(1, std::min(by_bytes, iters / 16));
+}
 
 // GB/s of the bulk backend `kind` writing `size` bytes `iters` times into the other process.
 // `fenced`: the shm link with link_options::shm_fence_free off (a fence in every post and poll).
@@ -182,7 +187,7 @@ int paired_block_writes(int iters) { return std::max(1, std::min(1024, iters / 1
 // each pair's memcpy time / list time goes into *paired, and the GB/s returned is 0. This host's
 // clock moves between a fast and a slow mode from one second to the next (memcpy at 4 KiB
 // 43-73 GB/s), and trials measured apart can land in different modes; a pair is measured within
-// ~0.2 ms, so its ratio is our overhead, not the host's mode.
+// ~50 us at 4 KiB, so its ratio is our overhead, not the host's mode.
 double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
                           bool fenced = false, int list = 1,
                           std::vector<double>* paired = nullptr) {
@@ -255,7 +260,7 @@ double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
       auto to = must(bulk::allocate_buffer(size), "allocate");
       std::memset(from.data(), 0x5a, from.size());
       std::memcpy(to.data(), from.data(), size);
-      const int block = paired_block_writes(iters);
+      const int block = paired_block_writes(size, iters);
       for (int done = 0; done < iters; done += block) {
         const int n = std::min(block, iters - done);
         const auto l0 = clock_type::now();
