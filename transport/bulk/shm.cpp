@@ -340,11 +340,11 @@ class shm_link final : public link {
     if (!done_has_room(writes.size())) TESSERA_TRY(reserve_done(writes.size()));
     if (auto alive = check_peer_alive(); !alive) return alive;
     // The writes share slots: one slot carries the immediates and sizes of up to
-    // records_per_slot() writes (slot_write_list), so a list of 16 moves two or three cache
-    // lines to the reader's core instead of 16 slot lines, each of which had to come back from
-    // the reader before we could store into it again. Each group's bytes are copied, then its
-    // slot filled and published; a ring that is full waits for the reader only after what is
-    // already copied has been published.
+    // records_per_slot() writes (slot_write_list), so a list of 16 moves five cache lines (the
+    // slot's head and 16 records) to the reader's core instead of 16 slot lines, each of which
+    // had to come back from the reader before we could store into it again. Each group's bytes
+    // are copied, then its slot filled and published; a ring that is full waits for the reader
+    // only after what is already copied has been published.
     const std::uint64_t done_head = done_head_.load(std::memory_order_relaxed);
     const std::size_t per_slot = records_per_slot(peer_.slot_payload);
     // Locals, not members: a memcpy call may write any member, so members are loaded again

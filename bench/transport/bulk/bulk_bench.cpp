@@ -7,7 +7,8 @@
 //     (ring_floor_throughput below); and, for the gain of the fence-free post path, vs the same
 //     shm link with link_options::shm_fence_free off (a fence in every post); and the shm link
 //     posting lists of --post-list writes with link::post_writes() (one post per list, reaped
-//     after each list) vs the same memcpy;
+//     after each list) vs the same memcpy, as two trials and, paired, as blocks of lists
+//     alternating with blocks of memcpys inside one trial (backend_throughput's `paired`);
 //   * round trip of a 64-byte send (ping-pong): tcp and shm backends, raw TCP for reference.
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
