@@ -164,6 +164,32 @@ void connect_shm_pair(shm_pair& pair) {
   pair.b = std::move(*lb);
 }
 
+// A connected shm pair with a 4 KiB source registered on a and a 4 KiB target registered on b,
+// described for a to write into.
+struct shm_write_pair {
+  shm_pair pair;
+  shared_buffer src;
+  shared_buffer target;
+  buffer_handle src_handle;
+  remote_buffer target_remote;
+};
+
+void connect_shm_write_pair(shm_write_pair& w) {
+  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(w.pair));
+  auto target = allocate_buffer(4096);
+  auto src = allocate_buffer(4096);
+  ASSERT_TRUE(target && src);
+  w.target = std::move(*target);
+  w.src = std::move(*src);
+  auto th = w.pair.b->register_buffer(w.target);
+  auto sh = w.pair.a->register_buffer(w.src);
+  ASSERT_TRUE(th && sh);
+  auto remote = w.pair.b->describe(*th);
+  ASSERT_TRUE(remote);
+  w.src_handle = *sh;
+  w.target_remote = *remote;
+}
+
 // The first page of the inbox `params` names (header and registration table), mapped writable.
 void map_inbox_page(const connect_params& params, std::byte*& page) {
   const int fd = ::open(params.shm_name.c_str(), O_RDWR | O_CLOEXEC);
@@ -244,31 +270,22 @@ TEST(shm_backend, a_buffer_size_raised_in_the_peers_table_cannot_carry_a_write_p
   // The peer's registration table is the peer's to write. We map a buffer at its first write
   // and reuse the mapping while the rkey stays; a size raised in the table afterwards (and a
   // descriptor that claims it) once sent the next write past the end of the 4 KiB mapping.
-  shm_pair pair;
-  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(pair));
-  auto& la = pair.a;
-  auto& lb = pair.b;
-  auto target = allocate_buffer(4096);
-  auto src = allocate_buffer(4096);
-  ASSERT_TRUE(target && src);
-  auto th = lb->register_buffer(*target);
-  auto sh = la->register_buffer(*src);
-  ASSERT_TRUE(th && sh);
-  auto remote = lb->describe(*th);
-  ASSERT_TRUE(remote);
-  ASSERT_TRUE(la->write_with_imm(*sh, 0, *remote, 0, 64, 1, 1));  // maps the 4 KiB buffer
+  shm_write_pair s;
+  ASSERT_NO_FATAL_FAILURE(connect_shm_write_pair(s));
+  auto& la = s.pair.a;
+  ASSERT_TRUE(la->write_with_imm(s.src_handle, 0, s.target_remote, 0, 64, 1, 1));  // maps it
   // Entry 1 of the table (after the 128-byte header): rkey, fd, then the size at byte 8.
   std::byte* p = nullptr;
-  ASSERT_NO_FATAL_FAILURE(map_inbox_page(pair.b_params, p));
+  ASSERT_NO_FATAL_FAILURE(map_inbox_page(s.pair.b_params, p));
   std::uint64_t size = 0;
   std::memcpy(&size, p + 128 + 8, sizeof size);
   ASSERT_EQ(size, 4096u) << "the table entry is not where this test expects it";
   const std::uint64_t huge = std::uint64_t{1} << 30;
   std::memcpy(p + 128 + 8, &huge, sizeof huge);
   ::munmap(p, 4096);
-  remote_buffer forged = *remote;
+  remote_buffer forged = s.target_remote;
   forged.size = huge;
-  auto w = la->write_with_imm(*sh, 0, forged, std::uint64_t{1} << 20, 64, 2, 2);
+  auto w = la->write_with_imm(s.src_handle, 0, forged, std::uint64_t{1} << 20, 64, 2, 2);
   ASSERT_FALSE(w);
   EXPECT_EQ(w.error().code, errc::protocol) << w.error().describe();
   EXPECT_NE(w.error().message.find("is 4096 bytes"), std::string::npos) << w.error().describe();
@@ -302,29 +319,22 @@ TEST(shm_backend, private_memory_can_be_a_source_but_not_a_target) {
   EXPECT_EQ(target->data()[4095], std::byte{5});
 }
 
-
 TEST(shm_backend, a_group_of_writes_that_claims_more_than_its_slot_holds_takes_the_link_down) {
   // A post_writes() list reaches the peer as groups, a slot each, whose head says how many
   // records follow. The count is the writer's to write; the reader bounds it by its own slot
   // size, and a larger one is a broken peer: the link goes down naming it, after the writes
   // already taken, and nothing is read past the slot.
-  shm_pair pair;
-  ASSERT_NO_FATAL_FAILURE(connect_shm_pair(pair));
-  auto& la = pair.a;
-  auto& lb = pair.b;
-  auto target = allocate_buffer(4096);
-  auto src = allocate_buffer(4096);
-  ASSERT_TRUE(target && src);
-  auto th = lb->register_buffer(*target);
-  auto sh = la->register_buffer(*src);
-  ASSERT_TRUE(th && sh);
-  auto remote = lb->describe(*th);
-  ASSERT_TRUE(remote);
-  ASSERT_TRUE(la->write_with_imm(*sh, 0, *remote, 0, 64, 7, 1));  // taken whole, before the group
-  const write_request list[2] = {{*sh, 0, *remote, 0, 64, 8, 2}, {*sh, 64, *remote, 64, 64, 9, 3}};
+  shm_write_pair s;
+  ASSERT_NO_FATAL_FAILURE(connect_shm_write_pair(s));
+  auto& la = s.pair.a;
+  auto& lb = s.pair.b;
+  const buffer_handle src = s.src_handle;
+  const remote_buffer& to = s.target_remote;
+  ASSERT_TRUE(la->write_with_imm(src, 0, to, 0, 64, 7, 1));  // taken whole, before the group
+  const write_request list[2] = {{src, 0, to, 0, 64, 8, 2}, {src, 64, to, 64, 64, 9, 3}};
   ASSERT_TRUE(la->post_writes(list));
   // Find the group's slot in b's inbox: sequence number 2, then kind 3 (a group) and count 2.
-  const int fd = ::open(pair.b_params.shm_name.c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = ::open(s.pair.b_params.shm_name.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   const off_t size = ::lseek(fd, 0, SEEK_END);
   void* m = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED,
