@@ -6,6 +6,7 @@
 // probe_capabilities() call the two rdma functions below.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "transport/bulk/link.hpp"
@@ -19,5 +20,7 @@ namespace tessera::transport::bulk::detail {
 [[nodiscard]] bool rdma_device_available();
 /// Active ports with the GID a link would use (rdma.cpp; see describe_rdma_ports()).
 [[nodiscard]] std::vector<std::string> rdma_port_descriptions();
+/// 64 bits from std::random_device (nonces, initial PSNs): unguessable, not for hot paths.
+[[nodiscard]] std::uint64_t random_u64();
 
 }  // namespace tessera::transport::bulk::detail

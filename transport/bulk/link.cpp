@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <utility>
 
 #include "actors/base/msgpack_bounded.hpp"
@@ -179,6 +180,11 @@ result<shared_buffer> allocate_buffer(std::size_t size) {
   buf.data_ = static_cast<std::byte*>(p);
   buf.size_ = rounded;
   return buf;
+}
+
+std::uint64_t detail::random_u64() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
 }
 
 }  // namespace tessera::transport::bulk

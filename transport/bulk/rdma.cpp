@@ -200,11 +200,6 @@ std::string wc_text(const ibv_wc& wc) {
                      static_cast<int>(wc.status), wc.vendor_err);
 }
 
-std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
-
 // A pending local operation, indexed by its slot (the wr_id of its signaled WR). Slot i also owns
 // send staging buffer i.
 struct pending_op {
@@ -571,9 +566,9 @@ result<std::unique_ptr<endpoint>> endpoint::open(const link_options& options) {
   for (std::uint32_t i = ep->limits_.max_outstanding; i > 0; --i) ep->free_slots_.push_back(i - 1);
   ep->local_.backend = static_cast<std::uint8_t>(backend_kind::rdma);
   ep->local_.host_id = this_host_id();
-  ep->local_.nonce = random_u64();
+  ep->local_.nonce = detail::random_u64();
   ep->local_.qpn = ep->qp_->qp_num;
-  ep->local_.psn = static_cast<std::uint32_t>(random_u64() & 0xffffff);
+  ep->local_.psn = static_cast<std::uint32_t>(detail::random_u64() & 0xffffff);
   ep->local_.mtu = ep->active_mtu_;
   return ep;
 }

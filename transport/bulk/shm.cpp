@@ -172,19 +172,14 @@ long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const 
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, ts, nullptr, 0);
 }
 
-std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
-
-error sys_error(errc code, std::string_view what) {
+error shm_error(errc code, std::string_view what) {
   return make_error(code, "bulk shm: {}: {}", what, std::strerror(errno));
 }
 
 // Maps /proc/<pid>/fd/<fd>-style paths.
 result<inbox_view> map_path(const std::string& path, std::size_t expect_min) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return sys_error(errc::io, fmt::format("open {}", path));
+  if (fd < 0) return shm_error(errc::io, fmt::format("open {}", path));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < expect_min) {
     ::close(fd);
@@ -194,7 +189,7 @@ result<inbox_view> map_path(const std::string& path, std::size_t expect_min) {
   void* p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE,
                    MAP_SHARED, fd, 0);
   ::close(fd);
-  if (p == MAP_FAILED) return sys_error(errc::io, fmt::format("mmap {}", path));
+  if (p == MAP_FAILED) return shm_error(errc::io, fmt::format("mmap {}", path));
   return inbox_view{static_cast<std::byte*>(p), static_cast<std::size_t>(st.st_size)};
 }
 
@@ -986,7 +981,7 @@ class shm_setup final : public link_setup {
     *peer = inbox_view::of(peer->base, peer->size, depth, payload, buffers);
     const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, remote.pid, 0));
     if (pidfd < 0) {
-      auto err = sys_error(errc::closed, fmt::format("peer process {}", remote.pid));
+      auto err = shm_error(errc::closed, fmt::format("peer process {}", remote.pid));
       ::munmap(peer->base, peer->size);
       return err;
     }
@@ -1051,15 +1046,15 @@ result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options
   }
   const std::size_t bytes = inbox_bytes(l.max_received, l.max_send_bytes, l.max_buffers);
   const int fd = ::memfd_create("tessera-bulk-inbox", MFD_CLOEXEC);
-  if (fd < 0) return sys_error(errc::io, "memfd_create");
+  if (fd < 0) return shm_error(errc::io, "memfd_create");
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    auto err = sys_error(errc::io, "ftruncate inbox");
+    auto err = shm_error(errc::io, "ftruncate inbox");
     ::close(fd);
     return err;
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    auto err = sys_error(errc::io, "mmap inbox");
+    auto err = shm_error(errc::io, "mmap inbox");
     ::close(fd);
     return err;
   }

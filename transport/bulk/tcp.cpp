@@ -61,11 +61,6 @@ struct hello {
   std::uint64_t from_nonce = 0;  // the connector's nonce
 };
 
-std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
-
 std::uint32_t random_nonzero_u32() {
   std::random_device rd;
   std::uint32_t v = 0;
@@ -73,7 +68,7 @@ std::uint32_t random_nonzero_u32() {
   return v;
 }
 
-error sys_error(errc code, std::string_view what) {
+error tcp_error(errc code, std::string_view what) {
   return make_error(code, "bulk tcp: {}: {}", what, std::strerror(errno));
 }
 
@@ -85,7 +80,7 @@ result<bool> wait_fd(int fd, short events, clock::time_point deadline) {
     pollfd p{fd, events, 0};
     const int n = ::poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 1000)));
     if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return sys_error(errc::io, "poll");
+    if (n < 0 && errno != EINTR) return tcp_error(errc::io, "poll");
   }
 }
 
@@ -114,7 +109,7 @@ result<void> write_all(int fd, iovec* iov, int iovcnt, std::chrono::milliseconds
         }
         continue;
       }
-      return sys_error(errc::closed, "send to peer failed");
+      return tcp_error(errc::closed, "send to peer failed");
     }
     auto left = static_cast<std::size_t>(n);
     while (iovcnt > 0 && left >= iov->iov_len) {
@@ -141,7 +136,7 @@ result<void> read_all(int fd, void* data, std::size_t size) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         return make_error(errc::timeout, "bulk tcp: peer stalled in the middle of a frame");
       }
-      return sys_error(errc::closed, "receive from peer failed");
+      return tcp_error(errc::closed, "receive from peer failed");
     }
     p += n;
     size -= static_cast<std::size_t>(n);
@@ -157,7 +152,7 @@ result<void> read_all_until(int fd, void* data, std::size_t size, clock::time_po
     if (n == 0) return make_error(errc::closed, "bulk tcp: peer closed during set-up");
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return sys_error(errc::io, "set-up receive");
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return tcp_error(errc::io, "set-up receive");
       auto ready = wait_fd(fd, POLLIN, deadline);
       if (!ready) return std::move(ready).error();
       if (!*ready) return make_error(errc::timeout, "bulk tcp: peer silent during set-up");
@@ -460,7 +455,7 @@ class tcp_link final : public link {
         continue;
       }
       pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return go_down(sys_error(errc::io, "poll"));
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return go_down(tcp_error(errc::io, "poll"));
       std::unique_lock rx(rx_mutex_, std::try_to_lock);
       if (!rx.owns_lock()) continue;  // an application thread is reading
       if (queue_.is_down()) return;
@@ -631,7 +626,7 @@ class tcp_setup final : public link_setup {
     // The peer may not be listening yet if its process is slow: retry until the deadline.
     for (;;) {
       const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (fd < 0) return sys_error(errc::io, "socket");
+      if (fd < 0) return tcp_error(errc::io, "socket");
       auto done = try_dial(fd, addr, len, remote, deadline);
       if (done) return fd;
       ::close(fd);
@@ -645,7 +640,7 @@ class tcp_setup final : public link_setup {
   result<void> try_dial(int fd, const sockaddr_storage& addr, socklen_t len,
                         const connect_params& remote, clock::time_point deadline) {
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
-      if (errno != EINPROGRESS) return sys_error(errc::io, "connect");
+      if (errno != EINPROGRESS) return tcp_error(errc::io, "connect");
       auto ready = wait_fd(fd, POLLOUT, deadline);
       if (!ready) return std::move(ready).error();
       if (!*ready) {
@@ -657,7 +652,7 @@ class tcp_setup final : public link_setup {
       ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
       if (err != 0) {
         errno = err;
-        return sys_error(errc::io, "connect");
+        return tcp_error(errc::io, "connect");
       }
     }
     hello h;
@@ -756,10 +751,10 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
                       params.address);
   }
   const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return sys_error(errc::io, "socket");
+  if (fd < 0) return tcp_error(errc::io, "socket");
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    auto err = sys_error(errc::io, fmt::format("listen on {}", params.address));
+    auto err = tcp_error(errc::io, fmt::format("listen on {}", params.address));
     ::close(fd);
     return err;
   }
