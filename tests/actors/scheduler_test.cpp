@@ -20,17 +20,17 @@ using test::eventually;
 using test::ping;
 using test::pong;
 
-struct hold {
-  TESSERA_MESSAGE("tessera.test.sched.hold");
+struct pinned_hold {
+  TESSERA_MESSAGE("tessera.test.sched.pinned_hold");
   MSGPACK_DEFINE();
 };
 
-/// Blocks its worker in `hold` until released.
+/// Blocks its worker in `pinned_hold` until released.
 class blocker : public actor {
  public:
   blocker(std::shared_future<void> release, std::atomic<bool>& holding)
       : release_(std::move(release)), holding_(holding) {
-    on<hold>([this](hold&) {
+    on<pinned_hold>([this](pinned_hold&) {
       holding_ = true;
       release_.wait();
     });
@@ -50,9 +50,9 @@ struct run_log {
     return runs.size();
   }
 };
-class recorder : public actor {
+class tag_recorder : public actor {
  public:
-  recorder(int tag, run_log& log) : tag_(tag), log_(log) {
+  tag_recorder(int tag, run_log& log) : tag_(tag), log_(log) {
     on<ping>([this](ping&) {
       std::lock_guard lock(log_.mutex);
       log_.runs.emplace_back(tag_, std::this_thread::get_id());
@@ -85,9 +85,9 @@ TEST(Scheduler, IdleWorkerParksWhileAnotherWorkersPinnedActorWaits) {
   run_log log;
   auto b = sys.spawn(std::make_unique<blocker>(release.get_future().share(), holding),
                      on_worker(0));
-  auto r = sys.spawn(std::make_unique<recorder>(1, log), on_worker(0));
+  auto r = sys.spawn(std::make_unique<tag_recorder>(1, log), on_worker(0));
   ASSERT_TRUE(b && r);
-  ASSERT_TRUE(sys.send(*b, hold{}));
+  ASSERT_TRUE(sys.send(*b, pinned_hold{}));
   ASSERT_TRUE(eventually([&] { return holding.load(); }));
   ASSERT_TRUE(sys.send(*r, ping{}));  // waits in worker 0's inbox: worker 1 must not take it
   EXPECT_TRUE(eventually([&] { return sys.parked_workers() == 1; }));
@@ -108,13 +108,13 @@ TEST(Scheduler, PinnedActorsRunOnTheirWorkerInArrivalOrder) {
   ASSERT_TRUE(b);
   std::vector<actor_ref> pinned;
   for (int i = 0; i < 5; ++i) {
-    auto r = sys.spawn(std::make_unique<recorder>(i, log), on_worker(0));
+    auto r = sys.spawn(std::make_unique<tag_recorder>(i, log), on_worker(0));
     ASSERT_TRUE(r);
     pinned.push_back(*r);
   }
-  // Let every recorder's first turn (on_start) pass before worker 0 is blocked.
+  // Let every tag_recorder's first turn (on_start) pass before worker 0 is blocked.
   ASSERT_TRUE(eventually([&] { return sys.parked_workers() == 2; }));
-  ASSERT_TRUE(sys.send(*b, hold{}));
+  ASSERT_TRUE(sys.send(*b, pinned_hold{}));
   ASSERT_TRUE(eventually([&] { return holding.load(); }));
   for (auto& p : pinned) ASSERT_TRUE(sys.send(p, ping{}));  // all queue in worker 0's inbox
   release.set_value();

@@ -16,7 +16,7 @@
 namespace tessera::inference::gguf {
 namespace {
 
-std::string temp_path(std::string_view tag) {
+std::string synth_path(std::string_view tag) {
   return (std::filesystem::temp_directory_path() /
           fmt::format("tessera_synth_{}_{}.gguf", tag, ::getpid()))
       .string();
@@ -75,7 +75,7 @@ TEST(Synth, PresetsHaveTheAdvertisedSize) {
 }
 
 TEST(Synth, LlamaLayoutMetadataAndTokenizer) {
-  auto path = temp_path("llama");
+  auto path = synth_path("llama");
   auto c = small("llama", tensor_type::q4_k);
   auto s = write_synthetic_model(c, path);
   ASSERT_TRUE(s) << s.error().message;
@@ -121,7 +121,7 @@ TEST(Synth, LlamaLayoutMetadataAndTokenizer) {
 }
 
 TEST(Synth, Qwen3HasQkNormsTiedOutputAndBpe) {
-  auto path = temp_path("qwen");
+  auto path = synth_path("qwen");
   auto c = small("qwen3", tensor_type::bf16);
   c.tied_embeddings = true;
   ASSERT_TRUE(write_synthetic_model(c, path));
@@ -147,7 +147,7 @@ std::vector<float> dequant(const file& f, const tensor_info& t) {
 }
 
 TEST(Synth, DeterministicAndScaled) {
-  auto p1 = temp_path("d1"), p2 = temp_path("d2"), p3 = temp_path("d3");
+  auto p1 = synth_path("d1"), p2 = synth_path("d2"), p3 = synth_path("d3");
   auto c = small("llama", tensor_type::f32);
   ASSERT_TRUE(write_synthetic_model(c, p1));
   ASSERT_TRUE(write_synthetic_model(c, p2));
@@ -188,7 +188,7 @@ TEST(Synth, DeterministicAndScaled) {
 }
 
 TEST(Synth, EveryTypeWritesAndDequantizesNearF32) {
-  auto pf = temp_path("ref");
+  auto pf = synth_path("ref");
   auto c = small("llama", tensor_type::f32);
   ASSERT_TRUE(write_synthetic_model(c, pf));
   auto ref = file::open(pf);
@@ -197,7 +197,7 @@ TEST(Synth, EveryTypeWritesAndDequantizesNearF32) {
   auto rv = dequant(*ref, *rq);
   for (auto type : {tensor_type::f16, tensor_type::bf16, tensor_type::q8_0, tensor_type::q4_0,
                     tensor_type::q4_k, tensor_type::q6_k}) {
-    auto p = temp_path(std::string(to_string(type)));
+    auto p = synth_path(std::string(to_string(type)));
     c.type = type;
     ASSERT_TRUE(write_synthetic_model(c, p)) << to_string(type);
     auto f = file::open(p);

@@ -10,29 +10,20 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/inference/kernels/kernel_test_util.hpp"
+
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/gemm_kernels.hpp"
 
 namespace tessera::inference {
 namespace {
 
+using test::isa_guard;
+using test::random_floats;
+
 constexpr tensor_type all_types[] = {tensor_type::f32,  tensor_type::f16,  tensor_type::bf16,
                                      tensor_type::q8_0, tensor_type::q4_0, tensor_type::q4_k,
                                      tensor_type::q6_k};
-
-// Restores the active ISA when a test leaves.
-struct isa_guard {
-  isa saved = active_isa();
-  ~isa_guard() { (void)set_active_isa(saved); }
-};
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 struct matrix {
   tensor_type type;

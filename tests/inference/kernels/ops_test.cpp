@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/inference/kernels/kernel_test_util.hpp"
+
 #include "inference/kernels/bandwidth.hpp"
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/quant.hpp"
@@ -15,18 +17,8 @@
 namespace tessera::inference {
 namespace {
 
-struct isa_guard {
-  isa saved = active_isa();
-  ~isa_guard() { (void)set_active_isa(saved); }
-};
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::isa_guard;
+using test::random_floats;
 
 TEST(ops, rmsnorm_matches_reference_in_place_too) {
   auto x = random_floats(1000, 1);

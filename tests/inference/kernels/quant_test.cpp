@@ -7,16 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/inference/kernels/kernel_test_util.hpp"
+
 namespace tessera::inference {
 namespace {
 
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::isa_guard;
+using test::random_floats;
 
 TEST(quant, rejects_rows_that_are_not_whole_blocks) {
   auto r = row_bytes(tensor_type::q8_0, 33);

@@ -14,7 +14,7 @@ using test::inbox;
 using test::int_body;
 using test::wait_for;
 
-constexpr std::uint16_t kPing = 64;
+using test::kPing;
 
 enum class creds { cluster, other_cluster, leaked_server_key_random_client, plaintext };
 

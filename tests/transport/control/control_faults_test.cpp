@@ -14,7 +14,7 @@ using test::inbox;
 using test::int_body;
 using test::wait_for;
 
-constexpr std::uint16_t kPing = 64;
+using test::kPing;
 
 faults::fault_command parsed(std::string_view text) {
   auto c = faults::parse_fault_command(text);

@@ -14,7 +14,7 @@ using test::inbox;
 using test::int_body;
 using test::wait_for;
 
-constexpr std::uint16_t kPing = 64;
+using test::kPing;
 
 struct pair_of_nodes {
   inbox in_a, in_b;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -18,6 +19,8 @@
 namespace tessera::transport::control::test {
 
 inline constexpr auto kWait = std::chrono::seconds(30);
+/// The message type the node tests send to each other.
+inline constexpr std::uint16_t kPing = 64;
 
 /// Polls `pred` until it holds or `limit` passes; returns the last value.
 inline bool wait_for(const std::function<bool()>& pred,

@@ -1,7 +1,7 @@
 // The rdma backend against real verbs: runs inside the Soft-RoCE VM (scripts/rdma-vm; ctest label
 // rdma-vm). One-process tests connect two QPs over rxe0 from two threads; two-process tests exec
 // this binary again as the peer (TESSERA_RDMA_CHILD=<mode>) and exchange params over pipes, as the
-// control plane would. Waits are bounded by `patience` and never assert on time.
+// control plane would. Waits are bounded by `vm_patience` and never assert on time.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,7 +25,7 @@ namespace tessera::transport::bulk {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr auto patience = 60s;  // qemu TCG on a loaded 2-core host
+constexpr auto vm_patience = 60s;  // qemu TCG on a loaded 2-core host
 
 link_options vm_options() {
   link_options o;
@@ -58,7 +58,7 @@ pair connect_pair(const link_options& ao, const link_options& bo) {
 
 completion next(link& l) {
   completion c;
-  const auto deadline = std::chrono::steady_clock::now() + patience;
+  const auto deadline = std::chrono::steady_clock::now() + vm_patience;
   while (std::chrono::steady_clock::now() < deadline) {
     auto n = l.wait(std::span(&c, 1), 100ms);
     if (!n) {
@@ -67,7 +67,7 @@ completion next(link& l) {
     }
     if (*n == 1) return c;
   }
-  ADD_FAILURE() << "no completion within " << patience.count() << " s";
+  ADD_FAILURE() << "no completion within " << vm_patience.count() << " s";
   return c;
 }
 
@@ -409,10 +409,10 @@ bool write_line(int fd, const std::string& line) {
   return ::write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
 }
 
-// Reads one line, waiting at most `patience`; "" on EOF or timeout.
+// Reads one line, waiting at most `vm_patience`; "" on EOF or timeout.
 std::string read_line(int fd) {
   std::string s;
-  const auto deadline = std::chrono::steady_clock::now() + patience;
+  const auto deadline = std::chrono::steady_clock::now() + vm_patience;
   while (std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
