@@ -12,7 +12,8 @@ function(tessera_target_warnings target)
   # warnings then misfire: a class a .cpp defines with a member of a type from that .cpp's anonymous
   # namespace no longer sits in "the main file", so it is flagged as if a header did (each .cpp is
   # still compiled once); and with more of msgpack inlined into one function, msgpack::zone's own
-  # operator new/delete pair (malloc/free) is reported as mismatched.
+  # operator new/delete pair (malloc/free) is reported as mismatched. The release preset keeps
+  # both warnings (with -Werror), and ASan checks every new/free pairing at run time.
   get_target_property(unity ${target} UNITY_BUILD)
   if(unity AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -Wno-subobject-linkage -Wno-mismatched-new-delete)
