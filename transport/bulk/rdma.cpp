@@ -17,7 +17,6 @@
 #include <optional>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include "actors/base/log.hpp"

@@ -10,10 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/inference/kernels/kernel_test_util.hpp"
-
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/gemm_kernels.hpp"
+#include "tests/inference/kernels/kernel_test_util.hpp"
 
 namespace tessera::inference {
 namespace {

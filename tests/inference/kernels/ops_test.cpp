@@ -8,11 +8,10 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/inference/kernels/kernel_test_util.hpp"
-
 #include "inference/kernels/bandwidth.hpp"
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/quant.hpp"
+#include "tests/inference/kernels/kernel_test_util.hpp"
 
 namespace tessera::inference {
 namespace {

@@ -12,7 +12,6 @@
 namespace tessera::inference {
 namespace {
 
-using test::isa_guard;
 using test::random_floats;
 
 TEST(quant, rejects_rows_that_are_not_whole_blocks) {

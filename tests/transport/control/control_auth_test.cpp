@@ -12,9 +12,8 @@ namespace {
 
 using test::inbox;
 using test::int_body;
-using test::wait_for;
-
 using test::kPing;
+using test::wait_for;
 
 enum class creds { cluster, other_cluster, leaked_server_key_random_client, plaintext };
 

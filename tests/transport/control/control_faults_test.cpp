@@ -12,9 +12,8 @@ namespace {
 using test::config;
 using test::inbox;
 using test::int_body;
-using test::wait_for;
-
 using test::kPing;
+using test::wait_for;
 
 faults::fault_command parsed(std::string_view text) {
   auto c = faults::parse_fault_command(text);

@@ -12,9 +12,8 @@ namespace {
 using test::config;
 using test::inbox;
 using test::int_body;
-using test::wait_for;
-
 using test::kPing;
+using test::wait_for;
 
 struct pair_of_nodes {
   inbox in_a, in_b;
