@@ -114,6 +114,7 @@ void plan_checker::observe() {
     const mesh_node* n = mesh_node_of(world_, id);
     if (!n) {
       last_.erase(id);
+      hashed_.erase(id);
       continue;
     }
     if (n->plans_refused() != 0 && violations_.empty())
@@ -121,7 +122,11 @@ void plan_checker::observe() {
     const auto& p = n->plan();
     if (!p) continue;
     const auto e = std::make_pair(p->epoch.term, p->epoch.version);
-    const auto h = placement::plan_content_hash(*p);
+    auto& [hashed_plan, h] = hashed_[id];
+    if (hashed_plan != p) {
+      hashed_plan = p;
+      h = placement::plan_content_hash(*p);
+    }
     auto [it, fresh] = contents_.emplace(e, h);
     if (!fresh && it->second != h)
       violations_.push_back(fmt::format("t={}: node {} holds plan {}.{} with other content than "

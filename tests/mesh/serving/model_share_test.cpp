@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -41,9 +42,15 @@ gguf::synth_config several_chunks() {
   return c;
 }
 
+// The whole file in one read (empty when it cannot be opened). A byte-at-a-time stream iterator
+// was 73% of the 77 MiB test's 97 s under TSan (test code is not optimised there).
 std::string bytes_of_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::string bytes(static_cast<std::size_t>(std::max<std::streamoff>(in.tellg(), 0)), '\0');
+  in.seekg(0);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
+  return bytes;
 }
 
 class ModelShare : public ::testing::Test {
