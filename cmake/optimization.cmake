@@ -1,16 +1,16 @@
 # Optimisation levels in the sanitizer builds (the asan and tsan presets: CI, scripts/test).
 #
 # Their default is -Og (CMakePresets.json): with ASan+UBSan instrumentation the compiler's time goes
-# almost all into optimising and generating code (mesh/runtime's batch: 80% of 132 s; parsing 11%),
-# and -Og takes 35-45% less of it than -O1 per batch (CI's ASan build: 2200 -> 1840 s of CPU). Code
-# the tests run hot keeps more optimisation, because the suite is CPU-bound on 2 cores and every
-# second a test computes is CI time:
-#   -O2  inference/kernels: every serving, chaos and example test runs peers that decode tokens,
-#        and the instrumented mat-mul kernels were most of their time (decode 2x faster than -O1);
+# almost all into optimising and generating code (mesh/runtime's batch: 80% of 132 s at -O1, parsing
+# 11%), and -Og takes 35-45% less of it per batch (-O0 no less than -Og: ASan then instruments
+# every load and store). Code the tests run hot keeps more optimisation, because the suite is
+# CPU-bound on 2 cores and every second a test computes is CI time:
+#   -O2  inference/kernels: every serving, chaos and example test runs peers that decode tokens
+#        (in ASan builds the SIMD kernel files are also left uninstrumented: see that CMakeLists);
 #   -O1  the protocol state machines and the actor runtime that the simulator's many-seed tests
-#        run (-Og made them 24% slower);
-#   -O0  test code and the tessera executable's commands: glue, no faster to compile at -Og.
-# Sanitizer checks stay on everywhere; release builds are untouched.
+#        run (-Og made those tests 24% slower);
+#   -O0  test code and the tessera executable's commands: glue.
+# Sanitizer checks stay on everywhere else; release builds are untouched.
 function(tessera_sanitizer_build_opt target level)
   if(TESSERA_SANITIZE AND CMAKE_BUILD_TYPE STREQUAL "Debug")
     target_compile_options(${target} PRIVATE ${level})

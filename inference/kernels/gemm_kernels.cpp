@@ -1,6 +1,11 @@
 #include "inference/kernels/gemm_kernels.hpp"
 
+#include <cstdio>
 #include <cstring>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace tessera::inference::detail {
 
@@ -36,6 +41,24 @@ std::size_t activation_row_bytes(act_format f, std::int64_t cols) noexcept {
     case act_format::q8_k: return n / qk_k * sizeof(block_q8_k);
   }
   return 0;
+}
+
+void check_addressable(const void* p, std::size_t bytes, const char* what) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+  if (bytes == 0) return;
+  const auto* bad =
+      static_cast<const volatile char*>(__asan_region_is_poisoned(const_cast<void*>(p), bytes));
+  if (bad == nullptr) return;
+  std::fprintf(stderr, "tessera: kernel %s [%p, +%zu) reach unaddressable memory at %p\n", what, p,
+               bytes, static_cast<const volatile void*>(bad));
+  // This file is instrumented: reading the byte makes ASan report it as it would have reported
+  // the kernel's own access, and stop.
+  static_cast<void>(*bad);
+#else
+  static_cast<void>(p);
+  static_cast<void>(bytes);
+  static_cast<void>(what);
+#endif
 }
 
 const kernel_table& kernels_for(isa level) noexcept {

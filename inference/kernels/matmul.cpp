@@ -54,6 +54,16 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
   if (!stride) return std::move(stride).error();
   if (w.rows == 0 || n_tokens == 0) return ok();
 
+  // What the kernels (and the AVX2 quantizer) will touch; checked here in ASan builds, where
+  // they are not instrumented.
+  const auto rows = static_cast<std::size_t>(w.rows);
+  const auto tokens = static_cast<std::size_t>(n_tokens);
+  detail::check_addressable(w.data, (rows - 1) * *stride + *row_bytes(w.type, w.cols),
+                            "mat-mul weight rows");
+  detail::check_addressable(x, tokens * static_cast<std::size_t>(w.cols) * sizeof(float),
+                            "mat-mul input rows");
+  detail::check_addressable(y, tokens * rows * sizeof(float), "mat-mul outputs");
+
   const isa level = active_isa();
   const detail::gemm_fn gemm = detail::kernels_for(level).gemm[detail::type_slot(w.type)];
   const detail::act_format format = detail::activation_format(w.type);

@@ -109,6 +109,18 @@ void attention_scores_f16(const float* q, std::int64_t n_q, std::int64_t q_strid
                           const std::uint16_t* k, std::int64_t k_stride, std::int64_t n_ctx,
                           std::int64_t head_dim, float scale, float* scores) noexcept {
   if (n_q <= 0 || n_ctx <= 0) return;
+  // The f16 kernel is not instrumented in ASan builds: its ranges are checked here.
+  const auto hd = static_cast<std::size_t>(head_dim);
+  detail::check_addressable(k, (static_cast<std::size_t>(n_ctx) - 1) *
+                                       static_cast<std::size_t>(k_stride) * sizeof(std::uint16_t) +
+                                   hd * sizeof(std::uint16_t),
+                            "attention keys");
+  detail::check_addressable(q, (static_cast<std::size_t>(n_q) - 1) *
+                                       static_cast<std::size_t>(q_stride) * sizeof(float) +
+                                   hd * sizeof(float),
+                            "attention queries");
+  detail::check_addressable(scores, static_cast<std::size_t>(n_q * n_ctx) * sizeof(float),
+                            "attention scores");
   const detail::gemm_args g{reinterpret_cast<const std::uint8_t*>(k),
                             static_cast<std::size_t>(k_stride) * sizeof(std::uint16_t),
                             n_ctx,

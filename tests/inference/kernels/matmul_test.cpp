@@ -222,6 +222,49 @@ TEST(matmul, honours_a_row_stride_wider_than_the_row) {
   EXPECT_EQ(y, run_matmul(m, x, 1));
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// ASan builds: the library's SIMD kernel files are not instrumented and their callers check the
+// ranges a kernel touches (detail::check_addressable); this executable links instrumented copies
+// of the kernels (tests/inference/kernels/CMakeLists.txt). Each side must catch a short buffer.
+std::vector<std::uint8_t> one_byte_short(const matrix& m) {
+  // Exactly the size asked for, on the heap: ASan's redzone starts at the missing byte.
+  return std::vector<std::uint8_t>(m.data.begin(), m.data.end() - 1);
+}
+
+TEST(matmul_asan_death, a_kernel_reading_past_its_weights_is_reported_by_the_kernel_itself) {
+  if (!isa_supported(isa::avx2)) GTEST_SKIP() << "no AVX2";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto m = make_matrix(tensor_type::q8_0, 4, 64, 3);
+  const auto w = one_byte_short(m);
+  std::vector<block_q8_0> xq(2);
+  quantize_row_q8_0(random_floats(64, 4).data(), xq.data(), 64);
+  std::vector<float> y(4);
+  const detail::gemm_args g{w.data(), *row_bytes(tensor_type::q8_0, 64), 4, 64,
+                            reinterpret_cast<const std::uint8_t*>(xq.data()),
+                            sizeof(block_q8_0) * 2, 1, y.data(), 4};
+  // Straight to the AVX2 kernel, past matmul()'s check: only the kernel's own instrumentation
+  // can report this (a library copy without it would read the byte and carry on).
+  EXPECT_DEATH(detail::avx2_kernels().gemm[detail::type_slot(tensor_type::q8_0)](g),
+               "READ of size 32");
+}
+
+TEST(matmul_asan_death, matmul_checks_every_range_the_kernels_will_touch) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto m = make_matrix(tensor_type::q8_0, 4, 64, 3);
+  const auto w = one_byte_short(m);
+  const auto x = random_floats(64, 4);
+  std::vector<float> y(4), short_y(3);
+  EXPECT_DEATH(static_cast<void>(matmul({tensor_type::q8_0, 4, 64, w.data(), 0}, x.data(), 1,
+                                        y.data())),
+               "kernel mat-mul weight rows .* reach unaddressable memory");
+  EXPECT_DEATH(static_cast<void>(matmul(m.view(), x.data(), 1, short_y.data())),
+               "kernel mat-mul outputs .* reach unaddressable memory");
+  const std::vector<float> short_x(x.begin(), x.end() - 1);
+  EXPECT_DEATH(static_cast<void>(matmul(m.view(), short_x.data(), 1, y.data())),
+               "kernel mat-mul input rows .* reach unaddressable memory");
+}
+#endif
+
 TEST(cpu, isa_selection_errors_and_names) {
   EXPECT_FALSE(parse_isa("sse9"));
   EXPECT_EQ(*parse_isa("avx2"), isa::avx2);
