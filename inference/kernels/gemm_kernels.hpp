@@ -56,9 +56,10 @@ void quantize_activations(act_format f, const float* x, std::uint8_t* out, std::
 void quantize_row_q8_0_avx2(const float* x, void* y, std::int64_t n) noexcept;
 
 /// In AddressSanitizer builds the per-ISA kernel files (gemm_avx2.cpp, gemm_avx512.cpp) are not
-/// instrumented (cmake/optimization.cmake), so their callers check here, once a call, every range a
-/// kernel will read or write: when [p, p + bytes) is not all addressable this reports as ASan does
-/// (the stack, the buffer's allocation) and stops. `what` names the range. A no-op in other builds.
+/// instrumented (inference/kernels/CMakeLists.txt), so their callers check here, once a call,
+/// every range a kernel will read or write: when [p, p + bytes) is not all addressable this
+/// reports as ASan does (the stack, the buffer's allocation) and stops. `what` names the range. A
+/// no-op in other builds.
 void check_addressable(const void* p, std::size_t bytes, const char* what) noexcept;
 
 }  // namespace tessera::inference::detail
