@@ -43,9 +43,11 @@ std::size_t activation_row_bytes(act_format f, std::int64_t cols) noexcept {
   return 0;
 }
 
-void check_addressable(const void* p, std::size_t bytes, const char* what) noexcept {
+void check_rows_addressable(const void* p, std::int64_t rows, std::size_t stride,
+                            std::size_t row_bytes, const char* what) noexcept {
 #if defined(__SANITIZE_ADDRESS__)
-  if (bytes == 0) return;
+  if (rows <= 0 || row_bytes == 0) return;
+  const std::size_t bytes = static_cast<std::size_t>(rows - 1) * stride + row_bytes;
   const auto* bad =
       static_cast<const volatile char*>(__asan_region_is_poisoned(const_cast<void*>(p), bytes));
   if (bad == nullptr) return;
@@ -56,7 +58,9 @@ void check_addressable(const void* p, std::size_t bytes, const char* what) noexc
   static_cast<void>(*bad);
 #else
   static_cast<void>(p);
-  static_cast<void>(bytes);
+  static_cast<void>(rows);
+  static_cast<void>(stride);
+  static_cast<void>(row_bytes);
   static_cast<void>(what);
 #endif
 }

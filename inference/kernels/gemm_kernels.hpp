@@ -57,9 +57,10 @@ void quantize_row_q8_0_avx2(const float* x, void* y, std::int64_t n) noexcept;
 
 /// In AddressSanitizer builds the per-ISA kernel files (gemm_avx2.cpp, gemm_avx512.cpp) are not
 /// instrumented (inference/kernels/CMakeLists.txt), so their callers check here, once a call,
-/// every range a kernel will read or write: when [p, p + bytes) is not all addressable this
-/// reports as ASan does (the stack, the buffer's allocation) and stops. `what` names the range. A
-/// no-op in other builds.
-void check_addressable(const void* p, std::size_t bytes, const char* what) noexcept;
+/// every range a kernel will read or write: `rows` rows of `row_bytes` bytes, `stride` bytes apart,
+/// from `p`. When a byte of them is not addressable this reports as ASan does (the stack, the
+/// buffer's allocation) and stops; `what` names the range. A no-op in other builds.
+void check_rows_addressable(const void* p, std::int64_t rows, std::size_t stride,
+                            std::size_t row_bytes, const char* what) noexcept;
 
 }  // namespace tessera::inference::detail

@@ -56,13 +56,12 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
 
   // What the kernels (and the AVX2 quantizer) will touch; checked here in ASan builds, where
   // they are not instrumented.
-  const auto rows = static_cast<std::size_t>(w.rows);
-  const auto tokens = static_cast<std::size_t>(n_tokens);
-  detail::check_addressable(w.data, (rows - 1) * *stride + *row_bytes(w.type, w.cols),
-                            "mat-mul weight rows");
-  detail::check_addressable(x, tokens * static_cast<std::size_t>(w.cols) * sizeof(float),
-                            "mat-mul input rows");
-  detail::check_addressable(y, tokens * rows * sizeof(float), "mat-mul outputs");
+  const auto x_row = static_cast<std::size_t>(w.cols) * sizeof(float);
+  const auto y_row = static_cast<std::size_t>(w.rows) * sizeof(float);
+  detail::check_rows_addressable(w.data, w.rows, *stride, *row_bytes(w.type, w.cols),
+                                 "mat-mul weight rows");
+  detail::check_rows_addressable(x, n_tokens, x_row, x_row, "mat-mul input rows");
+  detail::check_rows_addressable(y, n_tokens, y_row, y_row, "mat-mul outputs");
 
   const isa level = active_isa();
   const detail::gemm_fn gemm = detail::kernels_for(level).gemm[detail::type_slot(w.type)];

@@ -111,16 +111,13 @@ void attention_scores_f16(const float* q, std::int64_t n_q, std::int64_t q_strid
   if (n_q <= 0 || n_ctx <= 0) return;
   // The f16 kernel is not instrumented in ASan builds: its ranges are checked here.
   const auto hd = static_cast<std::size_t>(head_dim);
-  detail::check_addressable(k, (static_cast<std::size_t>(n_ctx) - 1) *
-                                       static_cast<std::size_t>(k_stride) * sizeof(std::uint16_t) +
-                                   hd * sizeof(std::uint16_t),
-                            "attention keys");
-  detail::check_addressable(q, (static_cast<std::size_t>(n_q) - 1) *
-                                       static_cast<std::size_t>(q_stride) * sizeof(float) +
-                                   hd * sizeof(float),
-                            "attention queries");
-  detail::check_addressable(scores, static_cast<std::size_t>(n_q * n_ctx) * sizeof(float),
-                            "attention scores");
+  const auto scores_row = static_cast<std::size_t>(n_ctx) * sizeof(float);
+  detail::check_rows_addressable(k, n_ctx,
+                                 static_cast<std::size_t>(k_stride) * sizeof(std::uint16_t),
+                                 hd * sizeof(std::uint16_t), "attention keys");
+  detail::check_rows_addressable(q, n_q, static_cast<std::size_t>(q_stride) * sizeof(float),
+                                 hd * sizeof(float), "attention queries");
+  detail::check_rows_addressable(scores, n_q, scores_row, scores_row, "attention scores");
   const detail::gemm_args g{reinterpret_cast<const std::uint8_t*>(k),
                             static_cast<std::size_t>(k_stride) * sizeof(std::uint16_t),
                             n_ctx,

@@ -224,7 +224,7 @@ TEST(matmul, honours_a_row_stride_wider_than_the_row) {
 
 #if defined(__SANITIZE_ADDRESS__)
 // ASan builds: the library's SIMD kernel files are not instrumented and their callers check the
-// ranges a kernel touches (detail::check_addressable); this executable links instrumented copies
+// ranges a kernel touches (detail::check_rows_addressable); this executable links instrumented copies
 // of the kernels (tests/inference/kernels/CMakeLists.txt). Each side must catch a short buffer.
 std::vector<std::uint8_t> one_byte_short(const matrix& m) {
   // Exactly the size asked for, on the heap: ASan's redzone starts at the missing byte.

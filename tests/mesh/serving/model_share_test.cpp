@@ -5,7 +5,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +17,7 @@
 
 #include "inference/gguf/synth.hpp"
 #include "inference/model/model.hpp"
+#include "tests/support/child_process.hpp"
 
 namespace tessera::mesh::serving {
 namespace {
@@ -40,17 +40,6 @@ gguf::synth_config several_chunks() {
   c.type = inference::tensor_type::f32;
   c.seed = 9;
   return c;
-}
-
-// The whole file in one read (empty when it cannot be opened). A byte-at-a-time stream iterator
-// was 73% of the 77 MiB test's 97 s under TSan (test code is not optimised there).
-std::string bytes_of_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  std::string bytes(static_cast<std::size_t>(std::max<std::streamoff>(in.tellg(), 0)), '\0');
-  in.seekg(0);
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  bytes.resize(static_cast<std::size_t>(in.gcount()));
-  return bytes;
 }
 
 class ModelShare : public ::testing::Test {
@@ -198,7 +187,7 @@ TEST_F(ModelShare, FileRangesAreEverythingAShardReads) {
   }
   EXPECT_LT(covered, whole->file_size() * 3 / 4);
   // The sparse copy: zeros everywhere but the header and those ranges.
-  const std::string original = bytes_of_file(model_);
+  const std::string original = test::read_file(model_);
   std::string sparse(original.size(), '\0');
   std::memcpy(sparse.data(), original.data(), whole->data_offset());
   for (const auto& r : *ranges)
@@ -248,7 +237,7 @@ TEST_F(ModelShare, FetchesAShardOverABulkLinkThenTheRestForAReplica) {
     ASSERT_TRUE(f) << f.error().describe();
     auto ranges = mdl::model::file_ranges(*f, {shard});
     ASSERT_TRUE(ranges);
-    const auto a = bytes_of_file(model_), b = bytes_of_file(fetch_->path());
+    const auto a = test::read_file(model_), b = test::read_file(fetch_->path());
     ASSERT_EQ(a.size(), b.size());
     for (const auto& r : *ranges)
       EXPECT_EQ(a.compare(r.offset, r.size, b, r.offset, r.size), 0) << "range at " << r.offset;
@@ -261,7 +250,7 @@ TEST_F(ModelShare, FetchesAShardOverABulkLinkThenTheRestForAReplica) {
   EXPECT_TRUE(fetch_->ready_for(shard));
   EXPECT_EQ(p.bytes_total, size);
   EXPECT_EQ(p.fetched_bytes, size) << "chunks fetched twice (first fetch " << first << ")";
-  EXPECT_EQ(bytes_of_file(model_), bytes_of_file(fetch_->path()));
+  EXPECT_EQ(test::read_file(model_), test::read_file(fetch_->path()));
   ASSERT_TRUE(fetch_->complete());
   EXPECT_EQ(content_root(*fetch_->complete_table()), root());
   const auto c = servers_["holder-a"]->counters();
@@ -288,7 +277,7 @@ TEST_F(ModelShare, FetchesManyChunksOverShm) {
   auto p = wait(mdl::shard_spec::full());
   ASSERT_TRUE(fetch_->ready_for(mdl::shard_spec::full())) << p.error;
   EXPECT_EQ(p.fetched_bytes, fs::file_size(big));
-  EXPECT_EQ(bytes_of_file(big), bytes_of_file(fetch_->path()));
+  EXPECT_EQ(test::read_file(big), test::read_file(fetch_->path()));
 }
 
 // A holder whose file changed after it was hashed sends chunks that do not match the table: the
@@ -320,7 +309,7 @@ TEST_F(ModelShare, ChunksThatDoNotMatchAreRefusedAndTheNextHolderServes) {
   ASSERT_TRUE(fetch_->ready_for(mdl::shard_spec::full())) << p.error;
   EXPECT_EQ(p.from, "holder-good");
   EXPECT_EQ(p.attempts, 2u);
-  EXPECT_EQ(bytes_of_file(model_), bytes_of_file(fetch_->path()));
+  EXPECT_EQ(test::read_file(model_), test::read_file(fetch_->path()));
 }
 
 TEST_F(ModelShare, AHolderOfOtherContentOrNoneRefuses) {
