@@ -9,8 +9,14 @@ namespace tessera::inference {
 
 namespace {
 
-result<std::size_t> validate(const weight_view& w, const float* x, std::int64_t n_tokens,
-                             const float* y) {
+// A weight matrix's row in bytes, and the distance between rows (row_stride_bytes, or the row).
+struct row_layout {
+  std::size_t row;
+  std::size_t stride;
+};
+
+result<row_layout> validate(const weight_view& w, const float* x, std::int64_t n_tokens,
+                            const float* y) {
   if (!tensor_type_from_ggml(static_cast<std::uint32_t>(w.type))) {
     return make_error(errc::unsupported, "matmul: weight type id {} is not supported",
                       static_cast<std::uint32_t>(w.type));
@@ -38,7 +44,7 @@ result<std::size_t> validate(const weight_view& w, const float* x, std::int64_t 
   if (w.rows > 0 && n_tokens > 0 && (w.data == nullptr || x == nullptr || y == nullptr)) {
     return make_error(errc::invalid_argument, "matmul: null weight, input or output buffer");
   }
-  return stride;
+  return row_layout{*row, stride};
 }
 
 }  // namespace
@@ -50,16 +56,16 @@ std::size_t weight_bytes(const weight_view& w) noexcept {
 
 result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens, float* y,
                     thread_pool* pool) {
-  auto stride = validate(w, x, n_tokens, y);
-  if (!stride) return std::move(stride).error();
+  auto layout = validate(w, x, n_tokens, y);
+  if (!layout) return std::move(layout).error();
+  const std::size_t stride = layout->stride;
   if (w.rows == 0 || n_tokens == 0) return ok();
 
   // What the kernels (and the AVX2 quantizer) will touch; checked here in ASan builds, where
   // they are not instrumented.
   const auto x_row = static_cast<std::size_t>(w.cols) * sizeof(float);
   const auto y_row = static_cast<std::size_t>(w.rows) * sizeof(float);
-  detail::check_rows_addressable(w.data, w.rows, *stride, *row_bytes(w.type, w.cols),
-                                 "mat-mul weight rows");
+  detail::check_rows_addressable(w.data, w.rows, stride, layout->row, "mat-mul weight rows");
   detail::check_rows_addressable(x, n_tokens, x_row, x_row, "mat-mul input rows");
   detail::check_rows_addressable(y, n_tokens, y_row, y_row, "mat-mul outputs");
 
@@ -90,7 +96,7 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
     xq = buffer;
   }
 
-  const detail::gemm_args all{static_cast<const std::uint8_t*>(w.data), *stride, w.rows, w.cols,
+  const detail::gemm_args all{static_cast<const std::uint8_t*>(w.data), stride, w.rows, w.cols,
                               xq, x_stride, n_tokens, y, w.rows};
   if (n_threads == 1) {
     gemm(all);
@@ -104,7 +110,7 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
     const std::int64_t end = std::min(w.rows, begin + aligned);
     if (begin >= end) return;
     detail::gemm_args part = all;
-    part.w += static_cast<std::size_t>(begin) * *stride;
+    part.w += static_cast<std::size_t>(begin) * stride;
     part.rows = end - begin;
     part.y += begin;
     gemm(part);

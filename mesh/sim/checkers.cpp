@@ -113,8 +113,7 @@ void plan_checker::observe() {
   for (member_id id : world_.ids()) {
     const mesh_node* n = mesh_node_of(world_, id);
     if (!n) {
-      last_.erase(id);
-      hashed_.erase(id);
+      seen_.erase(id);
       continue;
     }
     if (n->plans_refused() != 0 && violations_.empty())
@@ -122,22 +121,22 @@ void plan_checker::observe() {
     const auto& p = n->plan();
     if (!p) continue;
     const auto e = std::make_pair(p->epoch.term, p->epoch.version);
-    auto& [hashed_plan, h] = hashed_[id];
-    if (hashed_plan != p) {
-      hashed_plan = p;
-      h = placement::plan_content_hash(*p);
+    node_seen& seen = seen_[id];
+    if (seen.hashed != p) {
+      seen.hashed = p;
+      seen.hash = placement::plan_content_hash(*p);
     }
-    auto [it, fresh] = contents_.emplace(e, h);
-    if (!fresh && it->second != h)
+    auto [it, fresh] = contents_.emplace(e, seen.hash);
+    if (!fresh && it->second != seen.hash)
       violations_.push_back(fmt::format("t={}: node {} holds plan {}.{} with other content than "
                                         "another node's plan of that epoch",
                                         world_.now_ms(), id, e.first, e.second));
-    auto l = last_.find(id);
-    if (l != last_.end() && l->second.first == n && e < l->second.second)
+    if (seen.node == n && e < seen.epoch)
       violations_.push_back(fmt::format("t={}: node {}'s plan went back from {}.{} to {}.{}",
-                                        world_.now_ms(), id, l->second.second.first,
-                                        l->second.second.second, e.first, e.second));
-    last_[id] = {n, e};
+                                        world_.now_ms(), id, seen.epoch.first, seen.epoch.second,
+                                        e.first, e.second));
+    seen.node = n;
+    seen.epoch = e;
   }
 }
 

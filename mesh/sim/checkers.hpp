@@ -62,12 +62,18 @@ class plan_checker {
  private:
   world& world_;
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> contents_;  // epoch -> hash
-  std::map<member_id, std::pair<const mesh_node*, std::pair<std::uint64_t, std::uint64_t>>> last_;
-  // Each node's plan as last hashed, and its hash. A plan is immutable (shared_ptr<const plan>) and
-  // held here, so the same pointer is the same content: hashing (msgpack of every model's groups)
-  // is then skipped. Without this, hashing every node's plan after every event was a fifth of the
-  // many-seed simulations' time.
-  std::map<member_id, std::pair<std::shared_ptr<const placement::plan>, std::uint64_t>> hashed_;
+  // What observe() last saw of a node that held a plan.
+  struct node_seen {
+    const mesh_node* node = nullptr;  // which incarnation: a restarted node may start over
+    std::pair<std::uint64_t, std::uint64_t> epoch{};
+    // The plan as last hashed, and its hash. A plan is immutable (shared_ptr<const plan>) and held
+    // here, so the same pointer is the same content: hashing (msgpack of every model's groups) is
+    // then skipped. Without this, hashing every node's plan after every event was a fifth of the
+    // many-seed simulations' time.
+    std::shared_ptr<const placement::plan> hashed;
+    std::uint64_t hash = 0;
+  };
+  std::map<member_id, node_seen> seen_;
   std::vector<std::string> violations_;
 };
 
