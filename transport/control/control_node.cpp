@@ -221,7 +221,7 @@ struct control_node::impl {
   result<void> open_sockets();
   std::unique_ptr<zmq::socket_t> open_monitor(zmq::socket_t& s);
   void connect_peer(const std::string& id, const std::string& ep);
-  void close_peer(peer_io& p);
+  void close_peer(const std::string& id, peer_io& p);
 
   // ---- loop (I/O thread) ----
   void run(std::promise<result<void>>& started);
@@ -233,11 +233,12 @@ struct control_node::impl {
   void release_delayed();
   void handle_fault_command(const frame_view& f);
   void flush_all();
-  void read_router();
+  bool read_router();
   void handle_inbound(zmq::message_t& rid, zmq::message_t& frame, bool extra_parts);
   void handle_frame(const frame_view& f);
   void read_zap();
   void read_monitor(zmq::socket_t& mon, bool inbound, const std::string& peer);
+  void drain_monitors();
   void tick(std::uint64_t now);
   void send_heartbeats();
   void apply(const std::string& id, const link_actions& a);
@@ -296,7 +297,7 @@ void control_node::impl::connect_peer(const std::string& id, const std::string& 
              .first;
   }
   peer_io& p = it->second;
-  close_peer(p);
+  close_peer(id, p);
   p.endpoint = ep;
   try {
     auto d = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
@@ -326,8 +327,11 @@ void control_node::impl::connect_peer(const std::string& id, const std::string& 
   }
 }
 
-void control_node::impl::close_peer(peer_io& p) {
+void control_node::impl::close_peer(const std::string& id, peer_io& p) {
   if (p.dealer) zmq_socket_monitor(p.dealer->handle(), nullptr, 0);
+  // Events queued before monitoring stopped are still counted (the monitor is read only with
+  // heartbeats, see loop()).
+  if (p.monitor) read_monitor(*p.monitor, false, id);
   p.monitor.reset();
   p.dealer.reset();
   p.want_pollout = false;
@@ -340,7 +344,7 @@ void control_node::impl::run(std::promise<result<void>>& started) {
   started.set_value(std::move(r));
   if (ok_start) loop();
   // Close every socket on the thread that used them, then the context.
-  for (auto& [id, p] : links) close_peer(p);
+  for (auto& [id, p] : links) close_peer(id, p);
   links.clear();
   if (router) zmq_socket_monitor(router->handle(), nullptr, 0);
   router_monitor.reset();
@@ -350,51 +354,68 @@ void control_node::impl::run(std::promise<result<void>>& started) {
 }
 
 void control_node::impl::loop() {
+  // A plain poll() over the sockets' ZMQ_FDs instead of zmq_poll(): zmq_poll() asks every
+  // libzmq socket in its set for ZMQ_EVENTS before it blocks and again after (each ask a poll()
+  // and a getpid() system call, libzmq's fork check). With the monitors and every idle DEALER in
+  // that set, a 64-byte round trip took 1.4-1.5x a raw libzmq ping-pong (target 1.3x), and the
+  // set grew with the number of peers; now 1.3x, of which 1.1x is our two connections per pair
+  // (bench/RESULTS.md, control plane).
+  //
+  // ZMQ_FD only signals that commands are waiting, not that messages are: it goes readable when
+  // a socket that found its pipes empty is told a pipe has something again. So a socket is read
+  // until it says EAGAIN (that recv processes the commands and leaves the pipes marked empty)
+  // before we block, and afterwards only when its FD goes readable. The ROUTER and the ZAP
+  // socket are only ever read here (replies to ZAP are sent before reading on to EAGAIN), so
+  // nothing else consumes their signals. DEALERs only send (the peer's ROUTER never answers on
+  // them): one is watched only while its queue waits for POLLOUT, asked for ZMQ_EVENTS before
+  // each block since our own sends on it (heartbeats) may have taken its signal. The monitors
+  // only count and log failed handshakes: drain_monitors() reads them with each heartbeat round.
   next_heartbeat_ms = now_ms();
-  std::vector<zmq_pollitem_t> items;
-  std::vector<std::pair<peer_io*, const std::string*>> owners;
+  const int router_fd = router->get(zmq::sockopt::fd);
+  const int zap_fd = zap ? zap->get(zmq::sockopt::fd) : -1;
+  bool router_ready = true;  // nothing read yet: read until EAGAIN first
+  bool zap_ready = zap != nullptr;
+  bool wake_ready = false;
+  std::vector<pollfd> fds;
   while (!stopping.load(std::memory_order_acquire)) {
-    items.clear();
-    owners.clear();
-    items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
-    items.push_back({router->handle(), 0, ZMQ_POLLIN, 0});
-    items.push_back({router_monitor->handle(), 0, ZMQ_POLLIN, 0});
-    if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
-    const std::size_t base = items.size();
+    if (router_ready) router_ready = !read_router();
+    if (zap_ready) {
+      read_zap();
+      zap_ready = false;
+    }
+    if (wake_ready) drain_wake();
+    if (!delayed.empty()) release_delayed();
+    tick(now_ms());
+
+    fds.clear();
+    fds.push_back({wake_fd, POLLIN, 0});
+    fds.push_back({router_fd, POLLIN, 0});
+    if (zap) fds.push_back({zap_fd, POLLIN, 0});
     std::uint64_t deadline = next_heartbeat_ms;
     for (auto& [id, p] : links) {
       deadline = std::min(deadline, p.link.next_deadline_ms());
-      if (!p.dealer) continue;
-      short ev = 0;
-      owners.push_back({&p, &id});
-      items.push_back({p.monitor->handle(), 0, ZMQ_POLLIN, 0});
-      if (p.want_pollout) ev = ZMQ_POLLOUT;
-      items.push_back({p.dealer->handle(), 0, ev, 0});
+      if (!p.dealer || !p.want_pollout) continue;
+      if ((p.dealer->get(zmq::sockopt::events) & ZMQ_POLLOUT) != 0) flush(id, p);
+      if (p.want_pollout) fds.push_back({p.dealer->get(zmq::sockopt::fd), POLLIN, 0});
     }
     const std::uint64_t now = now_ms();
-    long timeout = deadline > now ? static_cast<long>(deadline - now) : 0;
+    int timeout = deadline > now ? static_cast<int>(std::min<std::uint64_t>(deadline - now, 60000)) : 0;
     if (!delayed.empty()) {
       const std::int64_t wait_ns = delayed.begin()->first - now_ns();
-      timeout = std::min<long>(timeout, wait_ns <= 0 ? 0 : static_cast<long>(wait_ns / 1000000 + 1));
+      timeout = std::min(timeout, wait_ns <= 0 ? 0 : static_cast<int>(wait_ns / 1000000 + 1));
     }
-    int rc = zmq_poll(items.data(), static_cast<int>(items.size()), timeout);
+    if (router_ready) timeout = 0;  // a batch's worth was read, more may wait
+    const int rc = ::poll(fds.data(), fds.size(), timeout);
     if (rc < 0) {
-      if (zmq_errno() == EINTR) continue;
-      spdlog::error("control {}: zmq_poll: {}", cfg.node_id, zmq_strerror(zmq_errno()));
+      if (errno == EINTR) continue;
+      spdlog::error("control {}: poll: {}", cfg.node_id, std::strerror(errno));
       break;
     }
-    // Peers first: a command below may remove a peer whose poll item is in this round.
-    for (std::size_t i = 0; i < owners.size(); ++i) {
-      auto [p, id] = owners[i];
-      if (items[base + 2 * i].revents & ZMQ_POLLIN) read_monitor(*p->monitor, false, *id);
-      if (items[base + 2 * i + 1].revents & ZMQ_POLLOUT) flush(*id, *p);
-    }
-    if (items[1].revents & ZMQ_POLLIN) read_router();
-    if (items[2].revents & ZMQ_POLLIN) read_monitor(*router_monitor, true, {});
-    if (zap && (items[3].revents & ZMQ_POLLIN)) read_zap();
-    if (items[0].revents & ZMQ_POLLIN) drain_wake();
-    if (!delayed.empty()) release_delayed();
-    tick(now_ms());
+    wake_ready = (fds[0].revents & POLLIN) != 0;
+    router_ready = router_ready || fds[1].revents != 0;
+    if (zap) zap_ready = fds[2].revents != 0;
+    // A DEALER's FD that went readable needs nothing here: its ZMQ_EVENTS are asked before the
+    // next block (by then a command may have removed that peer).
   }
 }
 
@@ -417,7 +438,7 @@ void control_node::impl::run_commands() {
     if (c.kind == command::add) {
       connect_peer(c.peer, c.endpoint);
     } else if (auto it = links.find(c.peer); it != links.end()) {
-      close_peer(it->second);
+      close_peer(c.peer, it->second);
       links.erase(it);
     }
   }
@@ -529,12 +550,13 @@ void control_node::impl::flush_all() {
   for (auto& [id, p] : links) flush(id, p);
 }
 
-void control_node::impl::read_router() {
+// Reads up to kRecvBatch messages; true when the ROUTER said EAGAIN (all read, see loop()).
+bool control_node::impl::read_router() {
   for (int i = 0; i < kRecvBatch; ++i) {
     zmq::message_t rid;
     zmq::message_t frame;
     try {
-      if (!router->recv(rid, zmq::recv_flags::dontwait)) return;
+      if (!router->recv(rid, zmq::recv_flags::dontwait)) return true;
       if (!rid.more()) {
         // A ROUTER always prepends the routing id: a one-part message cannot happen, but if it
         // does it is a frame without a routing id.
@@ -552,9 +574,10 @@ void control_node::impl::read_router() {
       handle_inbound(rid, frame, extra);
     } catch (const zmq::error_t& e) {
       spdlog::error("control {}: receive: {}", cfg.node_id, e.what());
-      return;
+      return true;
     }
   }
+  return false;
 }
 
 void control_node::impl::reject(reject_reason why, const std::string& detail,
@@ -754,6 +777,17 @@ void control_node::impl::read_monitor(zmq::socket_t& mon, bool inbound, const st
   }
 }
 
+// Counts and logs the failed handshakes the monitors saw since the last heartbeat round. A
+// monitor's pipe holds about a thousand events (libzmq's default high-water marks; libzmq drops
+// what does not fit), so a flood of more failed handshakes than that within one heartbeat
+// interval is undercounted; nothing acts on these counters but status and logs.
+void control_node::impl::drain_monitors() {
+  if (router_monitor) read_monitor(*router_monitor, true, {});
+  for (auto& [id, p] : links) {
+    if (p.monitor) read_monitor(*p.monitor, false, id);
+  }
+}
+
 void control_node::impl::emit(peer_event_kind kind, const std::string& peer, std::string reason) {
   if (kind == peer_event_kind::up) bump(ctr.peer_up_events);
   if (kind == peer_event_kind::down) bump(ctr.peer_down_events);
@@ -795,6 +829,7 @@ void control_node::impl::apply(const std::string& id, const link_actions& a) {
 void control_node::impl::tick(std::uint64_t now) {
   if (now >= next_heartbeat_ms) {
     send_heartbeats();
+    drain_monitors();
     next_heartbeat_ms = now + cfg.timing.heartbeat_interval_ms;
   }
   for (auto& [id, p] : links) {
@@ -994,6 +1029,17 @@ result<void> control_node::send(std::string_view peer, std::uint16_t type,
                         s.cfg.send_queue_capacity);
     }
     patch_seq(*frame, q.next_seq++);
+    if (on_io_thread && q.frames.empty() && !s.cfg.faults.decide) {
+      // From a handler with nothing queued ahead: straight to the socket, as flush() would do
+      // next (the links are the I/O thread's, and this is it). Only a refusal is queued.
+      auto link = s.links.find(peer);
+      if (link != s.links.end() && link->second.dealer &&
+          zmq_send(link->second.dealer->handle(), frame->data(), frame->size(), ZMQ_DONTWAIT) >= 0) {
+        bump(s.ctr.frames_sent);
+        bump(s.ctr.bytes_sent, frame->size());
+        return ok();
+      }
+    }
     q.frames.push_back(std::move(*frame));
   }
   if (on_io_thread) {
