@@ -108,7 +108,8 @@ void patch_seq(std::string& frame, std::uint64_t seq);
 
 /// Decodes and validates one frame (header, bounds, msgpack body). On success fills `out` and
 /// returns reject_reason::none; otherwise returns why and, when `detail` is given, a message for
-/// the log. Never reads outside `bytes`; never allocates except for `detail`.
+/// the log. Never reads outside `bytes`; never allocates except for `detail` (and, for a body
+/// nested deeper than 64 levels where the limits allow that, the body check's stack).
 [[nodiscard]] reject_reason decode_frame(std::span<const std::byte> bytes,
                                          const frame_limits& limits, frame_view& out,
                                          std::string* detail = nullptr);
@@ -117,7 +118,8 @@ void patch_seq(std::string& frame, std::uint64_t seq);
 [[nodiscard]] result<frame_view> parse_frame(std::span<const std::byte> bytes,
                                              const frame_limits& limits = {});
 
-/// Checks that `body` is exactly one msgpack object within the depth/element limits.
+/// Checks that `body` is exactly one msgpack object within the depth/element limits (a walk by
+/// the msgpack spec that builds nothing; it agrees with msgpack-c's parser, see frame_test).
 [[nodiscard]] bool is_valid_msgpack_body(std::span<const std::byte> body,
                                          const frame_limits& limits) noexcept;
 

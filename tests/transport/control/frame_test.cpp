@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <msgpack.hpp>
+
+#include "tests/transport/control/msgpack_reference.hpp"
 
 namespace tessera::transport::control {
 namespace {
@@ -140,6 +144,94 @@ TEST(frame_test, bodies_that_are_not_one_bounded_msgpack_object_are_rejected) {
   EXPECT_EQ(decode(encode(header(), deep), limits), reject_reason::none);
   // Empty body.
   EXPECT_EQ(decode(encode(header(), "")), reject_reason::bad_body);
+}
+
+// A random msgpack object of every type the format has, nested up to `depth`.
+void pack_random(msgpack::packer<msgpack::sbuffer>& pk, std::mt19937_64& rng, int depth) {
+  const auto pick = rng() % (depth > 0 ? 16 : 13);
+  const auto small = static_cast<std::uint32_t>(rng() % 4);
+  std::string bytes(rng() % 3 == 0 ? 300 : rng() % 40, 'b');
+  switch (pick) {
+    case 0: pk.pack_nil(); break;
+    case 1: pk.pack(rng() % 2 == 0); break;
+    case 2: pk.pack(static_cast<std::int64_t>(rng()) >> (rng() % 64)); break;
+    case 3: pk.pack(static_cast<std::uint64_t>(rng()) >> (rng() % 64)); break;
+    case 4: pk.pack(1.5f); break;
+    case 5: pk.pack(2.25); break;
+    case 6: pk.pack(bytes); break;
+    case 7: pk.pack_bin(static_cast<std::uint32_t>(bytes.size())); pk.pack_bin_body(bytes.data(), static_cast<std::uint32_t>(bytes.size())); break;
+    case 8: pk.pack_ext(static_cast<std::uint32_t>(bytes.size()), 7); pk.pack_ext_body(bytes.data(), static_cast<std::uint32_t>(bytes.size())); break;
+    case 9: {  // fixext 1..16
+      const std::uint32_t n = 1u << (rng() % 5);
+      const std::string e(n, 'e');
+      pk.pack_ext(n, -3);
+      pk.pack_ext_body(e.data(), n);
+      break;
+    }
+    case 10: pk.pack(std::string(70000, 's')); break;
+    case 11: pk.pack(static_cast<std::int8_t>(-5)); break;
+    case 12: pk.pack(static_cast<std::uint16_t>(60000)); break;
+    case 13:
+      pk.pack_array(small);
+      for (std::uint32_t i = 0; i < small; ++i) pack_random(pk, rng, depth - 1);
+      break;
+    case 14:
+      pk.pack_map(small);
+      for (std::uint32_t i = 0; i < 2 * small; ++i) pack_random(pk, rng, depth - 1);
+      break;
+    default: {
+      const std::uint32_t n = 16 + static_cast<std::uint32_t>(rng() % 8);  // array16 / map16
+      pk.pack_array(n);
+      for (std::uint32_t i = 0; i < n; ++i) pk.pack(i);
+    }
+  }
+}
+
+TEST(frame_test, body_check_agrees_with_msgpack_c_on_generated_and_damaged_bodies) {
+  // The body check is hand-written (frame.cpp); msgpack-c's parser with a counting visitor is
+  // the reference. Valid bodies, then each cut short, extended and with bytes flipped, under
+  // tight and default limits.
+  std::mt19937_64 rng(20261128);
+  frame_limits tight;
+  tight.max_body_depth = 3;
+  tight.max_body_elements = 40;
+  std::size_t accepted = 0;
+  std::size_t refused = 0;
+  auto check = [&](const std::string& body) {
+    const auto bytes = as_bytes(body);
+    for (const frame_limits& l : {frame_limits{}, tight}) {
+      const bool ours = is_valid_msgpack_body(bytes, l);
+      ASSERT_EQ(ours, testing::reference_is_valid_body(bytes, l))
+          << "body of " << body.size() << " bytes, first byte 0x" << std::hex
+          << (body.empty() ? 0 : static_cast<int>(static_cast<unsigned char>(body[0])));
+      (ours ? accepted : refused) += 1;
+    }
+  };
+  for (int i = 0; i < 3000; ++i) {
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer> pk(buf);
+    pack_random(pk, rng, static_cast<int>(rng() % 6));
+    const std::string body(buf.data(), buf.size());
+    check(body);
+    check(body.substr(0, rng() % body.size()));
+    check(body + std::string(1, static_cast<char>(rng())));
+    std::string flipped = body;
+    for (int k = 0; k < 3; ++k) flipped[rng() % flipped.size()] = static_cast<char>(rng());
+    check(flipped);
+    std::string noise(1 + rng() % 24, '\0');
+    for (auto& c : noise) c = static_cast<char>(rng());
+    check(noise);
+  }
+  // Deeper than the walker keeps inline (64 levels), within a limit that allows it.
+  frame_limits deep_ok;
+  deep_ok.max_body_depth = 200;
+  const std::string deep = std::string(150, '\x91') + "\xc0";
+  EXPECT_TRUE(is_valid_msgpack_body(as_bytes(deep), deep_ok));
+  EXPECT_TRUE(testing::reference_is_valid_body(as_bytes(deep), deep_ok));
+  EXPECT_FALSE(is_valid_msgpack_body(as_bytes(deep), frame_limits{}));
+  // Both outcomes were exercised often.
+  EXPECT_GT(accepted, 3000u);
+  EXPECT_GT(refused, 3000u);
 }
 
 TEST(frame_test, round_trip_keeps_every_field) {
