@@ -7,7 +7,9 @@
 // The echo side runs in a child process (this binary re-executed with --serve MODE). Node round
 // trips are measured the way protocol code sees them: the next ping is sent from the inbound
 // callback on the node's I/O thread ("callback"), and, for reference, from an application thread
-// that waits for each pong ("app thread").
+// that waits for each pong ("app thread"). "raw pair" is the raw ping-pong over the nodes' socket
+// pattern, one DEALER->ROUTER connection per direction (control_node.hpp), so that node/raw
+// splits into what that pattern costs (raw pair/raw) and what the node adds on it.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -103,6 +105,27 @@ int serve_raw(bool curve) {
   }
 }
 
+// The raw ping-pong over two connections: pings arrive on our ROUTER, pongs leave on a DEALER
+// connected to the parent's ROUTER at `back`.
+int serve_raw_pair(const std::string& back) {
+  zmq::context_t ctx;
+  zmq::socket_t in(ctx, zmq::socket_type::router);
+  in.set(zmq::sockopt::linger, 0);
+  in.bind("tcp://127.0.0.1:*");
+  zmq::socket_t out(ctx, zmq::socket_type::dealer);
+  out.set(zmq::sockopt::linger, 0);
+  out.set(zmq::sockopt::routing_id, "echo");
+  out.connect(back);
+  std::printf("%s\n", in.get(zmq::sockopt::last_endpoint).c_str());
+  std::fflush(stdout);
+  for (;;) {
+    zmq::message_t id, m;
+    if (!in.recv(id) || !in.recv(m)) return 1;
+    if (static_cast<const char*>(m.data())[0] == 'Q') return 0;
+    out.send(m, zmq::send_flags::none);
+  }
+}
+
 int serve_node(bool curve) {
   control_node* self = nullptr;
   std::int64_t counted = 0;
@@ -139,7 +162,7 @@ struct child {
   std::string endpoint;
 };
 
-child spawn(const char* mode) {
+child spawn(const char* mode, const std::string& arg = {}) {
   int out[2];
   if (::pipe(out) != 0) std::abort();
   child c;
@@ -147,7 +170,8 @@ child spawn(const char* mode) {
   if (c.pid == 0) {
     ::dup2(out[1], 1);
     ::close(out[0]);
-    ::execl("/proc/self/exe", "tessera_control_bench", "--serve", mode, nullptr);
+    ::execl("/proc/self/exe", "tessera_control_bench", "--serve", mode,
+            arg.empty() ? nullptr : arg.c_str(), nullptr);
     ::_exit(127);
   }
   ::close(out[1]);
@@ -208,6 +232,39 @@ class raw_client {
   zmq::socket_t s_;
 };
 
+// The parent's half of "raw pair": pings leave on a DEALER, pongs come back to our ROUTER.
+class raw_pair_client {
+ public:
+  raw_pair_client() : in_(ctx_, zmq::socket_type::router), out_(ctx_, zmq::socket_type::dealer) {
+    in_.set(zmq::sockopt::linger, 0);
+    in_.bind("tcp://127.0.0.1:*");
+    out_.set(zmq::sockopt::linger, 0);
+    out_.set(zmq::sockopt::routing_id, "pinger");
+  }
+  std::string endpoint() { return in_.get(zmq::sockopt::last_endpoint); }
+  void connect(const std::string& ep) {
+    out_.connect(ep);
+    round_trips(100);
+  }
+  double round_trips(int n) {  // µs per round trip
+    std::string msg(kPayload, 'P');
+    auto t0 = clk::now();
+    for (int i = 0; i < n; ++i) {
+      out_.send(zmq::buffer(msg), zmq::send_flags::none);
+      zmq::message_t id, m;
+      (void)in_.recv(id);
+      (void)in_.recv(m);
+    }
+    return std::chrono::duration<double, std::micro>(clk::now() - t0).count() / n;
+  }
+  void quit() { out_.send(zmq::str_buffer("Q"), zmq::send_flags::none); }
+
+ private:
+  zmq::context_t ctx_;
+  zmq::socket_t in_;
+  zmq::socket_t out_;
+};
+
 class node_client {
  public:
   node_client(const std::string& ep, bool curve) {
@@ -232,7 +289,7 @@ class node_client {
       done_ = &done;
     }
     auto t0 = clk::now();
-    send_ping(0);
+    send_ping();
     fut.wait();
     return std::chrono::duration<double, std::micro>(clk::now() - t0).count() / n;
   }
@@ -246,7 +303,7 @@ class node_client {
       std::unique_lock lock(mu_);
       pongs_ = 0;
       lock.unlock();
-      send_ping(i);
+      send_ping();
       lock.lock();
       cv_.wait(lock, [&] { return pongs_ > 0; });
     }
@@ -274,13 +331,15 @@ class node_client {
     // A full queue is the designed backpressure: yield and retry.
     while (!node_->send("echo", type, as_bytes(body))) std::this_thread::yield();
   }
-  void send_ping(std::int64_t i) { send_retrying(kPing, body_of(i)); }
+  // The same 64-byte body every time, as the raw client sends one buffer: what is timed is the
+  // transport, not building a message (body_of() allocates three times).
+  void send_ping() { send_retrying(kPing, ping_body_); }
   void on_pong(inbound_message&& m) {
     std::unique_lock lock(mu_);
     if (chain_) {
       if (--remaining_ > 0) {
         lock.unlock();
-        send_ping(remaining_);
+        send_ping();
       } else {
         done_->set_value();
       }
@@ -291,6 +350,7 @@ class node_client {
     cv_.notify_one();
   }
 
+  const std::string ping_body_ = body_of(0);
   std::unique_ptr<control_node> node_;
   std::promise<void> up_;
   std::mutex mu_;
@@ -306,7 +366,7 @@ class node_client {
 
 int main(int argc, char** argv) {
   int reps = 7, rt = 2000, msgs = 200000;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i + 1 < argc; i += 2) {  // (--serve MODE [ARG] ends the loop)
     std::string a = argv[i];
     if (a == "--serve") {
       // Logs to stderr: stdout is a pipe the parent closes after reading the endpoint.
@@ -316,6 +376,7 @@ int main(int argc, char** argv) {
       if (m == "raw-curve") return serve_raw(true);
       if (m == "node") return serve_node(false);
       if (m == "node-curve") return serve_node(true);
+      if (m == "raw-pair" && i + 2 < argc) return serve_raw_pair(argv[i + 2]);
       return 2;
     }
     if (a == "--reps") reps = std::atoi(argv[i + 1]);
@@ -326,11 +387,15 @@ int main(int argc, char** argv) {
   auto c_raw = spawn("raw"), c_raw_curve = spawn("raw-curve"), c_node = spawn("node"),
        c_node_curve = spawn("node-curve");
   raw_client raw(c_raw.endpoint, false), raw_curve(c_raw_curve.endpoint, true);
+  raw_pair_client raw_pair;
+  auto c_raw_pair = spawn("raw-pair", raw_pair.endpoint());
+  raw_pair.connect(c_raw_pair.endpoint);
   node_client node(c_node.endpoint, false), node_curve(c_node_curve.endpoint, true);
 
   std::map<std::string, std::vector<double>> r;
   for (int rep = 0; rep < reps; ++rep) {
     r["rt raw"].push_back(raw.round_trips(rt));
+    r["rt raw pair"].push_back(raw_pair.round_trips(rt));
     r["rt node"].push_back(node.round_trips_callback(rt));
     r["rt raw curve"].push_back(raw_curve.round_trips(rt));
     r["rt node curve"].push_back(node_curve.round_trips_callback(rt));
@@ -344,8 +409,8 @@ int main(int argc, char** argv) {
   std::printf("control plane, tcp loopback, 2 processes, %d reps x %d round trips, %d B payload\n",
               reps, rt, static_cast<int>(kPayload));
   std::printf("%-28s %12s %12s\n", "round trip", "median us", "best us");
-  for (const char* k : {"rt raw", "rt node", "rt raw curve", "rt node curve", "rt node app-thread",
-                        "rt node curve app-thread"}) {
+  for (const char* k : {"rt raw", "rt raw pair", "rt node", "rt raw curve", "rt node curve",
+                        "rt node app-thread", "rt node curve app-thread"}) {
     std::printf("%-28s %12.1f %12.1f\n", k, median(r[k]), *std::min_element(r[k].begin(), r[k].end()));
   }
   std::printf("ratio node/raw (median of per-rep ratios): plain %.2fx, curve %.2fx\n",
@@ -359,6 +424,17 @@ int main(int argc, char** argv) {
                 for (int i = 0; i < reps; ++i) v.push_back(r["rt node curve"][i] / r["rt raw curve"][i]);
                 return median(v);
               }());
+  std::printf("raw pair/raw %.2fx, node/raw pair %.2fx (medians of per-rep ratios)\n",
+              [&] {
+                std::vector<double> v;
+                for (int i = 0; i < reps; ++i) v.push_back(r["rt raw pair"][i] / r["rt raw"][i]);
+                return median(v);
+              }(),
+              [&] {
+                std::vector<double> v;
+                for (int i = 0; i < reps; ++i) v.push_back(r["rt node"][i] / r["rt raw pair"][i]);
+                return median(v);
+              }());
   std::printf("%-28s %12s %12s   (%d messages one way, then one reply)\n", "throughput",
               "median msg/s", "best msg/s", msgs);
   for (const char* k : {"tput raw", "tput node", "tput raw curve", "tput node curve"}) {
@@ -370,9 +446,12 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(s.frames_received),
               static_cast<unsigned long long>(s.send_queue_full));
   raw.quit();
+  raw_pair.quit();
   raw_curve.quit();
   node.quit();
   node_curve.quit();
-  for (pid_t p : {c_raw.pid, c_raw_curve.pid, c_node.pid, c_node_curve.pid}) ::waitpid(p, nullptr, 0);
+  for (pid_t p : {c_raw.pid, c_raw_pair.pid, c_raw_curve.pid, c_node.pid, c_node_curve.pid}) {
+    ::waitpid(p, nullptr, 0);
+  }
   return 0;
 }
