@@ -43,6 +43,15 @@ std::uint64_t now_ms() {
                                         .count());
 }
 
+// Whether a socket has a message now (ZMQ_EVENTS; it also takes the socket's pending commands).
+bool has_input(zmq::socket_t& s) {
+  try {
+    return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  } catch (const zmq::error_t&) {
+    return false;
+  }
+}
+
 bool is_valid_endpoint(std::string_view ep) {
   if (ep.empty() || ep.size() > kMaxEndpointLen) return false;
   return ep.starts_with("tcp://") || ep.starts_with("ipc://") || ep.starts_with("inproc://");
@@ -381,7 +390,9 @@ void control_node::impl::loop() {
     if (router_ready) router_ready = !read_router();
     if (zap_ready) {
       read_zap();
-      zap_ready = false;
+      // It reads to EAGAIN unless a socket error stopped it: then ask, so that a request left
+      // behind is not waited on until the next handshake signals (ZAP traffic is rare).
+      zap_ready = has_input(*zap);
     }
     if (wake_ready) drain_wake();
     if (!delayed.empty()) release_delayed();
@@ -574,7 +585,7 @@ bool control_node::impl::read_router() {
       handle_inbound(rid, frame, extra);
     } catch (const zmq::error_t& e) {
       spdlog::error("control {}: receive: {}", cfg.node_id, e.what());
-      return true;
+      return !has_input(*router);  // stopped before EAGAIN: whether to read on, ask
     }
   }
   return false;
