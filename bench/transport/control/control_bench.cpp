@@ -413,28 +413,16 @@ int main(int argc, char** argv) {
                         "rt node app-thread", "rt node curve app-thread"}) {
     std::printf("%-28s %12.1f %12.1f\n", k, median(r[k]), *std::min_element(r[k].begin(), r[k].end()));
   }
+  // Median over repetitions of a's time / b's time in the same repetition.
+  auto ratio = [&](const char* a, const char* b) {
+    std::vector<double> v;
+    for (int i = 0; i < reps; ++i) v.push_back(r[a][i] / r[b][i]);
+    return median(v);
+  };
   std::printf("ratio node/raw (median of per-rep ratios): plain %.2fx, curve %.2fx\n",
-              [&] {
-                std::vector<double> v;
-                for (int i = 0; i < reps; ++i) v.push_back(r["rt node"][i] / r["rt raw"][i]);
-                return median(v);
-              }(),
-              [&] {
-                std::vector<double> v;
-                for (int i = 0; i < reps; ++i) v.push_back(r["rt node curve"][i] / r["rt raw curve"][i]);
-                return median(v);
-              }());
+              ratio("rt node", "rt raw"), ratio("rt node curve", "rt raw curve"));
   std::printf("raw pair/raw %.2fx, node/raw pair %.2fx (medians of per-rep ratios)\n",
-              [&] {
-                std::vector<double> v;
-                for (int i = 0; i < reps; ++i) v.push_back(r["rt raw pair"][i] / r["rt raw"][i]);
-                return median(v);
-              }(),
-              [&] {
-                std::vector<double> v;
-                for (int i = 0; i < reps; ++i) v.push_back(r["rt node"][i] / r["rt raw pair"][i]);
-                return median(v);
-              }());
+              ratio("rt raw pair", "rt raw"), ratio("rt node", "rt raw pair"));
   std::printf("%-28s %12s %12s   (%d messages one way, then one reply)\n", "throughput",
               "median msg/s", "best msg/s", msgs);
   for (const char* k : {"tput raw", "tput node", "tput raw curve", "tput node curve"}) {
