@@ -239,6 +239,7 @@ struct control_node::impl {
   void run_commands();
   void flush(const std::string& id, peer_io& p);
   bool put_on_wire(const std::string& id, peer_io& p, const std::string& frame);
+  bool write_frame(peer_io& p, const std::string& frame);
   void release_delayed();
   void handle_fault_command(const frame_view& f);
   void flush_all();
@@ -474,16 +475,24 @@ void control_node::impl::flush(const std::string& id, peer_io& p) {
       (void)put_on_wire(id, p, f);
       continue;
     }
-    const std::string& f = q.front();
     // zmq_send copies the bytes; with DONTWAIT it never blocks, so holding `mu` is brief.
-    if (zmq_send(p.dealer->handle(), f.data(), f.size(), ZMQ_DONTWAIT) < 0) {
+    if (!write_frame(p, q.front())) {
       p.want_pollout = true;  // no completed connection yet, or the HWM: retry on POLLOUT
       break;
     }
-    bump(ctr.frames_sent);
-    bump(ctr.bytes_sent, f.size());
     q.pop_front();
   }
+}
+
+// Hands one frame to the peer's DEALER without blocking and counts it; false when there is no
+// socket or it refused (no completed connection yet, or the high-water mark).
+bool control_node::impl::write_frame(peer_io& p, const std::string& frame) {
+  if (!p.dealer || zmq_send(p.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) < 0) {
+    return false;
+  }
+  bump(ctr.frames_sent);
+  bump(ctr.bytes_sent, frame.size());
+  return true;
 }
 
 // Passes one frame through the fault hook: copies due now go to the socket, later ones wait in
@@ -509,9 +518,7 @@ bool control_node::impl::put_on_wire(const std::string& id, peer_io& p, const st
       delayed.emplace(due[i], std::make_pair(id, frame));
       continue;
     }
-    if (p.dealer && zmq_send(p.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
-      bump(ctr.frames_sent);
-      bump(ctr.bytes_sent, frame.size());
+    if (write_frame(p, frame)) {
       wrote = true;
     } else {
       bump(ctr.fault_dropped);  // judged already: a copy the socket refused is not retried
@@ -527,13 +534,7 @@ void control_node::impl::release_delayed() {
     auto& [peer, frame] = node.mapped();
     auto it = links.find(peer);
     // A held-back frame is "in the network": if the socket cannot take it now, it is lost.
-    if (it != links.end() && it->second.dealer &&
-        zmq_send(it->second.dealer->handle(), frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
-      bump(ctr.frames_sent);
-      bump(ctr.bytes_sent, frame.size());
-    } else {
-      bump(ctr.fault_dropped);
-    }
+    if (it == links.end() || !write_frame(it->second, frame)) bump(ctr.fault_dropped);
   }
 }
 
@@ -868,11 +869,7 @@ void control_node::impl::send_heartbeats() {
       if (put_on_wire(id, p, *frame)) bump(ctr.heartbeats_sent);
       continue;
     }
-    if (zmq_send(p.dealer->handle(), frame->data(), frame->size(), ZMQ_DONTWAIT) >= 0) {
-      bump(ctr.heartbeats_sent);
-      bump(ctr.frames_sent);
-      bump(ctr.bytes_sent, frame->size());
-    }
+    if (write_frame(p, *frame)) bump(ctr.heartbeats_sent);
   }
 }
 
@@ -1044,12 +1041,7 @@ result<void> control_node::send(std::string_view peer, std::uint16_t type,
       // From a handler with nothing queued ahead: straight to the socket, as flush() would do
       // next (the links are the I/O thread's, and this is it). Only a refusal is queued.
       auto link = s.links.find(peer);
-      if (link != s.links.end() && link->second.dealer &&
-          zmq_send(link->second.dealer->handle(), frame->data(), frame->size(), ZMQ_DONTWAIT) >= 0) {
-        bump(s.ctr.frames_sent);
-        bump(s.ctr.bytes_sent, frame->size());
-        return ok();
-      }
+      if (link != s.links.end() && s.write_frame(link->second, *frame)) return ok();
     }
     q.frames.push_back(std::move(*frame));
   }
