@@ -50,7 +50,7 @@ class pending_stack {
 
  private:
   static constexpr std::uint32_t kInline = 64;
-  std::array<std::uint64_t, kInline> inline_{};
+  std::array<std::uint64_t, kInline> inline_;  // read only where push() wrote: no fill per call
   std::vector<std::uint64_t> deep_;
   std::uint32_t size_ = 0;
 };
