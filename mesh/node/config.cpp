@@ -33,6 +33,18 @@ result<void> check_ipv4(std::string_view text) {
   return ok();
 }
 
+/// Empty (choose), a numeric IPv4 address, or a host name (resolved once when the node starts).
+result<void> check_advertise(std::string_view text) {
+  if (text.empty() || check_ipv4(text)) return ok();
+  if (text.size() > 253 ||
+      text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                             "0123456789.-") != std::string_view::npos) {
+    return make_error(errc::invalid_argument, "'{}' is neither an IPv4 address nor a host name",
+                      text);
+  }
+  return ok();
+}
+
 result<void> check_ifname(std::string_view text) {
   if (text.size() >= IFNAMSIZ) {
     return make_error(errc::invalid_argument, "'{}' is longer than an interface name ({} chars)",
@@ -74,6 +86,10 @@ const std::vector<key_spec> key_table = {
     {.key = "listen.address", .flag = "--listen", .help = "address to bind (IPv4)",
      .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.listen.address; },
      .check = check_ipv4},
+    {.key = "listen.advertise", .flag = "--advertise",
+     .help = "address peers reach this node at (IPv4 or a name; default: chosen, see status)",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.listen.advertise; },
+     .check = check_advertise},
     {.key = "listen.control_port", .flag = "--control-port", .help = "control plane port",
      .kind = value_kind::port,
      .port = [](node_config& c) -> auto& { return c.listen.control_port; }},
@@ -160,6 +176,11 @@ const std::vector<key_spec> key_table = {
      .help = "most tensor-parallel ranks per pipeline stage; 1 = pipeline only (cluster-wide)",
      .kind = value_kind::count, .count = [](node_config& c) -> auto& { return c.max_tp_ranks; },
      .min = 1, .max = 8},
+    {.key = "tp_max_rtt_us", .flag = "--tp-max-rtt-us",
+     .help = "links with a round trip up to this (us) may carry tensor parallelism; shm and rdma "
+             "always may (cluster-wide)",
+     .kind = value_kind::count, .count = [](node_config& c) -> auto& { return c.tp_max_rtt_us; },
+     .max = 10'000'000},
     {.key = "fetch_models", .flag = "--fetch-models",
      .help = "serve models this peer has no file of: fetch its shard's bytes from peers that do",
      .kind = value_kind::boolean, .boolean = [](node_config& c) -> auto& { return c.fetch_models; }},

@@ -25,6 +25,9 @@ namespace tessera::mesh {
 
 struct listen_config {
   std::string address = "0.0.0.0";
+  /// The address peers reach this node at (control, bulk, client endpoints). Empty: chosen at
+  /// start (mesh/node/advertise.hpp says how); `tessera status` shows the choice.
+  std::string advertise;
   std::uint16_t control_port = 7400;          ///< ZeroMQ ROUTER (0 = any free port)
   std::uint16_t bulk_port = 7401;             ///< bulk plane (tcp fallback / RDMA CM)
   std::uint16_t client_request_port = 7402;   ///< clients publish requests here
@@ -79,6 +82,9 @@ struct node_config {
   /// Most tensor-parallel ranks in one pipeline stage of a plan (1 = pipeline parallelism only).
   /// A cluster setting: every peer that may lead must use the same value.
   std::uint32_t max_tp_ranks = 8;
+  /// A tcp link whose measured round trip is at most this may carry tensor parallelism (an
+  /// all-reduce per layer); shm and rdma links always may. Raise it on a fast LAN. Cluster-wide.
+  std::uint32_t tp_max_rtt_us = 100;
   /// Model distribution: this peer may be planned for models it has no file of, and then fetches
   /// the bytes of its shard from peers that hold the file (kept under <data_dir>/models).
   bool fetch_models = false;

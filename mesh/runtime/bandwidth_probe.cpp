@@ -28,9 +28,9 @@ std::vector<std::uint8_t> to_u8(const std::vector<std::byte>& b) {
   return out;
 }
 
-bulk::link_options probe_options(const std::string& bind_address) {
+bulk::link_options probe_options(const bulk::link_addresses& addresses) {
   bulk::link_options o;
-  o.bind_address = bind_address == "0.0.0.0" ? std::string() : bind_address;
+  addresses.apply_to(o);
   o.connect_timeout_ms = kProbeTimeout;
   o.peer_timeout_ms = kProbeTimeout;
   return o;
@@ -63,9 +63,9 @@ result<void> wait_for(bulk::link& l, bulk::completion_kind kind, std::uint32_t w
 
 }  // namespace
 
-bandwidth_prober::bandwidth_prober(std::string bind_address, sender send, std::uint16_t offer_type,
-                                   std::uint16_t answer_type)
-    : bind_address_(std::move(bind_address)),
+bandwidth_prober::bandwidth_prober(bulk::link_addresses addresses, sender send,
+                                   std::uint16_t offer_type, std::uint16_t answer_type)
+    : addresses_(std::move(addresses)),
       send_(std::move(send)),
       offer_type_(offer_type),
       answer_type_(answer_type) {}
@@ -166,7 +166,7 @@ void bandwidth_prober::initiate(member_id peer, std::string hex, bulk::backend_k
     r.error = e.describe();
     finish(r);
   };
-  auto setup = bulk::prepare_link(backend, probe_options(bind_address_));
+  auto setup = bulk::prepare_link(backend, probe_options(addresses_));
   if (!setup) return fail(setup.error());
   send_(hex, offer_type_,
         pack_setup({id, static_cast<std::uint8_t>(backend),
@@ -235,7 +235,7 @@ void bandwidth_prober::respond(member_id peer, std::string hex, bulk_setup_messa
     spdlog::debug("bandwidth probe from {:016x}: {}", peer, e.describe());
   };
   const auto backend = static_cast<bulk::backend_kind>(offer.backend);
-  auto setup = bulk::prepare_link(backend, probe_options(bind_address_));
+  auto setup = bulk::prepare_link(backend, probe_options(addresses_));
   if (!setup) return log_fail(setup.error());
   auto params = bulk::decode_connect_params(
       std::span(reinterpret_cast<const std::byte*>(offer.params.data()), offer.params.size()));

@@ -56,7 +56,7 @@ class bandwidth_prober {
   /// (thread-safe: called from workers).
   using sender =
       std::function<void(const std::string& peer, std::uint16_t type, const std::string& body)>;
-  bandwidth_prober(std::string bind_address, sender send, std::uint16_t offer_type,
+  bandwidth_prober(transport::bulk::link_addresses addresses, sender send, std::uint16_t offer_type,
                    std::uint16_t answer_type);
   ~bandwidth_prober();
 
@@ -78,7 +78,7 @@ class bandwidth_prober {
   void finish(bandwidth_result r);
   void reap();
 
-  std::string bind_address_;
+  transport::bulk::link_addresses addresses_;
   sender send_;
   std::uint16_t offer_type_;
   std::uint16_t answer_type_;

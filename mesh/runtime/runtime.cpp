@@ -39,6 +39,7 @@
 #include "mesh/election/election.hpp"
 #include "mesh/http/gateway.hpp"
 #include "mesh/membership/membership.hpp"
+#include "mesh/node/advertise.hpp"
 #include "mesh/node/data_dir.hpp"
 #include "mesh/node/identity_conflict.hpp"
 #include "mesh/node/node_id.hpp"
@@ -199,8 +200,9 @@ struct node_runtime::impl {
   std::optional<data_dir> dir;
   std::string hex;  // our node id, 32 hex digits (control-plane id)
   member_id self = no_member;
-  std::string endpoint;  // bound control endpoint, tcp://host:port
+  std::string endpoint;  // advertised control endpoint, tcp://address:port
   std::string self_address;
+  advertised_address advertise;  // the one address peers reach us at (control, bulk, clients)
   topology::capabilities caps;
   transport::bulk::local_capabilities bulk_caps;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -581,6 +583,7 @@ struct node_runtime::impl {
     if (!serving::ready_to_plan(*topo->current(), now_ms() - leading_since_ms)) return;
     placement::planner_config pc;
     pc.max_tp_ranks = opt.config.max_tp_ranks;
+    pc.tp_max_rtt_us = opt.config.tp_max_rtt_us;
     auto p = serving::plan_from_view(*topo->current(), plan.get(), elect->term(), pc);
     if (!p) {
       spdlog::warn("node {}: cannot plan: {}", hex, p.error().describe());
@@ -1122,6 +1125,7 @@ struct node_runtime::impl {
     const auto leader = elect->leader();
     j["node"] = {{"id", hex},
                  {"endpoint", endpoint},
+                 {"advertise", {{"address", advertise.address}, {"source", advertise.source}}},
                  {"role", to_string(elect->role())},
                  {"term", elect->term()},
                  {"leader", leader == no_member ? json(nullptr) : json(name_of(leader))},
@@ -1270,7 +1274,6 @@ result<std::string> read_api_key(const std::string& path) {
 /// The HTTP gateway: API requests go to this peer's own client endpoint (over loopback when it
 /// listens on every address), the status comes from the loop's snapshot.
 result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
-                                                     const std::string& adv_host,
                                                      const ctl::cluster_keys& keys) {
   const auto& cfg = p.opt.config;
   http::gateway_options go;
@@ -1282,7 +1285,8 @@ result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
     if (!key) return key.error();
     go.api_key = std::move(*key);
   }
-  const std::string host = cfg.listen.address == "0.0.0.0" ? "127.0.0.1" : adv_host;
+  // Our own endpoints: where they are bound (an advertised address may be a NAT's).
+  const std::string host = cfg.listen.address == "0.0.0.0" ? "127.0.0.1" : cfg.listen.address;
   go.peers.push_back({host, p.engine->request_port(), p.engine->response_port()});
   const node_runtime::impl* raw = &p;
   go.status = [raw] { return raw->status_snapshot(); };
@@ -1338,12 +1342,15 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   cc.node_id = p->hex;
   cc.transient_prefix = std::string(status_client_prefix);
   cc.bind_endpoint = fmt::format("tcp://{}:{}", cfg.listen.address, cfg.listen.control_port);
-  std::string adv_host = cfg.listen.address;
-  if (adv_host == "0.0.0.0" || adv_host == "*") {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    adv_host = host;
+  {
+    auto adv = choose_advertise_address({.advertise = cfg.listen.advertise,
+                                         .listen_address = cfg.listen.address,
+                                         .seeds = cfg.discovery.seeds,
+                                         .beacon_interface = cfg.discovery.beacon_interface});
+    if (!adv) return adv.error();
+    p->advertise = std::move(*adv);
   }
+  const std::string adv_host = p->advertise.address;
   cc.keys = *keys;
   // The fault layer is always in: `tessera fault` changes a live cluster without restarts. It
   // judges frames between members only: the operator's own channel (status and fault clients,
@@ -1391,7 +1398,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   {
     ctl::control_node* cn = p->control.get();
     p->prober = std::make_unique<bandwidth_prober>(
-        cfg.listen.address,
+        transport::bulk::link_addresses{cfg.listen.address, adv_host},
         [cn](const std::string& peer, std::uint16_t type, const std::string& body) {
           (void)cn->send(peer, type, bytes_of(body));
         },
@@ -1410,6 +1417,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.threads = cfg.threads != 0 ? cfg.threads : std::max(1u, std::thread::hardware_concurrency());
     so.max_batch_streams = cfg.max_batch_streams;
     so.bind_address = cfg.listen.address;
+    so.advertise_address = adv_host;
     so.request_port = cfg.listen.client_request_port;
     so.response_port = cfg.listen.client_response_port;
     so.bulk_caps = p->bulk_caps;
@@ -1439,7 +1447,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
         fmt::format("{}:{}:{}", adv_host, p->engine->request_port(), p->engine->response_port());
   }
   if (cfg.http.enabled) {
-    auto g = start_gateway(*p, adv_host, *keys);
+    auto g = start_gateway(*p, *keys);
     if (!g) return g.error();
     p->gateway = std::move(*g);
   }
@@ -1479,7 +1487,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     bo.node_id = p->hex;
     bo.control_port =
         static_cast<std::uint16_t>(std::stoi(p->endpoint.substr(p->endpoint.rfind(':') + 1)));
-    if (cfg.listen.address != "0.0.0.0") bo.advertise_host = cfg.listen.address;
+    bo.advertise_host = adv_host;
     bo.interface_name = cfg.discovery.beacon_interface;
     bo.address = cfg.discovery.beacon_address;
     bo.port = cfg.discovery.beacon_port;
@@ -1502,6 +1510,15 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
 
   spdlog::info("node {}: control {} (cluster {}), data dir {}", p->hex, p->endpoint,
                keys->cluster_id, p->dir->path().string());
+  if (p->advertise.loopback_only) {
+    spdlog::warn(
+        "advertising {} ({}): peers on other hosts cannot reach this node; pass "
+        "--advertise ADDRESS",
+        adv_host, p->advertise.source);
+  } else {
+    spdlog::info("advertising {} to peers ({}); binding {}", adv_host, p->advertise.source,
+                 cfg.listen.address);
+  }
   p->instance.id = p->dir->id();
   p->instance.control_endpoint = p->endpoint;
   p->instance.started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(

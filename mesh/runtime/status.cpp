@@ -147,6 +147,10 @@ result<std::string> format_status(const std::string& json_text) {
     out += fmt::format("node    {}  {}  role {}  term {}\n", n.at("id").get<std::string>(),
                        n.at("endpoint").get<std::string>(), n.at("role").get<std::string>(),
                        n.at("term").get<std::uint64_t>());
+    if (n.contains("advertise") && n["advertise"].is_object()) {
+      out += fmt::format("address {}  ({})\n", n["advertise"].value("address", "?"),
+                         n["advertise"].value("source", "?"));
+    }
     out +=
         fmt::format("leader  {}\n", n.at("leader").is_null() ? std::string("none")
                                                              : n.at("leader").get<std::string>());

@@ -1050,9 +1050,9 @@ struct engine::impl {
             };
           }
           unformed_since.erase(key);
-          auto h = std::make_unique<group_host>(key, (*local)->info.path, g, me, opt.bind_address,
-                                                std::move(caps), opt.bulk_caps, std::move(sender),
-                                                opt.threads, std::move(wrap), &registry);
+          auto h = std::make_unique<group_host>(
+              key, (*local)->info.path, g, me, opt.link_addresses(), std::move(caps), opt.bulk_caps,
+              std::move(sender), opt.threads, std::move(wrap), &registry);
           if (auto e = early_links.find(key); e != early_links.end()) {
             for (const auto& m : e->second)
               h->on_link_message(m);
@@ -1129,7 +1129,7 @@ struct engine::impl {
         o.model = name;
         o.root = mp.spec.content;
         o.dir = opt.fetch_dir;
-        o.bind_address = opt.bind_address;
+        o.addresses = opt.link_addresses();
         o.send = [send = opt.send_share](const std::string& to, const share_setup& m) {
           if (!send) return;
           msgpack::sbuffer buf;
@@ -1333,7 +1333,7 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
   p->pool = std::move(*pool);
   auto send_share = p->opt.send_share;
   p->server = std::make_unique<share_server>(
-      p->opt.bind_address, [send_share](const std::string& to, const share_setup& m) {
+      p->opt.link_addresses(), [send_share](const std::string& to, const share_setup& m) {
         if (!send_share) return;
         msgpack::sbuffer buf;
         msgpack::pack(buf, m);

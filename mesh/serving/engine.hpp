@@ -37,6 +37,12 @@ struct engine_options {
   std::vector<std::string> model_paths;  ///< GGUF files; a model's name is the file stem
   std::uint32_t threads = 1;             ///< compute threads per forward pass
   std::string bind_address = "0.0.0.0";
+  /// The address peers reach us at (mesh/node/advertise.hpp): what bulk links (split groups, model
+  /// share) tell the peer. Empty: bind_address, which must then not be the wildcard.
+  std::string advertise_address;
+  [[nodiscard]] transport::bulk::link_addresses link_addresses() const {
+    return {bind_address, advertise_address};
+  }
   std::uint16_t request_port = 7402;   ///< SUB; 0 = any free port
   std::uint16_t response_port = 7403;  ///< XPUB; 0 = any free port
   std::uint32_t max_active = 8;        ///< sessions generating at once (each holds a KV cache)

@@ -46,7 +46,7 @@ result<inf::sharded::layout> layout_of(const placement::serving_group& g) {
 }
 
 group_host::group_host(std::string key, std::string model_path, placement::serving_group g,
-                       std::uint32_t self_rank, std::string bind_address,
+                       std::uint32_t self_rank, bulk::link_addresses addresses,
                        std::map<member_id, bulk::local_capabilities> caps,
                        bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
                        link_wrapper wrap, group_registry* registry)
@@ -54,7 +54,7 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
       path_(std::move(model_path)),
       g_(std::move(g)),
       self_(self_rank),
-      bind_address_(std::move(bind_address)),
+      addresses_(std::move(addresses)),
       caps_(std::move(caps)),
       own_caps_(std::move(own_caps)),
       send_(std::move(send)),
@@ -244,7 +244,7 @@ result<void> group_host::form() {
     const auto backend =
         it == caps_.end() ? bulk::backend_kind::tcp : bulk::choose_backend(own_caps_, it->second);
     bulk::link_options o;
-    o.bind_address = bind_address_ == "0.0.0.0" ? std::string() : bind_address_;
+    addresses_.apply_to(o);
     o.connect_timeout_ms = std::chrono::milliseconds(20'000);
     auto s = bulk::prepare_link(backend, o);
     if (!s) return s.error();

@@ -85,7 +85,7 @@ class group_host {
 
   /// Starts forming the group on a thread of its own. `self_rank` indexes g.ranks.
   group_host(std::string key, std::string model_path, placement::serving_group g,
-             std::uint32_t self_rank, std::string bind_address,
+             std::uint32_t self_rank, transport::bulk::link_addresses addresses,
              std::map<member_id, transport::bulk::local_capabilities> caps,
              transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
              link_wrapper wrap = {}, group_registry* registry = nullptr);
@@ -122,7 +122,7 @@ class group_host {
   std::string key_, path_;
   placement::serving_group g_;
   std::uint32_t self_;
-  std::string bind_address_;
+  transport::bulk::link_addresses addresses_;
   std::map<member_id, transport::bulk::local_capabilities> caps_;
   transport::bulk::local_capabilities own_caps_;
   sender send_;

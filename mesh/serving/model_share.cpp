@@ -67,9 +67,9 @@ std::array<std::uint8_t, kHashBytes> blake2b(const void* data, std::size_t n) {
   return h;
 }
 
-bulk::link_options share_link_options(const std::string& bind_address) {
+bulk::link_options share_link_options(const bulk::link_addresses& addresses) {
   bulk::link_options o;
-  o.bind_address = bind_address == "0.0.0.0" ? std::string() : bind_address;
+  addresses.apply_to(o);
   o.connect_timeout_ms = kShareConnectTimeout;
   o.peer_timeout_ms = kShareTimeout;
   return o;
@@ -218,8 +218,8 @@ std::vector<std::uint64_t> chunks_covering(const chunk_table& t,
 
 // ------------------------------------------------------------------ holder side
 
-share_server::share_server(std::string bind_address, share_sender send)
-    : bind_address_(std::move(bind_address)), send_(std::move(send)) {}
+share_server::share_server(bulk::link_addresses addresses, share_sender send)
+    : addresses_(std::move(addresses)), send_(std::move(send)) {}
 
 share_server::~share_server() {
   stop();
@@ -315,7 +315,7 @@ void share_server::serve(std::string from_hex, share_setup offer, const entry* e
   ans.backend = offer.backend;
   const auto theirs = params_of(offer.params);
   auto setup = theirs ? bulk::prepare_link(static_cast<bulk::backend_kind>(offer.backend),
-                                           share_link_options(bind_address_))
+                                           share_link_options(addresses_))
                       : result<std::unique_ptr<bulk::link_setup>>(theirs.error());
   if (!setup) {
     ans.error = setup.error().describe();
@@ -632,7 +632,7 @@ result<void> model_fetch::open_store(const chunk_table& t) {
 result<void> model_fetch::fetch_from(const share_source& src,
                                      const std::vector<inference::model::shard_spec>& shards) {
   // 1. Set-up over the control plane.
-  auto setup = bulk::prepare_link(src.backend, share_link_options(opt_.bind_address));
+  auto setup = bulk::prepare_link(src.backend, share_link_options(opt_.addresses));
   if (!setup) return setup.error();
   {
     std::lock_guard lock(mu_);

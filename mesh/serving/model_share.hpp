@@ -112,7 +112,7 @@ using share_sender = std::function<void(const std::string& to_hex, const share_s
 /// The holder's side: serves its model files to fetchers, each session on a worker thread.
 class share_server {
  public:
-  share_server(std::string bind_address, share_sender send);
+  share_server(transport::bulk::link_addresses addresses, share_sender send);
   ~share_server();  ///< stop()
   share_server(const share_server&) = delete;
   share_server& operator=(const share_server&) = delete;
@@ -140,7 +140,7 @@ class share_server {
   void serve(std::string from_hex, share_setup offer, const entry* e);
   void reap();
 
-  std::string bind_address_;
+  transport::bulk::link_addresses addresses_;
   share_sender send_;
   std::map<std::string, entry> models_;
   std::atomic<bool> stopping_{false};
@@ -168,7 +168,7 @@ class model_fetch {
     std::string model;
     std::string root;  ///< the content id from the plan
     std::string dir;   ///< where the sparse copy lives (created)
-    std::string bind_address;
+    transport::bulk::link_addresses addresses;
     share_sender send;
     std::uint64_t fetch_id = 0;   ///< unique on this peer (answers are routed by it)
     std::function<void()> on_change;  ///< a want became ready or failed (any thread)

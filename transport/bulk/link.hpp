@@ -135,8 +135,12 @@ struct link_limits {
 struct link_options {
   link_limits limits;
   std::uint32_t spin_us = 50;  ///< wait() spins this long before it blocks
-  /// tcp: address to listen on and advertise (numeric). Empty: 127.0.0.1.
+  /// tcp: address to listen on (numeric; "0.0.0.0" = every interface). Empty: 127.0.0.1.
   std::string bind_address;
+  /// The address the peer is told to connect to (tcp) and whose GID the link uses (rdma, when the
+  /// device has one for it). Empty: bind_address, which must then not be the wildcard (a peer on
+  /// another host cannot reach "127.0.0.1", so the node always sets it: mesh/node/advertise.hpp).
+  std::string advertise_address;
   /// How long connect() waits for the peer to show up.
   std::chrono::milliseconds connect_timeout_ms{10'000};
   /// A peer that accepts no bytes for this long is declared dead (tcp: TCP_USER_TIMEOUT and the
@@ -149,6 +153,17 @@ struct link_options {
   /// consumer about to sleep runs membarrier() instead); false puts a fence (an atomic
   /// read-modify-write) into every post and poll, as before. For comparison runs.
   bool shm_fence_free = true;
+};
+
+/// Where a node's bulk links listen and what they tell the peer (link_options' two addresses), as
+/// one value for the components that open links on the node's behalf.
+struct link_addresses {
+  std::string bind = "127.0.0.1";
+  std::string advertise;  ///< empty: bind
+  void apply_to(link_options& o) const {
+    o.bind_address = bind;
+    o.advertise_address = advertise;
+  }
 };
 
 enum class completion_kind : std::uint8_t {

@@ -35,12 +35,23 @@ bool gid_entry::ipv4_mapped() const noexcept {
 
 bool gid_entry::link_local() const noexcept { return gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80; }
 
-result<std::uint32_t> pick_gid(std::span<const gid_entry> gids, bool ethernet) {
+result<std::uint32_t> pick_gid(std::span<const gid_entry> gids, bool ethernet,
+                               const std::string& prefer_ipv4) {
   if (!ethernet) {
     for (const auto& g : gids) {
       if (g.index == 0) return g.index;
     }
     return make_error(errc::not_found, "InfiniBand port has no GID at index 0");
+  }
+  // A host with several addressed netdevs under RDMA devices: the GID of the address peers were
+  // told (the same one the control plane and tcp links use) is the one whose route reaches them.
+  in_addr want{};
+  if (!prefer_ipv4.empty() && ::inet_pton(AF_INET, prefer_ipv4.c_str(), &want) == 1) {
+    for (const auto& g : gids) {
+      if (g.type == gid_type_roce_v2 && g.ipv4_mapped() &&
+          std::memcmp(g.gid.data() + 12, &want.s_addr, 4) == 0)
+        return g.index;
+    }
   }
   for (const auto& g : gids) {
     if (g.type == gid_type_roce_v2 && g.ipv4_mapped()) return g.index;
@@ -376,7 +387,7 @@ result<void> endpoint::open_device(const link_options& options) {
                           gid_index_);
       }
     } else {
-      auto gid = rdma::pick_gid(port->gids, port->ethernet);
+      auto gid = rdma::pick_gid(port->gids, port->ethernet, options.advertise_address);
       if (!gid) return make_error(gid.error().code, "rdma: {}: {}", name, gid.error().message);
       gid_index_ = *gid;
     }

@@ -75,9 +75,12 @@ struct device_info {
 /// when there is none; errc::io when a device exists but cannot be opened or queried.
 [[nodiscard]] result<std::vector<device_info>> list_devices();
 
-/// The GID a RoCE link should use: the IPv4-mapped RoCE v2 entry; else a RoCE v2 entry that is
-/// not link-local; else (InfiniBand) entry 0. errc::not_found when the table has none of these.
-[[nodiscard]] result<std::uint32_t> pick_gid(std::span<const gid_entry> gids, bool ethernet);
+/// The GID a RoCE link should use: the RoCE v2 entry of `prefer_ipv4` (the node's advertised
+/// address, dotted text) when the table has one; else the first IPv4-mapped RoCE v2 entry; else a
+/// RoCE v2 entry that is not link-local; else (InfiniBand) entry 0. errc::not_found when the table
+/// has none of these.
+[[nodiscard]] result<std::uint32_t> pick_gid(std::span<const gid_entry> gids, bool ethernet,
+                                             const std::string& prefer_ipv4 = {});
 
 /// "::ffff:10.0.2.15"-style text for logs and errors.
 [[nodiscard]] std::string format_gid(std::span<const std::uint8_t> gid);

@@ -735,26 +735,44 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
   params.backend = static_cast<std::uint8_t>(backend_kind::tcp);
   params.host_id = this_host_id();
   params.nonce = random_u64();
-  params.address = options.bind_address.empty() ? "127.0.0.1" : options.bind_address;
+  const std::string bind = options.bind_address.empty() ? "127.0.0.1" : options.bind_address;
+  const bool wildcard = bind == "0.0.0.0" || bind == "::";
+  if (!options.advertise_address.empty()) {
+    params.address = options.advertise_address;
+  } else if (wildcard) {
+    return make_error(errc::invalid_argument,
+                      "bulk tcp: bound to {} with no advertise address: the peer would not know "
+                      "where to connect",
+                      bind);
+  } else {
+    params.address = bind;
+  }
+  {
+    in6_addr scratch{};
+    if (::inet_pton(AF_INET, params.address.c_str(), &scratch) != 1 &&
+        ::inet_pton(AF_INET6, params.address.c_str(), &scratch) != 1)
+      return make_error(errc::invalid_argument,
+                        "bulk tcp: advertise address '{}' is not a numeric IP", params.address);
+  }
   sockaddr_storage addr{};
   socklen_t len = 0;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
   auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
-  if (::inet_pton(AF_INET, params.address.c_str(), &v4->sin_addr) == 1) {
+  if (::inet_pton(AF_INET, bind.c_str(), &v4->sin_addr) == 1) {
     v4->sin_family = AF_INET;
     len = sizeof *v4;
-  } else if (::inet_pton(AF_INET6, params.address.c_str(), &v6->sin6_addr) == 1) {
+  } else if (::inet_pton(AF_INET6, bind.c_str(), &v6->sin6_addr) == 1) {
     v6->sin6_family = AF_INET6;
     len = sizeof *v6;
   } else {
     return make_error(errc::invalid_argument, "bulk tcp: bind address '{}' is not a numeric IP",
-                      params.address);
+                      bind);
   }
   const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return tcp_error(errc::io, "socket");
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    auto err = tcp_error(errc::io, fmt::format("listen on {}", params.address));
+    auto err = tcp_error(errc::io, fmt::format("listen on {}", bind));
     ::close(fd);
     return err;
   }

@@ -88,17 +88,17 @@ std::pair<double, std::uint64_t> fetch_once(const std::string& model, const chun
                                             const std::string& dir) {
   fs::remove_all(dir);
   wiring w;
-  w.server = std::make_unique<share_server>("127.0.0.1", [&w](const std::string&,
-                                                              const share_setup& m) {
-    std::lock_guard lock(w.mu);
-    if (w.fetch) w.fetch->on_answer("holder", m);
-  });
+  w.server = std::make_unique<share_server>(bulk::link_addresses{"127.0.0.1", ""},
+                                            [&w](const std::string&, const share_setup& m) {
+                                              std::lock_guard lock(w.mu);
+                                              if (w.fetch) w.fetch->on_answer("holder", m);
+                                            });
   w.server->add("m", model, table);
   model_fetch::options o;
   o.model = "m";
   o.root = content_root(table);
   o.dir = dir;
-  o.bind_address = "127.0.0.1";
+  o.addresses = {"127.0.0.1", ""};
   o.fetch_id = 1;
   o.send = [&w](const std::string&, const share_setup& m) { w.server->on_offer("fetcher", m); };
   {

@@ -74,11 +74,11 @@ class ModelShare : public ::testing::Test {
   /// A holder named `hex` serving `path` as model "m" with `table` (of the original by default).
   void add_holder(const std::string& hex, const std::string& path,
                   std::optional<chunk_table> table = std::nullopt) {
-    auto s = std::make_unique<share_server>("127.0.0.1", [this, hex](const std::string&,
-                                                                     const share_setup& m) {
-      std::lock_guard lock(mu_);
-      if (fetch_) fetch_->on_answer(hex, m);
-    });
+    auto s = std::make_unique<share_server>(transport::bulk::link_addresses{"127.0.0.1", ""},
+                                            [this, hex](const std::string&, const share_setup& m) {
+                                              std::lock_guard lock(mu_);
+                                              if (fetch_) fetch_->on_answer(hex, m);
+                                            });
     if (!table) {
       auto t = hash_model_file(path);
       ASSERT_TRUE(t) << t.error().describe();
@@ -93,7 +93,7 @@ class ModelShare : public ::testing::Test {
     o.model = "m";
     o.root = root;
     o.dir = (dir_ / "fetched").string();
-    o.bind_address = "127.0.0.1";
+    o.addresses = {"127.0.0.1", ""};
     o.fetch_id = 7;
     o.send = [this](const std::string& to, const share_setup& m) {
       auto it = servers_.find(to);

@@ -5,6 +5,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -128,6 +130,51 @@ TEST(tcp_backend, a_bind_address_that_is_not_numeric_is_refused) {
   auto s = prepare_link(backend_kind::tcp, o);
   ASSERT_FALSE(s);
   EXPECT_NE(s.error().message.find("localhost.example"), std::string::npos);
+}
+
+// A node binds every interface and tells the peer its advertised address (mesh/node/advertise):
+// without one the peer would not know where to connect, so a wildcard bind alone is refused.
+TEST(tcp_backend, a_wildcard_bind_needs_an_advertise_address) {
+  link_options o;
+  o.bind_address = "0.0.0.0";
+  auto refused = prepare_link(backend_kind::tcp, o);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::invalid_argument);
+  EXPECT_NE(refused.error().message.find("advertise"), std::string::npos)
+      << refused.error().message;
+  o.advertise_address = "not-a-number";
+  auto bad = prepare_link(backend_kind::tcp, o);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("not-a-number"), std::string::npos);
+}
+
+TEST(tcp_backend, a_link_bound_to_every_interface_is_reached_at_its_advertised_address) {
+  link_options wide;
+  link_addresses{"0.0.0.0", "127.0.0.1"}.apply_to(wide);
+  auto a = prepare_link(backend_kind::tcp, wide);
+  ASSERT_TRUE(a) << a.error().describe();
+  EXPECT_EQ((*a)->local_params().address, "127.0.0.1");
+  auto b = prepare_link(backend_kind::tcp, link_options{});
+  ASSERT_TRUE(b) << b.error().describe();
+  const auto pa = (*a)->local_params();
+  const auto pb = (*b)->local_params();
+  result<std::unique_ptr<bulk::link>> la = make_error(errc::internal, "not run");
+  std::thread t([&] { la = (*a)->connect(pb); });
+  auto lb = (*b)->connect(pa);
+  t.join();
+  ASSERT_TRUE(la) << la.error().describe();
+  ASSERT_TRUE(lb) << lb.error().describe();
+  const std::array<std::byte, 3> hello{std::byte{1}, std::byte{2}, std::byte{3}};
+  ASSERT_TRUE((*la)->send(hello, 7));
+  std::array<completion, 4> got{};
+  bool received = false;
+  for (int i = 0; i < 100 && !received; ++i) {
+    auto n = (*lb)->wait(got, std::chrono::milliseconds(50));
+    ASSERT_TRUE(n) << n.error().describe();
+    for (std::size_t k = 0; k < *n; ++k)
+      received |= got[k].kind == completion_kind::send_received && got[k].data.size() == 3;
+  }
+  EXPECT_TRUE(received);
 }
 
 TEST(shm_backend, a_peer_on_another_host_is_refused) {

@@ -48,6 +48,21 @@ TEST(rdma_gid, prefers_ipv4_mapped_roce_v2_over_link_local_and_v1) {
   EXPECT_EQ(*r, 3u);
 }
 
+// Two addressed netdevs under RDMA devices: the GID of the node's advertised address, the one
+// peers were told (mesh/node/advertise.hpp), not the first IPv4-mapped entry.
+TEST(rdma_gid, prefers_the_advertised_address) {
+  const std::array<std::uint8_t, 16> other{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 9, 9, 9};
+  std::vector<gid_entry> gids{make_gid(1, gid_type_roce_v2, other),
+                              make_gid(3, gid_type_roce_v1, v4_mapped),
+                              make_gid(4, gid_type_roce_v2, v4_mapped)};
+  auto r = pick_gid(gids, true, "10.0.2.15");
+  ASSERT_TRUE(r) << r.error().describe();
+  EXPECT_EQ(*r, 4u);
+  auto none = pick_gid(gids, true, "192.0.2.1");  // no GID of it: the first IPv4-mapped entry
+  ASSERT_TRUE(none) << none.error().describe();
+  EXPECT_EQ(*none, 1u);
+}
+
 TEST(rdma_gid, falls_back_to_global_ipv6_roce_v2) {
   std::vector<gid_entry> gids{make_gid(0, gid_type_roce_v2, link_local),
                               make_gid(5, gid_type_roce_v2, global6)};
