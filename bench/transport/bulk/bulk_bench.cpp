@@ -13,15 +13,25 @@
 // Targets (issue 3): tcp >= 0.8x raw TCP, shm >= 0.7x memcpy.
 //
 //   tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K] [--reap-every R] [--post-list L]
+//                      [--netns NS_A,NS_B --addresses ADDR_A,ADDR_B]
 //
 // --max-*: the largest size (default 64 MiB). --reap-every R: the writer of a throughput trial
 // polls its completions after every R-th post (default 1: after each), and whenever a post is
 // refused at the outstanding bound; R > 1 is a streaming writer that reaps in batches, as
 // perftest's ib_write_bw does with its completion moderation.
 //
+// --netns: the two processes as two hosts, so that the tcp figures are over a network device
+// (veth, a bridge) rather than loopback: the parent enters network namespace NS_A
+// (/var/run/netns/NS_A) and every child NS_B, right after the fork, before either makes a socket.
+// The tcp backend binds 0.0.0.0 and advertises the side's ADDR (numeric IPv4); the raw TCP floor
+// listens on 0.0.0.0 in NS_A and its child dials ADDR_A. Only the tcp backend and raw TCP are
+// measured (throughput and round trip): shm needs both processes on one host, and its floors are
+// in-process. bench/transport/bulk/netns_run makes the namespaces, runs this, and removes them.
+//
 // Buffers are memfd shared memory (bulk::allocate_buffer), touched before timing (warm-up writes),
 // so no page faults are timed.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -32,6 +42,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +62,15 @@ namespace {
 int reap_every = 1;  // --reap-every
 int post_list = 16;  // --post-list: writes per post_writes() in the list trial
 
+// --netns / --addresses. Unset: both processes on loopback, as before the mode existed.
+struct netns_hosts {
+  std::string parent_ns, child_ns;
+  std::string parent_address, child_address;
+  int child_ns_fd = -1;  // opened up front, so a missing NS_B is reported before any fork
+};
+std::optional<netns_hosts> hosts;
+bool in_child_ns = false;  // this process is a child that entered NS_B: it advertises ADDR_B
+
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "tessera_bulk_bench: %s\n", what.c_str());
   std::exit(1);
@@ -64,6 +84,27 @@ T must(tessera::result<T> r, const char* what) {
 
 void must_ok(tessera::result<void> r, const char* what) {
   if (!r) die(std::string(what) + ": " + r.error().describe());
+}
+
+// `ip netns add` names a namespace by a file under /var/run/netns; opening it is the lookup.
+int open_netns(const std::string& name) {
+  const std::string path = "/var/run/netns/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) die("network namespace '" + name + "': " + path + ": " + std::strerror(errno));
+  return fd;
+}
+
+void enter_netns(int fd, const std::string& name) {
+  if (::setns(fd, CLONE_NEWNET) != 0) {
+    die("cannot enter network namespace '" + name + "' (setns): " + std::strerror(errno));
+  }
+}
+
+// Every forked child calls this first: with --netns it moves to NS_B before it makes a socket.
+void enter_child_netns() {
+  if (!hosts) return;
+  enter_netns(hosts->child_ns_fd, hosts->child_ns);
+  in_child_ns = true;
 }
 
 struct pipe_pair {
@@ -95,6 +136,11 @@ bulk::link_options bench_options(bool fenced = false) {
   o.limits.max_outstanding = 256;
   o.limits.max_received = 64;
   o.limits.max_write_bytes = 1ull << 30;
+  // Between namespaces, as a node on a host: every interface, and the address the peer can reach.
+  if (hosts) {
+    bulk::link_addresses{"0.0.0.0", in_child_ns ? hosts->child_address : hosts->parent_address}
+        .apply_to(o);
+  }
   return o;
 }
 
@@ -159,6 +205,7 @@ pid_t fork_child(pipe_pair& p) {
   if (::pipe(p.to_child) != 0 || ::pipe(p.to_parent) != 0) die("pipe");
   const pid_t pid = ::fork();
   if (pid < 0) die("fork");
+  if (pid == 0) enter_child_netns();
   return pid;
 }
 
@@ -291,11 +338,12 @@ double backend_throughput(bulk::backend_kind kind, std::size_t size, int iters,
 
 // --- raw TCP floor ------------------------------------------------------------------------------
 
+// Listens on loopback, or with --netns on every interface (as the tcp backend binds there).
 int tcp_listen(std::uint16_t& port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(hosts ? INADDR_ANY : INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 1) != 0) die("listen");
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -303,11 +351,13 @@ int tcp_listen(std::uint16_t& port) {
   return fd;
 }
 
+// Dials the listener: on loopback, or with --netns at ADDR_A (the listener is the parent).
 int tcp_connect(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (hosts) ::inet_pton(AF_INET, hosts->parent_address.c_str(), &a.sin_addr);  // checked in main
   a.sin_port = htons(port);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("connect");
   int one = 1;
@@ -354,6 +404,7 @@ double raw_tcp_throughput(std::size_t size, int iters) {
   std::fflush(stdout);
   const pid_t pid = ::fork();
   if (pid == 0) {
+    enter_child_netns();
     const int fd = tcp_connect(port);
     auto buf = must(bulk::allocate_buffer(size), "allocate");
     for (int phase : {warm, iters}) {
@@ -567,6 +618,7 @@ latency raw_tcp_rtt(int rounds) {
   std::fflush(stdout);
   const pid_t pid = ::fork();
   if (pid == 0) {
+    enter_child_netns();
     const int fd = tcp_connect(port);
     char buf[64];
     for (int i = 0; i < warm + rounds; ++i) {
@@ -601,11 +653,65 @@ double median(std::vector<double> v) {
 
 double best(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
+// "A,B" into its two parts, both non-empty; nullopt otherwise.
+std::optional<std::pair<std::string, std::string>> split_pair(const std::string& s) {
+  const auto comma = s.find(',');
+  if (comma == std::string::npos || s.find(',', comma + 1) != std::string::npos) return {};
+  std::pair<std::string, std::string> p{s.substr(0, comma), s.substr(comma + 1)};
+  if (p.first.empty() || p.second.empty()) return {};
+  return p;
+}
+
+// The --netns run: the tcp columns of the default tables, the same trials and sizes, with the
+// two processes in two namespaces.
+void run_between_namespaces(int reps, std::size_t max_bytes) {
+  std::printf(
+      "Bulk throughput between network namespaces: parent in %s (%s), child in %s (%s); "
+      "two processes, median of %d interleaved repetitions (best in brackets), GB/s; the "
+      "writer reaps its completions after every %d post(s)\n\n",
+      hosts->parent_ns.c_str(), hosts->parent_address.c_str(), hosts->child_ns.c_str(),
+      hosts->child_address.c_str(), reps, reap_every);
+  std::printf(
+      "shm backend, memcpy, ring floor and shm list: skipped (shm needs both processes on "
+      "one host)\n\n");
+  std::printf("| size | tcp backend | raw TCP | tcp/raw |\n|---|---|---|---|\n");
+  for (std::size_t size = 4096; size <= max_bytes; size *= 4) {
+    // As in the default run: about 256 MiB per measurement, at least 4 messages.
+    const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / size, 4, 65536));
+    std::vector<double> tcp, raw;
+    for (int r = 0; r < reps; ++r) {
+      tcp.push_back(backend_throughput(bulk::backend_kind::tcp, size, iters));
+      raw.push_back(raw_tcp_throughput(size, iters));
+    }
+    const std::string label = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB"
+                                                 : std::to_string(size >> 10) + " KiB";
+    std::printf("| %s | %.2f (%.2f) | %.2f (%.2f) | %.2fx |\n", label.c_str(), median(tcp),
+                best(tcp), median(raw), best(raw), median(tcp) / median(raw));
+    std::fflush(stdout);
+  }
+  std::printf(
+      "\nRound trip of a 64-byte send between the namespaces, two processes, 2000 rounds "
+      "per repetition, median of per-repetition p50 (p99 in brackets), us\n\n");
+  std::printf("| tcp backend | raw TCP | tcp/raw |\n|---|---|---|\n");
+  std::vector<double> t50, t99, r50, r99;
+  for (int r = 0; r < reps; ++r) {
+    auto t = backend_rtt(bulk::backend_kind::tcp, 2000);
+    auto w = raw_tcp_rtt(2000);
+    t50.push_back(t.p50_us);
+    t99.push_back(t.p99_us);
+    r50.push_back(w.p50_us);
+    r99.push_back(w.p99_us);
+  }
+  std::printf("| %.1f (%.1f) | %.1f (%.1f) | %.2fx |\n", median(t50), median(t99), median(r50),
+              median(r99), median(t50) / median(r50));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 7;
   std::size_t max_bytes = std::size_t{64} << 20;
+  std::string netns_arg, addresses_arg;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--reps") reps = std::max(1, std::atoi(argv[i + 1]));
@@ -617,9 +723,32 @@ int main(int argc, char** argv) {
       reap_every = std::clamp(std::atoi(argv[i + 1]), 1, 64);
     else if (a == "--post-list")
       post_list = std::clamp(std::atoi(argv[i + 1]), 2, 64);
+    else if (a == "--netns")
+      netns_arg = argv[i + 1];
+    else if (a == "--addresses")
+      addresses_arg = argv[i + 1];
     else
       die("usage: tessera_bulk_bench [--reps N] [--max-mib M | --max-kib K] [--reap-every R] "
-          "[--post-list L]");
+          "[--post-list L] [--netns NS_A,NS_B --addresses ADDR_A,ADDR_B]");
+  }
+  if (!netns_arg.empty() || !addresses_arg.empty()) {
+    const auto ns = split_pair(netns_arg);
+    const auto addr = split_pair(addresses_arg);
+    if (!ns || !addr) die("--netns NS_A,NS_B and --addresses ADDR_A,ADDR_B go together");
+    for (const auto& a : {addr->first, addr->second}) {
+      in_addr scratch{};
+      if (::inet_pton(AF_INET, a.c_str(), &scratch) != 1) {
+        die("--addresses: '" + a + "' is not a numeric IPv4 address");
+      }
+    }
+    hosts = netns_hosts{ns->first, ns->second, addr->first, addr->second};
+    const int parent_fd = open_netns(hosts->parent_ns);
+    hosts->child_ns_fd = open_netns(hosts->child_ns);
+    // Before any socket: every one this process makes (listeners, links) is in NS_A.
+    enter_netns(parent_fd, hosts->parent_ns);
+    ::close(parent_fd);
+    run_between_namespaces(reps, max_bytes);
+    return 0;
   }
   std::printf("Bulk throughput, two processes, median of %d interleaved repetitions (best in "
               "brackets), GB/s; the writer reaps its completions after every %d post(s); shm "
