@@ -35,10 +35,11 @@ result<token_id> generator::step() {
   if (ctx_->pos() >= ctx_->n_ctx())
     return make_error(errc::no_capacity, "generator: KV cache full ({} positions)", ctx_->n_ctx());
   work_ = logits_;
-  const token_id id = sampler_.sample(work_, history_);
+  const token_id id = sampler_.sample_at(work_, history_, generated_);
   const token_id one[1] = {id};
   TESSERA_TRY(ctx_->eval(one, logits_mode::last, logits_));
   history_.push_back(id);
+  ++generated_;
   return id;
 }
 
@@ -59,7 +60,7 @@ result<generation_stats> generator::generate(std::span<const token_id> prompt,
       break;
     }
     work_ = logits_;
-    const token_id id = sampler_.sample(work_, history_);
+    const token_id id = sampler_.sample_at(work_, history_, generated_++);
     if (st.generated_tokens == 1) decode_start = clock::now();
     ++st.generated_tokens;
     history_.push_back(id);

@@ -66,6 +66,7 @@ class generator {
   std::vector<float> logits_;
   std::vector<float> work_;  // sampler input (it modifies the logits)
   std::vector<token_id> history_;
+  std::uint64_t generated_ = 0;  // tokens drawn so far: the next one's index (its sampling seed)
   bool have_logits_ = false;
 };
 

@@ -37,7 +37,30 @@ result<void> validate(const sampler_options& o) {
   return ok();
 }
 
+namespace {
+
+// splitmix64's finaliser as a stateless mix (the same function as mesh's mix64: the serving
+// protocol's per-index seeds were defined with it, so streams stay what they were).
+constexpr std::uint64_t mix(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::uint64_t index_seed(std::uint64_t seed, std::uint64_t index) noexcept {
+  return mix(seed ^ mix(index));
+}
+
 sampler::sampler(const sampler_options& o) : o_(o) { reseed(o.seed); }
+
+std::int32_t sampler::sample_at(std::span<float> logits, std::span<const std::int32_t> history,
+                                std::uint64_t index) {
+  reseed(index_seed(o_.seed, index));
+  return sample(logits, history);
+}
 
 void sampler::reseed(std::uint64_t seed) noexcept {
   std::uint64_t x = seed;

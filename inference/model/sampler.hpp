@@ -31,6 +31,12 @@ struct sampler_options {
   }
 };
 
+/// The seed token `index` (0-based, generated tokens only) of a stream with `seed` is drawn with.
+/// The sampler is reseeded with it before every token, by the serving peers and by `tessera run`
+/// alike: a stream is then the same whichever peer draws which index (a resumed stream continues
+/// the lost one) and the same as `tessera run --seed` with the same sampling settings.
+[[nodiscard]] std::uint64_t index_seed(std::uint64_t seed, std::uint64_t index) noexcept;
+
 /// Checks the ranges (temperature finite and <= 100, top_p/min_p in [0, 1], penalty > 0, window
 /// in [0, 1 << 16]); the error names the option.
 result<void> validate(const sampler_options& o);
@@ -42,6 +48,9 @@ class sampler {
   /// Picks a token from `logits` (n_vocab floats; modified: penalties and filters are applied in
   /// place). `history`: the tokens so far (the last repeat_window are penalised).
   std::int32_t sample(std::span<float> logits, std::span<const std::int32_t> history);
+  /// sample() of the stream's token `index`: reseeds with index_seed(options().seed, index) first.
+  std::int32_t sample_at(std::span<float> logits, std::span<const std::int32_t> history,
+                         std::uint64_t index);
 
   [[nodiscard]] const sampler_options& options() const noexcept { return o_; }
   /// Restarts the random sequence from `seed`.

@@ -799,9 +799,8 @@ struct engine::impl {
       return false;
     }
     // Reseeded per index: a stream resumed on another peer draws what this one would have.
-    s.sampler->reseed(mix64(s.req.seed ^ mix64(s.next_index)));
     s.work = s.logits;
-    const auto t = s.sampler->sample(s.work, s.history);
+    const auto t = s.sampler->sample_at(s.work, s.history, s.next_index);
     if (s.model->tok->is_end_of_generation(t)) {
       finish(s, "end_of_generation");
       return false;

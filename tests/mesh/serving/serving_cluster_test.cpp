@@ -130,11 +130,12 @@ class ServingCluster : public ::testing::Test {
     return o;
   }
 
-  /// What a single process generates: `tessera run --temp 0`.
-  std::vector<std::int32_t> reference(int n) {
-    auto out = test::run_command({TESSERA_BINARY, "run", model_, "-p", kPrompt, "-n",
-                                  std::to_string(n), "--temp", "0", "--json"},
-                                 std::chrono::seconds(300));
+  /// What a single process generates: `tessera run --temp 0` (or with `sampling` instead).
+  std::vector<std::int32_t> reference(int n, std::vector<std::string> sampling = {"--temp", "0"}) {
+    std::vector<std::string> argv{TESSERA_BINARY,    "run",   model_, "-p", kPrompt, "-n",
+                                  std::to_string(n), "--json"};
+    argv.insert(argv.end(), sampling.begin(), sampling.end());
+    auto out = test::run_command(argv, std::chrono::seconds(300));
     EXPECT_TRUE(out) << out.error().describe();
     if (!out) return {};
     // The JSON document is the line that starts with '{' (the summary goes to stderr).
@@ -607,6 +608,9 @@ TEST_F(ServingCluster, ConcurrentStreamsShareForwardPassesAndAnswerAsAlone) {
   auto alone = (*c)->ask(sampled);
   ASSERT_TRUE(alone) << alone.error().describe();
   EXPECT_EQ(alone->tokens, got[0]) << "a sampled stream batched with others draws what it draws alone";
+  // And what one process draws with the same seed and settings: both reseed per token index.
+  EXPECT_EQ(alone->tokens, reference(n, {"--temp", "0.9", "--seed", "77"}))
+      << "tessera run --seed 77 differs from the cluster's stream with seed 77";
 }
 
 // Three tensor-parallel ranks of a model with 8 query heads over 4 KV heads: heads 3/3/2, so
