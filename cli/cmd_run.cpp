@@ -126,6 +126,9 @@ int run(const run_args& a) {
   } else {
     std::printf("\n");
   }
+  // The data first, whole: with stdout and stderr on one file (a test's capture, `2>&1`), a JSON
+  // line longer than stdio's buffer was otherwise cut by the summary below.
+  std::fflush(stdout);
   std::fprintf(stderr,
                "tessera run: %s (%s, %s), %d thread(s), load %.2f s\n"
                "  prefill: %lld tokens in %.3f s = %.1f tok/s\n"

@@ -288,8 +288,9 @@ def scenario_beacon_split_kill(args):
               f"{min(bw)}-{max(bw)} MB/s; 2-host pipeline group served {len(out['tokens'])} "
               f"tokens equal to one peer's", flush=True)
 
-        # kill -9 of a serving rank while a long stream runs on its group.
-        victim = c.host_of(ranks[1])
+        # kill -9 of the serving peer (rank 0 of the group) while a long stream runs on the group:
+        # once it has sent some tokens (watched in its status, so the kill lands mid-stream
+        # whatever this host's speed), well before the end.
         result = {}
 
         def long_ask():
@@ -299,8 +300,18 @@ def scenario_beacon_split_kill(args):
                 result["error"] = str(e)
         t = threading.Thread(target=long_ask)
         t.start()
-        time.sleep(args.kill_after_s)
-        check(t.is_alive(), "the long stream ended before the kill (raise --long-tokens)")
+
+        def streaming():
+            for i in range(3):
+                s = c.status(i) or {}
+                for x in (s.get("serving") or {}).get("streams") or []:
+                    if x.get("id") == "hosts-kill-1" and x.get("tokens", 0) >= 10:
+                        return (i,), ""
+            return None, "the long stream is not running yet" if t.is_alive() else "it ended"
+        (victim,) = c.wait("the long stream under way", streaming, 60)
+        check(victim is not None and t.is_alive(),
+              "the long stream ended before the kill (raise --long-tokens)")
+        check(c.node_id(victim) in ranks, f"{c.h.hostname(victim)} serves outside the group")
         t_kill = time.time()
         c.kill9(victim)
         t.join(timeout=300)
@@ -455,8 +466,8 @@ def main():
     ap.add_argument("--limit-3-f16", type=int, default=60,
                     help="--memory-limit-mb that splits the F16 model over 3 peers")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--long-tokens", type=int, default=600)
-    ap.add_argument("--kill-after-s", type=float, default=1.5)
+    ap.add_argument("--long-tokens", type=int, default=1500,
+                    help="the stream a peer is killed under (prompt + this < the context, 2048)")
     ap.add_argument("--keep", action="store_true", help="keep logs and data dirs")
     a = ap.parse_args()
     why = hostlib.unavailable()
