@@ -17,6 +17,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -121,6 +122,10 @@ class fault_policy {
   [[nodiscard]] result<void> set_clock(std::string_view node, std::optional<double> rate,
                                        std::int64_t add_bump_ns, bool reset);
 
+  /// True while a partition or a rule (any, even an empty one) is in force: what a link's
+  /// messages may be decided by. Clock faults do not count.
+  [[nodiscard]] bool has_link_faults() const noexcept { return !cuts_.empty() || !rules_.empty(); }
+
   /// True when from -> to is cut.
   [[nodiscard]] bool is_cut(std::string_view from, std::string_view to) const;
   /// The rule in force for from -> to (the default rule when none matches).
@@ -215,18 +220,33 @@ class fault_injector {
   }
   [[nodiscard]] result<void> apply(const fault_command& command) {
     std::lock_guard lock(mutex_);
-    return faults::apply(policy_, command);
+    auto r = faults::apply(policy_, command);
+    link_faults_.store(policy_.has_link_faults(), std::memory_order_release);
+    return r;
   }
   /// Runs f(policy) under the lock, for changes beyond what fault_command says.
   template <class F>
   auto update(F&& f) {
     std::lock_guard lock(mutex_);
+    struct refresh {
+      fault_injector* self;
+      ~refresh() {
+        self->link_faults_.store(self->policy_.has_link_faults(), std::memory_order_release);
+      }
+    } after{this};
     return f(policy_);
+  }
+  /// fault_policy::has_link_faults() without the lock (one atomic load): decorators pass traffic
+  /// straight through while it is false, so the fault layer costs nothing until an operator sets
+  /// a fault. A message already in flight when a fault is set may pass undecided.
+  [[nodiscard]] bool link_faults() const noexcept {
+    return link_faults_.load(std::memory_order_acquire);
   }
 
  private:
   std::mutex mutex_;
   fault_policy policy_;
+  std::atomic<bool> link_faults_{false};
 };
 
 }  // namespace tessera::transport::faults

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "actors/base/thread.hpp"
+
 namespace tessera::transport::faults {
 
 using bulk::completion;
@@ -22,7 +24,6 @@ faulty_link::faulty_link(std::unique_ptr<bulk::link> inner, std::shared_ptr<faul
       remote_(std::move(remote)),
       mode_(mode) {
   TESSERA_ASSERT(inner_ != nullptr && faults_ != nullptr, "faulty_link needs a link and faults");
-  timer_ = std::thread([this] { timer_loop(); });
 }
 
 faulty_link::~faulty_link() {
@@ -31,7 +32,19 @@ faulty_link::~faulty_link() {
     stopping_ = true;
   }
   timer_cv_.notify_all();
-  timer_.join();
+  if (timer_.joinable()) timer_.join();
+}
+
+bool faulty_link::quiet() const {
+  if (faults_->link_faults()) return false;
+  std::lock_guard lock(mutex_);
+  // Held operations go first: passing a later one by would reorder the link.
+  return heap_.empty() && !down_;
+}
+
+bool faulty_link::has_timer_thread() const {
+  std::lock_guard lock(mutex_);
+  return timer_.joinable();
 }
 
 result<void> faulty_link::write_with_imm(bulk::buffer_handle local, std::uint64_t local_offset,
@@ -41,7 +54,7 @@ result<void> faulty_link::write_with_imm(bulk::buffer_handle local, std::uint64_
   // What can be checked without the inner link's private state is checked now, so a held or
   // dropped write refuses bad arguments exactly as an undecorated one does.
   if (bytes > limits().max_write_bytes || remote_offset > remote.size ||
-      bytes > remote.size - remote_offset) {
+      bytes > remote.size - remote_offset || quiet()) {
     return inner_->write_with_imm(local, local_offset, remote, remote_offset, bytes, imm, wr_id);
   }
   return submit(write_op({local, local_offset, remote, remote_offset, bytes, imm, wr_id}), wr_id);
@@ -88,6 +101,7 @@ result<void> faulty_link::deregister_buffer(bulk::buffer_handle handle) {
 
 result<void> faulty_link::post_writes(std::span<const bulk::write_request> writes) {
   if (writes.empty()) return ok();
+  if (quiet()) return inner_->post_writes(writes);  // one post, as undecorated
   const std::uint32_t limit = limits().max_outstanding;
   if (writes.size() > limit) {
     return make_error(errc::invalid_argument,
@@ -147,7 +161,7 @@ result<void> faulty_link::post_writes(std::span<const bulk::write_request> write
 }
 
 result<void> faulty_link::send(std::span<const std::byte> message, std::uint64_t wr_id) {
-  if (message.size() > limits().max_send_bytes) return inner_->send(message, wr_id);
+  if (message.size() > limits().max_send_bytes || quiet()) return inner_->send(message, wr_id);
   op o;
   o.message.assign(message.begin(), message.end());
   o.bytes = message.size();
@@ -179,7 +193,7 @@ result<void> faulty_link::submit(op o, std::uint64_t wr_id, bool reserved) {
                         "faulty link {}->{}: {} operations outstanding (limit {}); poll first",
                         local_, remote_, outstanding_, limits().max_outstanding);
     }
-    id = next_id_++;
+    id = kInternalId | next_id_++;
     if (!reserved) ++outstanding_;
     const auto kind = shared->is_write ? completion_kind::write_done : completion_kind::send_done;
     pending_[id] = pending{wr_id, kind, d.copies, false};
@@ -200,6 +214,7 @@ result<void> faulty_link::submit(op o, std::uint64_t wr_id, bool reserved) {
         heap_.push_back(held_op{due, next_seq_++, id, shared});
         std::push_heap(heap_.begin(), heap_.end(),
                        [](const held_op& a, const held_op& b) { return heap_later(a, b); });
+        if (!timer_.joinable()) timer_ = std::thread([this] { timer_loop(); });
       }
     }
   }
@@ -225,6 +240,7 @@ result<void> faulty_link::submit(op o, std::uint64_t wr_id, bool reserved) {
 }
 
 void faulty_link::timer_loop() {
+  name_this_thread("fault-timer");
   std::unique_lock lock(mutex_);
   for (;;) {
     if (stopping_) return;
@@ -316,7 +332,8 @@ std::size_t faulty_link::translate(std::span<completion> got) {
       fail_held(down_->failure.value_or(error{errc::closed, "link down"}));
       continue;
     }
-    if (c.kind == completion_kind::write_done || c.kind == completion_kind::send_done) {
+    if ((c.kind == completion_kind::write_done || c.kind == completion_kind::send_done) &&
+        (c.wr_id & kInternalId) != 0) {
       auto it = pending_.find(c.wr_id);
       if (it == pending_.end()) continue;
       pending& p = it->second;

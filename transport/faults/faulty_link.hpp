@@ -16,6 +16,13 @@
 // The caller's wr_ids are kept; bounds are the inner link's (max_outstanding also bounds the
 // due-time queue). When the inner link goes down, held operations complete with an error before
 // link_down is delivered.
+//
+// Free while no fault is in force (every `tessera node` wraps its split groups' links, faults or
+// not): while the injector holds no partition and no rule and nothing is held here, operations go
+// straight to the inner link with the caller's wr_id — a post_writes() list as one post — and draw
+// nothing from the policy's random streams; the decorator's own operations carry wr_ids with the
+// top bit set (kInternalId), so their completions are told from the passed-through ones. The timer
+// thread starts with the first held operation: a link that never sees a delay has none.
 #pragma once
 
 #include <chrono>
@@ -69,6 +76,12 @@ class faulty_link final : public bulk::link {
 
   /// Operations held for later delivery right now (for tests and `tessera status`).
   [[nodiscard]] std::size_t held() const;
+  /// True while the timer thread runs (it starts with the first held operation).
+  [[nodiscard]] bool has_timer_thread() const;
+
+  /// The decorator's own wr_ids (what it posts to the inner link while faults are in force) have
+  /// this bit set; callers' wr_ids must not (the project's callers use 32-bit immediates).
+  static constexpr std::uint64_t kInternalId = 1ull << 63;
 
  private:
   struct op {
@@ -97,6 +110,8 @@ class faulty_link final : public bulk::link {
   static op write_op(const bulk::write_request& w);
   // `reserved`: the caller already counted the operation in outstanding_ (post_writes).
   result<void> submit(op o, std::uint64_t wr_id, bool reserved = false);
+  // No link fault in force and nothing held: operations may pass straight through.
+  [[nodiscard]] bool quiet() const;
   result<void> post_inner(const op& o, std::uint64_t internal_id);
   void timer_loop();
   // Turns inner completions into user completions (in place), returns how many remain.

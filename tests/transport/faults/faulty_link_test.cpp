@@ -86,6 +86,48 @@ void apply_cmd(fault_injector& f, const char* text) {
 
 class faulty_link_test : public ::testing::TestWithParam<bulk::backend_kind> {};
 
+// Every split group's link in a node is decorated, faults or not: while none is in force the
+// decorator is out of the way — no timer thread, the caller's own wr_ids on its completions, a
+// list posted as one — and a fault set later still applies, and after `clear` it is free again.
+TEST_P(faulty_link_test, without_a_fault_in_force_traffic_passes_straight_through) {
+  auto p = make_pair(GetParam());
+  for (std::uint32_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(p.a->send(msg(i), 100 + i));
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    auto c = next_of(*p.a, completion_kind::send_done);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c.wr_id, 100 + i);
+    EXPECT_EQ(value(next_of(*p.b, completion_kind::send_received)), i);
+  }
+  EXPECT_FALSE(p.a->has_timer_thread());
+  // A delay set now applies to the next message, and brings the timer thread.
+  apply_cmd(*p.faults, "delay a->b 50ms");
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(p.a->send(msg(7), 7));
+  EXPECT_EQ(value(next_of(*p.b, completion_kind::send_received)), 7u);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 45ms);
+  EXPECT_EQ(next_of(*p.a, completion_kind::send_done).wr_id, 7u);
+  EXPECT_TRUE(p.a->has_timer_thread());
+  // Cleared while a message is still held: it is delivered, and so is everything after it.
+  apply_cmd(*p.faults, "delay a->b 200ms");
+  ASSERT_TRUE(p.a->send(msg(8), 8));
+  apply_cmd(*p.faults, "clear");
+  ASSERT_TRUE(p.a->send(msg(9), 9));
+  std::vector<std::uint32_t> got{value(next_of(*p.b, completion_kind::send_received)),
+                                 value(next_of(*p.b, completion_kind::send_received))};
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::uint32_t>{8, 9}));
+  std::vector<std::uint64_t> done;
+  for (int i = 0; i < 2; ++i)
+    done.push_back(next_of(*p.a, completion_kind::send_done).wr_id);
+  std::sort(done.begin(), done.end());
+  EXPECT_EQ(done, (std::vector<std::uint64_t>{8, 9}));
+  EXPECT_EQ(p.a->held(), 0u);
+  ASSERT_TRUE(p.a->send(msg(10), 10));
+  EXPECT_EQ(value(next_of(*p.b, completion_kind::send_received)), 10u);
+  EXPECT_EQ(next_of(*p.a, completion_kind::send_done).wr_id, 10u);
+}
+
 TEST_P(faulty_link_test, bad_arguments_are_refused_as_without_the_decorator) {
   auto p = make_pair(GetParam());
   apply_cmd(*p.faults, "delay a->b 10s");
