@@ -3,8 +3,10 @@
 #include <utility>
 
 #include <algorithm>
+#include <string>
 
 #include "actors/actor_cell.hpp"
+#include "actors/base/thread.hpp"
 
 namespace tessera::actors {
 namespace {
@@ -34,7 +36,10 @@ thread_pool_scheduler::thread_pool_scheduler(unsigned workers, std::size_t max_b
   }
   for (auto& w : workers_) {
     worker* wp = w.get();
-    w->thread = std::thread([this, wp] { worker_main(*wp); });
+    w->thread = std::thread([this, wp] {
+      name_this_thread("actor-" + std::to_string(wp->index));
+      worker_main(*wp);
+    });
   }
 }
 

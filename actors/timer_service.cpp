@@ -1,5 +1,7 @@
 #include "actors/timer_service.hpp"
 
+#include "actors/base/thread.hpp"
+
 namespace tessera::actors {
 
 timer_service::timer_service(const clock& clk, bool threaded) : clock_(clk) {
@@ -70,6 +72,7 @@ std::size_t timer_service::fire_due(clock::time_point now) {
 }
 
 void timer_service::thread_main() {
+  name_this_thread("actor-timer");
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     if (queue_.empty()) {

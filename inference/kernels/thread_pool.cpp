@@ -8,6 +8,9 @@
 
 #include <chrono>
 #include <climits>
+#include <string>
+
+#include "actors/base/thread.hpp"
 
 namespace tessera::inference {
 
@@ -127,6 +130,8 @@ void thread_pool::run_erased(trampoline fn, void* obj) {
 }
 
 void thread_pool::worker_loop(int index) {
+  name_this_thread("kpool-" + std::to_string(index));
+  set_this_thread_nice(options_.nice);
   if (options_.pin) pin_to_nth_allowed_cpu(index);
   std::uint32_t seen = 0;
   for (;;) {

@@ -21,6 +21,9 @@ namespace tessera::inference {
 struct thread_pool_options {
   bool pin = true;            ///< pin worker i to the i-th CPU of the process's affinity set
   std::uint32_t spin_us = 50; ///< how long a waiting thread spins before it sleeps on the futex
+  /// Workers' nice value (actors/base/thread.hpp: compute gives way to protocol threads); 0 keeps
+  /// the creator's. The calling thread, worker 0, keeps its own.
+  int nice = 0;
 };
 
 class thread_pool {

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "actors/base/log.hpp"
+#include "actors/base/thread.hpp"
 
 namespace tessera::mesh {
 namespace {
@@ -149,6 +150,7 @@ discovery_stats beacon_source::stats() const {
 }
 
 void beacon_source::run() {
+  name_this_thread("beacon");
   using clock = std::chrono::steady_clock;
   auto next_send = clock::now();
   for (;;) {

@@ -13,6 +13,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/base/thread.hpp"
 #include "mesh/http/metrics.hpp"
 #include "mesh/http/openai.hpp"
 
@@ -209,6 +210,7 @@ struct gateway::impl {
     auto rl = std::make_shared<relay>();
     auto co = client_options();
     rl->worker = std::thread([rl, r, co] {
+      name_this_thread("http-relay");
       auto c = serving::client::connect(co);
       result<serving::outcome> out = c ? (*c)->ask(
                                              r->request,
@@ -400,7 +402,10 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
     p->port = p->opt.port;
   }
   impl* raw = p.get();
-  p->listener = std::thread([raw] { raw->svr.listen_after_bind(); });
+  p->listener = std::thread([raw] {
+    name_this_thread("http");
+    raw->svr.listen_after_bind();
+  });
   spdlog::info("http gateway: http://{}:{}/ ({})", addr, p->port,
                p->opt.api_key.empty() ? "no API key" : "API key required");
   return std::unique_ptr<gateway>(new gateway(std::move(p)));

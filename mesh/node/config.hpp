@@ -75,6 +75,10 @@ struct node_config {
   timeout_config timeouts;
   std::vector<std::string> model_paths;
   std::uint32_t threads = 0;  ///< compute threads; 0 = one per core
+  /// Nice value of the threads that compute (forward passes, split-group followers, model loads):
+  /// protocol threads (nice 0) then preempt them, so a busy peer still answers probes in time
+  /// (actors/base/thread.hpp). 0: compute at the protocol threads' priority.
+  std::uint32_t compute_nice = 10;
   /// Continuous batching: most local streams of one model sharing a forward pass (1 = none).
   std::uint32_t max_batch_streams = 8;
   /// Memory (MiB) the planner may give this peer's shards; 0 = what the machine has free.

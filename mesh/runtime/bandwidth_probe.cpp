@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "actors/base/thread.hpp"
 
 namespace tessera::mesh::runtime {
 
@@ -114,6 +115,7 @@ bool bandwidth_prober::start(member_id peer, const std::string& peer_hex,
   auto done = std::make_shared<std::atomic<bool>>(false);
   const std::uint64_t id = current_id_;
   workers_.push_back({std::thread([this, peer, peer_hex, backend, id, done] {
+                        name_this_thread("bw-probe");
                         initiate(peer, peer_hex, backend, id);
                         *done = true;
                       }),
@@ -136,6 +138,7 @@ void bandwidth_prober::on_offer(member_id peer, const std::string& peer_hex,
   ++responders_;
   auto done = std::make_shared<std::atomic<bool>>(false);
   workers_.push_back({std::thread([this, peer, peer_hex, m, done] {
+                        name_this_thread("bw-answer");
                         respond(peer, peer_hex, m);
                         {
                           std::lock_guard l(mu_);

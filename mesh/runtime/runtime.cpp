@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "actors/base/thread.hpp"
 #include "mesh/discovery/beacon_codec.hpp"
 #include "mesh/discovery/beacon_source.hpp"
 #include "mesh/discovery/mdns_source.hpp"
@@ -1416,6 +1417,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.model_paths = cfg.model_paths;
     so.threads = cfg.threads != 0 ? cfg.threads : std::max(1u, std::thread::hardware_concurrency());
     so.max_batch_streams = cfg.max_batch_streams;
+    so.compute_nice = static_cast<int>(cfg.compute_nice);
     so.bind_address = cfg.listen.address;
     so.advertise_address = adv_host;
     so.request_port = cfg.listen.client_request_port;
@@ -1526,8 +1528,14 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
                                     .count();
   p->instance.nonce =
       (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  p->loop_thread = std::thread([raw] { raw->run(); });
-  p->identity_thread = std::thread([raw] { raw->identity_check_loop(); });
+  p->loop_thread = std::thread([raw] {
+    name_this_thread("node-loop");
+    raw->run();
+  });
+  p->identity_thread = std::thread([raw] {
+    name_this_thread("node-identity");
+    raw->identity_check_loop();
+  });
   for (auto& s : p->sources) {
     auto r = s->start([raw](const peer_hint& h) { raw->push(impl::ev_hint{h}, false); });
     if (!r) {

@@ -16,8 +16,9 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
-#include "actors/base/msgpack_bounded.hpp"
 #include "actors/base/assert.hpp"
+#include "actors/base/msgpack_bounded.hpp"
+#include "actors/base/thread.hpp"
 #include "inference/gguf/gguf.hpp"
 #include "inference/kernels/thread_pool.hpp"
 #include "inference/model/model.hpp"
@@ -25,11 +26,11 @@
 #include "inference/tokenizer/chat.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
 #include "mesh/serving/group_host.hpp"
-#include "transport/faults/faulty_link.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/ledger.hpp"
 #include "mesh/serving/model_share.hpp"
 #include "mesh/serving/protocol.hpp"
+#include "transport/faults/faulty_link.hpp"
 
 namespace tessera::mesh::serving {
 
@@ -212,7 +213,8 @@ struct engine::impl {
   std::uint64_t dropped_inbox = 0;
   // counters, written by the engine / io threads
   std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
-      tokens_out{0}, duplicates{0}, cancelled{0};
+      tokens_out{0}, duplicates{0}, cancelled{0},
+      resumed_first{0};  // resumed streams queued ahead of new ones
   // Forward passes over local streams, and the stream-units they carried (their ratio is the mean
   // batch); written by the engine thread.
   std::atomic<std::uint64_t> passes{0}, pass_streams{0};
@@ -249,6 +251,7 @@ struct engine::impl {
 
   // ------------------------------------------------------------------ io thread
   void io_loop() {
+    name_this_thread("serve-io");
     zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0},
                                {pull.handle(), 0, ZMQ_POLLIN, 0},
                                {xpub.handle(), 0, ZMQ_POLLIN, 0},
@@ -538,7 +541,17 @@ struct engine::impl {
     ++accepted;
     send(base(s->req, "accepted"));
     s->last_sent = clock_type::now();
-    queued.push_back(std::move(s));
+    // A resumed stream (its serving peer died or its group moved) goes ahead of new requests:
+    // its client has waited already, and it is behind the others only because of a fault.
+    // Among resumed ones, first come first served.
+    if (s->req.attempt > 0) {
+      auto at = std::find_if(queued.begin(), queued.end(),
+                             [](const auto& w) { return w->req.attempt == 0; });
+      if (at != queued.end()) ++resumed_first;
+      queued.insert(at, std::move(s));
+    } else {
+      queued.push_back(std::move(s));
+    }
   }
 
   std::unique_ptr<session> make_session(request q) {
@@ -864,6 +877,9 @@ struct engine::impl {
   }
 
   void engine_loop() {
+    // Forward passes run here (rank 0 of split groups too): the compute class.
+    name_this_thread("engine");
+    set_this_thread_nice(opt.compute_nice);
     auto last_view = clock_type::now();
     std::vector<unit> round;
     while (true) {
@@ -924,7 +940,13 @@ struct engine::impl {
         auto s = std::move(*q);
         q = queued.erase(q);
         if (auto a = activate(*s); !a) {
-          send_error(s->req, error_code::no_capacity, a.error().message);
+          // A split group that failed after it accepted the stream (a rank declared dead, a link
+          // cut) is being re-planned: the client resumes, and its next attempt waits, silent,
+          // for the group that replaces this one. Only a full group is out of capacity.
+          const bool group_down =
+              s->host != nullptr && s->host->current() == group_host::state::failed;
+          send_error(s->req, group_down ? error_code::unavailable : error_code::no_capacity,
+                     group_down ? fmt::format("{}; resume", a.error().message) : a.error().message);
           continue;
         }
         const std::string id = s->req.id;
@@ -1051,7 +1073,7 @@ struct engine::impl {
           unformed_since.erase(key);
           auto h = std::make_unique<group_host>(
               key, (*local)->info.path, g, me, opt.link_addresses(), std::move(caps), opt.bulk_caps,
-              std::move(sender), opt.threads, std::move(wrap), &registry);
+              std::move(sender), opt.threads, std::move(wrap), &registry, opt.compute_nice);
           if (auto e = early_links.find(key); e != early_links.end()) {
             for (const auto& m : e->second)
               h->on_link_message(m);
@@ -1216,6 +1238,8 @@ struct engine::impl {
     spdlog::info("serving {}: loading model '{}' ({} MiB of weights) for a replica here",
                  opt.node_hex, lm.info.name, lm.total_bytes.load() >> 20);
     lm.loader = std::thread([this, &lm] {
+      name_this_thread("model-load");
+      set_this_thread_nice(opt.compute_nice);
       mdl::load_options lo;
       lo.on_progress = [this, &lm](std::uint64_t done, std::uint64_t total) {
         lm.loaded_bytes = done;
@@ -1326,8 +1350,8 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
   if (p->opt.max_active == 0 || p->opt.prefill_chunk == 0 || p->opt.max_batch_streams == 0)
     return make_error(errc::invalid_argument,
                       "serving: max_active, prefill_chunk and max_batch_streams must be > 0");
-  auto pool =
-      inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)), {.pin = false});
+  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)),
+                                       {.pin = false, .nice = p->opt.compute_nice});
   if (!pool) return pool.error();
   p->pool = std::move(*pool);
   auto send_share = p->opt.send_share;
@@ -1560,6 +1584,7 @@ json engine::status() const {
   j["superseded"] = impl_->superseded.load();
   j["duplicates"] = impl_->duplicates.load();
   j["cancelled"] = impl_->cancelled.load();
+  j["resumed_first"] = impl_->resumed_first.load();
   j["tokens"] = impl_->tokens_out.load();
   j["malformed"] = impl_->malformed.load();
   j["passes"] = impl_->passes.load();

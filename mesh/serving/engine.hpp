@@ -36,6 +36,9 @@ struct engine_options {
   member_id self = no_member;
   std::vector<std::string> model_paths;  ///< GGUF files; a model's name is the file stem
   std::uint32_t threads = 1;             ///< compute threads per forward pass
+  /// Nice value of the engine thread, its compute pool, split-group followers and model loaders
+  /// (actors/base/thread.hpp); 0 leaves them at the node's priority.
+  int compute_nice = 0;
   std::string bind_address = "0.0.0.0";
   /// The address peers reach us at (mesh/node/advertise.hpp): what bulk links (split groups, model
   /// share) tell the peer. Empty: bind_address, which must then not be the wildcard.

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/base/thread.hpp"
 #include "inference/gguf/gguf.hpp"
 
 namespace tessera::mesh::serving {
@@ -49,7 +50,7 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
                        std::uint32_t self_rank, bulk::link_addresses addresses,
                        std::map<member_id, bulk::local_capabilities> caps,
                        bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
-                       link_wrapper wrap, group_registry* registry)
+                       link_wrapper wrap, group_registry* registry, int compute_nice)
     : key_(std::move(key)),
       path_(std::move(model_path)),
       g_(std::move(g)),
@@ -60,7 +61,8 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
       send_(std::move(send)),
       wrap_(std::move(wrap)),
       threads_(threads),
-      registry_(registry) {
+      registry_(registry),
+      compute_nice_(compute_nice) {
   if (registry_ != nullptr) {
     std::lock_guard lock(registry_->mu_);
     registry_->hosts_.push_back(this);
@@ -172,6 +174,9 @@ void group_registry::abort_unplanned(const std::set<std::string>& planned,
 }
 
 void group_host::run() {
+  // Forms the group, then (ranks > 0) runs its share of every forward pass: the compute class.
+  name_this_thread(self_ == 0 ? "group-form" : "group-follow");
+  set_this_thread_nice(compute_nice_);
   auto r = form();
   if (!r) {
     {
@@ -229,7 +234,8 @@ result<void> group_host::form() {
   auto m = inf::model::model::load(*f, {*spec});
   if (!m) return m.error();
   shard_ = std::move(*m);
-  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)), {.pin = false});
+  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)),
+                                       {.pin = false, .nice = compute_nice_});
   if (!pool) return pool.error();
   pool_ = std::move(*pool);
 

@@ -88,7 +88,7 @@ class group_host {
              std::uint32_t self_rank, transport::bulk::link_addresses addresses,
              std::map<member_id, transport::bulk::local_capabilities> caps,
              transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
-             link_wrapper wrap = {}, group_registry* registry = nullptr);
+             link_wrapper wrap = {}, group_registry* registry = nullptr, int compute_nice = 0);
   ~group_host();  ///< closes the links (a follower's follow() fails) and joins
   group_host(const group_host&) = delete;
   group_host& operator=(const group_host&) = delete;
@@ -129,6 +129,7 @@ class group_host {
   link_wrapper wrap_;
   std::uint32_t threads_;
   group_registry* registry_;
+  int compute_nice_;  // of the forming/following thread and the group's compute pool
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

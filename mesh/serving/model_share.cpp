@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "actors/base/thread.hpp"
 
 namespace tessera::mesh::serving {
 
@@ -296,6 +297,7 @@ void share_server::on_offer(const std::string& from_hex, const share_setup& offe
   auto done = std::make_shared<std::atomic<bool>>(false);
   const entry* e = &it->second;
   workers_.push_back({std::thread([this, from_hex, offer, e, done] {
+                        name_this_thread("share-serve");
                         serve(from_hex, offer, e);
                         {
                           std::lock_guard l(mu_);
@@ -452,7 +454,10 @@ std::string_view to_string(model_fetch::state s) noexcept {
 model_fetch::model_fetch(options o) : opt_(std::move(o)) {
   path_ = (fs::path(opt_.dir) / (opt_.model + ".gguf")).string();
   root_path_ = (fs::path(opt_.dir) / (opt_.model + ".root")).string();
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("share-fetch");
+    run();
+  });
 }
 
 model_fetch::~model_fetch() {

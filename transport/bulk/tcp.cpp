@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/base/thread.hpp"
 #include "transport/bulk/backends.hpp"
 #include "transport/bulk/completion_queue.hpp"
 
@@ -208,7 +209,10 @@ class tcp_link final : public link {
     ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     // Reads start only on a readable socket; the timeout bounds a peer that stalls mid-frame.
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    receiver_ = std::thread([this] { receive_loop(); });
+    receiver_ = std::thread([this] {
+      name_this_thread("bulk-tcp-rx");
+      receive_loop();
+    });
   }
 
   ~tcp_link() override {

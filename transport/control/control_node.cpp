@@ -20,6 +20,7 @@
 #include <zmq.hpp>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "actors/base/thread.hpp"
 
 namespace tessera::transport::control {
 namespace {
@@ -930,7 +931,10 @@ result<std::unique_ptr<control_node>> control_node::start(node_config cfg,
   std::promise<result<void>> started;
   auto fut = started.get_future();
   impl* raw = p.get();
-  p->io = std::thread([raw, &started] { raw->run(started); });
+  p->io = std::thread([raw, &started] {
+    name_this_thread("ctl-io");
+    raw->run(started);
+  });
   auto r = fut.get();
   if (!r) {
     p->io.join();

@@ -1,0 +1,36 @@
+#include "actors/base/thread.hpp"
+
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+namespace tessera {
+
+void name_this_thread(std::string_view name) noexcept {
+  char buf[16] = {};
+  const std::size_t n = std::min<std::size_t>(name.size(), sizeof buf - 1);
+  name.copy(buf, n);
+  ::pthread_setname_np(::pthread_self(), buf);
+}
+
+bool set_this_thread_nice(int nice) noexcept {
+  if (nice <= 0) return true;
+  nice = std::min(nice, 19);
+  // PRIO_PROCESS with a thread id: on Linux a thread's nice value is its own (not POSIX).
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  return ::setpriority(PRIO_PROCESS, tid, nice) == 0;
+}
+
+int this_thread_nice() noexcept {
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int v = ::getpriority(PRIO_PROCESS, tid);
+  return errno == 0 ? v : 0;
+}
+
+}  // namespace tessera
