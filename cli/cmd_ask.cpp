@@ -103,6 +103,7 @@ int ask(const ask_args& a) {
     j["attempts"] = out->attempts;
     j["first_token_s"] = out->first_token_s;
     j["total_s"] = out->total_s;
+    j["longest_gap_s"] = out->longest_gap_s;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");

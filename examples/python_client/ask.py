@@ -192,16 +192,19 @@ class Client:
 
     def learn_peers(self, body):
         """A peer list: connect to the peers not known yet. A request already published reaches
-        them with its next re-publication (it is re-published until accepted)."""
+        them with its next re-publication (it is re-published until accepted). Returns the node
+        ids the list names as live (empty: the peer has no view yet, or an older peer)."""
         try:
             m = msgpack.unpackb(body, raw=False, unicode_errors="replace")
         except Exception:  # a malformed message is dropped, never fatal
-            return
+            return []
         if not isinstance(m, dict) or m.get("kind") != "peers":
-            return
+            return []
         listed = m.get("peers", [])
+        live = m.get("nodes", [])
+        live = [n for n in live if isinstance(n, str)] if isinstance(live, list) else []
         if not isinstance(listed, list):
-            return
+            return live
         for text in listed[:MAX_PEERS]:
             if not isinstance(text, str):
                 continue
@@ -209,6 +212,7 @@ class Client:
                 self.connect_to(parse_peer(text))
             except (ValueError, zmq.ZMQError):
                 continue  # an address this machine cannot use: the other peers still can be
+        return live
 
     def close(self):
         self.pub.close()
@@ -234,6 +238,7 @@ class Client:
         prompt_tokens = 0
         attempt = 0
         accepted = False
+        serving = ""  # the peer that accepted the current attempt
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         republish_s = FIRST_REPUBLISH_S
@@ -244,7 +249,7 @@ class Client:
         self.publish(req)
 
         def resume(why):
-            nonlocal attempt, accepted, republish_s, last_publish, last_heard
+            nonlocal attempt, accepted, serving, republish_s, last_publish, last_heard
             if attempt + 1 >= MAX_ATTEMPTS:
                 raise AskError("timeout", f"request {rid}: gave up after {attempt + 1} attempts "
                                           f"(last: {why})")
@@ -252,6 +257,7 @@ class Client:
                 sys.stderr.write(f"! resume: {why}\n")
             attempt += 1
             accepted = False
+            serving = ""
             req["attempt"] = attempt
             req["resume"] = list(tokens)
             republish_s = FIRST_REPUBLISH_S
@@ -282,7 +288,11 @@ class Client:
             if len(frames) != 2:
                 continue
             if frames[0] == PEERS_TOPIC:
-                self.learn_peers(frames[1])
+                live = self.learn_peers(frames[1])
+                # The serving peer is no longer live in a peer's view: it was declared dead (or
+                # left). Resume now instead of after STALL_S of silence.
+                if accepted and serving and live and serving not in live:
+                    resume(f"peer {serving} left the cluster's view")
                 continue
             if frames[0] != topic:
                 continue
@@ -301,8 +311,10 @@ class Client:
                 if not accepted and (not nodes or nodes[-1] != node):
                     nodes.append(node)
                 accepted = True
+                serving = serving or node
             elif kind == "token":
                 accepted = True
+                serving = serving or node
                 index = m.get("index", 0)
                 if index < len(tokens):
                     continue  # a duplicate

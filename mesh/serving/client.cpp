@@ -257,8 +257,12 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
     while (body.more())
       (void)s.sub.recv(body, zmq::recv_flags::none);
     if (t.to_string_view() == peers_topic) {
-      if (auto pm = decode_response(body.to_string_view()); pm && pm->kind == "peers")
+      if (auto pm = decode_response(body.to_string_view()); pm && pm->kind == "peers") {
         s.learn_peers(*pm);
+        step = f.on_peers(*pm, now_us());
+        if (step.publish) s.publish(*step.publish);
+        if (step.done) return std::move(*step.done);
+      }
       continue;
     }
     if (t.to_string_view() != topic) continue;

@@ -208,7 +208,13 @@ struct engine::impl {
   std::shared_ptr<const placement::plan> plan;
   std::vector<member_id> live;
   std::vector<std::string> client_endpoints;
+  // The live members' node ids (ours first) for peer lists; empty until a plan arrives, so that a
+  // peer without a view never tells clients that their serving peer is gone.
+  std::vector<std::string> live_nodes;
   std::map<member_id, peer_facts> peers;
+  // Set when the live members changed: the io thread publishes the peer list at once, so clients
+  // whose serving peer was declared dead resume now rather than after 3 s of silence.
+  std::atomic<bool> peers_changed{false};
   std::deque<group_link_message> link_inbox;  // bounded by kMaxLinkMessages
   std::uint64_t dropped_inbox = 0;
   // counters, written by the engine / io threads
@@ -264,7 +270,7 @@ struct engine::impl {
         if (items[0].revents & ZMQ_POLLIN) on_request_frames();
         if (items[1].revents & ZMQ_POLLIN) forward_responses();
         if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
-        if (clock_type::now() >= next_peers) {
+        if (peers_changed.exchange(false) || clock_type::now() >= next_peers) {
           publish_peers();
           next_peers = clock_type::now() + std::chrono::seconds(2);
         }
@@ -398,7 +404,9 @@ struct engine::impl {
     {
       std::lock_guard lock(mu);
       r.peers = client_endpoints;
+      r.nodes = live_nodes;
     }
+    if (r.nodes.size() > max_peers) r.nodes.resize(max_peers);
     if (r.peers.size() > max_peers) r.peers.resize(max_peers);
     const std::string body = encode(r);
     (void)xpub.send(zmq::buffer(peers_topic), zmq::send_flags::sndmore);
@@ -530,7 +538,10 @@ struct engine::impl {
     auto s = make_session(std::move(q));
     if (!s) return;  // answered with an error
     s->host = host;
-    if (active.size() + queued.size() >= opt.max_active + opt.max_queued) {
+    // A resumed stream is refused last: it may use the headroom too (an `overloaded` ends it).
+    const std::size_t bound =
+        opt.max_active + opt.max_queued + (s->req.attempt > 0 ? opt.resume_headroom : 0);
+    if (active.size() + queued.size() >= bound) {
       ++rejected;
       send_error(
           s->req, error_code::overloaded,
@@ -917,9 +928,13 @@ struct engine::impl {
         on_request(std::move(q));
       tend_weights();
       // Admit waiting sessions into free slots, in order; a local stream whose model is still
-      // loading waits (with keepalives) and lets the ones behind it go first.
-      for (auto q = queued.begin(); active.size() < opt.max_active && q != queued.end();) {
+      // loading waits (with keepalives) and lets the ones behind it go first. Resumed streams
+      // (queued first) may also take the headroom beyond max_active.
+      for (auto q = queued.begin(); q != queued.end();) {
         session& w = **q;
+        if (active.size() >= opt.max_active &&
+            (w.req.attempt == 0 || active.size() >= opt.max_active + opt.resume_headroom))
+          break;
         if (waits_for_weights(w)) {
           ++q;
           continue;
@@ -1488,6 +1503,18 @@ void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<m
   }
   {
     std::lock_guard lock(impl_->mu);
+    std::vector<std::string> nodes;
+    if (plan != nullptr) {
+      nodes.push_back(impl_->opt.node_hex);
+      for (member_id id : live) {
+        auto it = peers.find(id);
+        if (it != peers.end() && !it->second.hex.empty()) nodes.push_back(it->second.hex);
+      }
+    }
+    if (nodes != impl_->live_nodes) {
+      impl_->live_nodes = std::move(nodes);
+      impl_->peers_changed = true;
+    }
     impl_->plan = std::move(plan);
     impl_->live = std::move(live);
     impl_->client_endpoints = std::move(client_endpoints);

@@ -49,6 +49,10 @@ struct engine_options {
   std::uint16_t request_port = 7402;   ///< SUB; 0 = any free port
   std::uint16_t response_port = 7403;  ///< XPUB; 0 = any free port
   std::uint32_t max_active = 8;        ///< sessions generating at once (each holds a KV cache)
+  /// Resumed streams (attempt > 0: their peer died or their group moved) may take up to this many
+  /// slots beyond max_active, so that they do not wait behind the survivors' full batches (a
+  /// resumed stream waited 12-31 s there); each holds a KV cache too, so this bounds that memory.
+  std::uint32_t resume_headroom = 8;
   std::uint32_t max_queued = 64;       ///< accepted requests waiting for a session slot
   std::uint32_t max_inbox = 1024;      ///< requests waiting for intake; beyond: dropped (counted)
   std::uint32_t prefill_chunk = 64;    ///< prompt tokens per round per session

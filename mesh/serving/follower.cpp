@@ -53,6 +53,7 @@ follower_step stream_follower::resume(std::string_view why, std::uint64_t now_us
   ++req_.attempt;
   req_.resume = out_.tokens;
   accepted_ = false;
+  serving_node_.clear();
   republish_ms_ = std::min(first_republish_ms, opt_.republish_ms);
   last_publish_us_ = last_heard_us_ = now_us;
   follower_step s;
@@ -79,6 +80,12 @@ follower_step stream_follower::on_tick(std::uint64_t now_us) {
   return {};
 }
 
+follower_step stream_follower::on_peers(const response& m, std::uint64_t now_us) {
+  if (finished_ || !accepted_ || serving_node_.empty() || m.nodes.empty()) return {};
+  if (std::find(m.nodes.begin(), m.nodes.end(), serving_node_) != m.nodes.end()) return {};
+  return resume(fmt::format("peer {} left the view of peer {}", serving_node_, m.node), now_us);
+}
+
 follower_step stream_follower::cancel(std::uint64_t now_us) {
   (void)now_us;
   if (finished_) return {};
@@ -101,15 +108,21 @@ follower_step stream_follower::on_response(const response& m, std::uint64_t now_
     if (!accepted_ && (out_.nodes.empty() || out_.nodes.back() != m.node))
       out_.nodes.push_back(m.node);
     accepted_ = true;
+    if (serving_node_.empty()) serving_node_ = m.node;
     return {};
   }
   if (m.kind == "token") {
     accepted_ = true;
+    if (serving_node_.empty()) serving_node_ = m.node;
     if (m.index < out_.tokens.size()) return {};  // a duplicate
     if (m.index > out_.tokens.size())
       return resume(fmt::format("index {} arrived while {} was due", m.index, out_.tokens.size()),
                     now_us);
     if (out_.tokens.empty()) out_.first_token_s = seconds(now_us);
+    if (!out_.tokens.empty())
+      out_.longest_gap_s =
+          std::max(out_.longest_gap_s, static_cast<double>(now_us - last_token_us_) / 1e6);
+    last_token_us_ = now_us;
     if (out_.nodes.empty() || out_.nodes.back() != m.node) out_.nodes.push_back(m.node);
     out_.tokens.push_back(m.token);
     out_.text.append(m.text.data(), m.text.size());

@@ -36,6 +36,7 @@ struct outcome {
   std::uint32_t attempts = 1;        ///< 1 + resumptions
   double first_token_s = 0;          ///< publish to the first token
   double total_s = 0;
+  double longest_gap_s = 0;  ///< the longest wait between two tokens (a failover's cost)
 };
 
 /// What one input made the follower do.
@@ -53,6 +54,10 @@ class stream_follower {
   /// The first publication (attempt 0), to send at construction time.
   [[nodiscard]] const request& first_publication() const { return req_; }
   follower_step on_response(const response& m, std::uint64_t now_us);
+  /// A peer list (kind "peers"): when it names the live members (`nodes` not empty) and the peer
+  /// serving the current attempt is not among them, that peer was declared dead or left: resume
+  /// now instead of after stall_ms of silence.
+  follower_step on_peers(const response& m, std::uint64_t now_us);
   follower_step on_tick(std::uint64_t now_us);
   /// The caller lost interest: the step publishes the cancel message and ends with
   /// errc::cancelled.
@@ -72,6 +77,8 @@ class stream_follower {
   outcome out_;
   // Times in microseconds of the caller's monotonic clock.
   std::uint64_t t0_us_ = 0, deadline_us_ = 0, last_publish_us_ = 0, last_heard_us_ = 0;
+  std::uint64_t last_token_us_ = 0;
+  std::string serving_node_;  // the peer that accepted the current attempt ("" before)
   std::uint32_t republish_ms_ = 25;
   bool accepted_ = false;
   bool finished_ = false;

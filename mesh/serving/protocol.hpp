@@ -106,8 +106,11 @@ struct response {
   std::string code;                 ///< error: one of error_code
   std::string message;              ///< error: what was wrong, naming it
   std::vector<std::string> peers;   ///< peers: "host:request_port:response_port" of live members
+  /// peers: the node ids of the live members of the sender's view (itself first; empty before it
+  /// has a plan). A client whose stream's serving peer is not among them resumes at once.
+  std::vector<std::string> nodes;
   MSGPACK_DEFINE_MAP(v, kind, id, attempt, node, index, token, text, tokens, prompt_tokens, stop,
-                     code, message, peers);
+                     code, message, peers, nodes);
 };
 
 /// Topic frame of `id`'s responses: the id and a ':' (not allowed in ids, so a subscription to

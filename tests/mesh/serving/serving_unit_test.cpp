@@ -428,6 +428,40 @@ TEST(StreamFollower, TokensInOrderOnceAndGapsResumeWithWhatArrived) {
   EXPECT_FALSE(f.on_tick(10'000 * ms).done);  // finished: nothing more, ever
 }
 
+// The serving peer declared dead: a peer list that no longer names it resumes the stream at once
+// (not after 3 s of silence). Lists without node ids (a peer with no view yet), lists that name
+// it, and lists before any peer accepted change nothing. The longest wait between two tokens is
+// what the client reports as the failover's cost.
+TEST(StreamFollower, APeerListWithoutTheServingPeerResumesAtOnce) {
+  stream_follower f(valid_request(), {}, 0);
+  auto peers = msg("peers", 0, "c");
+  peers.id.clear();
+  peers.nodes = {"c", "b"};
+  EXPECT_FALSE(f.on_peers(peers, ms).publish);  // nothing accepted yet
+  (void)f.on_response(msg("accepted", 0, "a"), 2 * ms);
+  (void)f.on_response(tok(0, 0, 5, "a"), 3 * ms);
+  auto no_view = peers;
+  no_view.nodes.clear();
+  EXPECT_FALSE(f.on_peers(no_view, 4 * ms).publish);
+  auto with_a = peers;
+  with_a.nodes = {"c", "a", "b"};
+  EXPECT_FALSE(f.on_peers(with_a, 5 * ms).publish);
+  auto s = f.on_peers(peers, 600 * ms);  // a is gone from c's view
+  ASSERT_TRUE(s.publish);
+  EXPECT_EQ(s.publish->attempt, 1u);
+  EXPECT_EQ(s.publish->resume, (std::vector<std::int32_t>{5}));
+  EXPECT_FALSE(f.on_peers(peers, 601 * ms).publish);  // the new attempt has no serving peer yet
+  (void)f.on_response(msg("accepted", 1, "b"), 650 * ms);
+  EXPECT_FALSE(f.on_peers(peers, 660 * ms).publish);  // b is listed
+  EXPECT_TRUE(f.on_response(tok(1, 1, 6, "b"), 700 * ms).token);
+  auto d = msg("done", 1, "b");
+  d.tokens = 2;
+  auto e = f.on_response(d, 710 * ms);
+  ASSERT_TRUE(e.done && *e.done);
+  EXPECT_EQ((*e.done)->attempts, 2u);
+  EXPECT_DOUBLE_EQ((*e.done)->longest_gap_s, 0.697);  // index 0 at 3 ms, index 1 at 700 ms
+}
+
 TEST(StreamFollower, SilenceShortDoneAndUnavailableResumeOtherErrorsEnd) {
   stream_follower f(valid_request(), {}, 0);
   (void)f.on_response(tok(0, 0, 1), ms);
