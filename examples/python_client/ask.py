@@ -222,7 +222,8 @@ class Client:
     def publish(self, req):
         if self.trace:
             shown = dict(req)
-            shown["prompt"] = shown["prompt"][:40]
+            if "prompt" in shown:
+                shown["prompt"] = shown["prompt"][:40]
             sys.stderr.write(f"> [req] {shown}\n")
         self.pub.send_multipart([REQUEST_TOPIC, msgpack.packb(req, use_bin_type=True)])
 
@@ -239,6 +240,7 @@ class Client:
         attempt = 0
         accepted = False
         serving = ""  # the peer that accepted the current attempt
+        cut = set()  # peers told to drop their duplicate of the current attempt
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         republish_s = FIRST_REPUBLISH_S
@@ -258,6 +260,7 @@ class Client:
             attempt += 1
             accepted = False
             serving = ""
+            cut.clear()
             req["attempt"] = attempt
             req["resume"] = list(tokens)
             republish_s = FIRST_REPUBLISH_S
@@ -304,9 +307,18 @@ class Client:
                 continue  # another request, or an earlier attempt: stale
             if self.trace:
                 sys.stderr.write(f"< [{topic.decode()}] {m}\n")
-            last_heard = time.monotonic()
             kind = m.get("kind")
             node = m.get("node", "")
+            if node in cut:
+                continue  # told to stop: its tokens are the same, its "cancelled" is not ours
+            if serving and node != serving:
+                if kind in ("accepted", "token") and len(cut) < 8:
+                    # A second peer serves this attempt (their views differ): keep the first.
+                    cut.add(node)
+                    self.publish({"v": 1, "id": rid, "attempt": attempt, "cancel": True,
+                                  "node": node})
+                continue
+            last_heard = time.monotonic()
             if kind == "accepted":
                 if not accepted and (not nodes or nodes[-1] != node):
                     nodes.append(node)

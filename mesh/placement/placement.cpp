@@ -812,9 +812,13 @@ result<std::size_t> route_request(const plan& p, std::string_view model,
                       weights.size(), it->groups.size(), model);
   }
   const std::uint64_t req = fnv1a64(request_id);
+  const bool all_out = !weights.empty() &&
+                       std::all_of(weights.begin(), weights.end(), [](auto w) { return w == 0; });
   std::size_t best = 0;
   std::uint64_t best_score = 0;
+  bool found = false;
   for (std::size_t gi = 0; gi < it->groups.size(); ++gi) {
+    if (!weights.empty() && !all_out && weights[gi] == 0) continue;
     std::uint64_t key = 0xcbf29ce484222325ULL;
     for (const auto& r : it->groups[gi].ranks)
       key = mix64(key ^ r.node);
@@ -824,9 +828,10 @@ result<std::size_t> route_request(const plan& p, std::string_view model,
     std::uint64_t score = 0;
     for (std::uint32_t k = 0; k < w; ++k)
       score = std::max(score, mix64(req ^ mix64(key + k)));
-    if (gi == 0 || score > best_score) {
+    if (!found || score > best_score) {
       best = gi;
       best_score = score;
+      found = true;
     }
   }
   return best;

@@ -260,7 +260,10 @@ struct tensor_shape {
 /// Picks the group of `model` that takes `request_id`: weighted rendezvous hashing over the
 /// groups keyed by their node ids, integer-only, so every peer holding the same plan agrees and
 /// adding or removing one group moves only the requests that group gains or loses. `weights`
-/// (optional, one per group, clamped to [1, 64]) are capacity / load hints; default 1 each.
+/// (optional, one per group, clamped to [1, 64]) are capacity / load hints; default 1 each. A
+/// weight of 0 takes the group out (it cannot serve now: a member is down) — the request goes
+/// where it would go if the group were not in the plan, as it will once the plan drops it — unless
+/// every group has 0, when all count as 1.
 /// Errors: not_found (model not in the plan), no_capacity (the model's no_capacity reason),
 /// invalid_argument (weights size mismatch).
 [[nodiscard]] result<std::size_t> route_request(const plan& p, std::string_view model,

@@ -454,6 +454,7 @@ struct engine::impl {
   /// other peer has no session and does nothing.
   void on_cancel(const request& q) {
     if (!valid_id(q.id)) return;
+    if (!q.node.empty() && q.node != opt.node_hex) return;  // meant for another peer's copy
     session* s = find_session(q.id);
     if (s == nullptr || s->req.attempt > q.attempt) return;
     auto r = base(s->req, "error");

@@ -54,6 +54,7 @@ follower_step stream_follower::resume(std::string_view why, std::uint64_t now_us
   req_.resume = out_.tokens;
   accepted_ = false;
   serving_node_.clear();
+  cut_.clear();
   republish_ms_ = std::min(first_republish_ms, opt_.republish_ms);
   last_publish_us_ = last_heard_us_ = now_us;
   follower_step s;
@@ -100,8 +101,29 @@ follower_step stream_follower::cancel(std::uint64_t now_us) {
   return s;
 }
 
+follower_step stream_follower::cut_duplicate(const std::string& node) {
+  // Two peers serve this attempt (their views of who is live differ: a partition, a peer not yet
+  // declared dead): keep the first, tell the other to stop. Its copy would only repeat tokens.
+  cut_.push_back(node);
+  request c;
+  c.id = req_.id;
+  c.attempt = req_.attempt;
+  c.cancel = true;
+  c.node = node;
+  follower_step s;
+  s.publish = std::move(c);
+  return s;
+}
+
 follower_step stream_follower::on_response(const response& m, std::uint64_t now_us) {
   if (finished_ || m.id != req_.id || m.attempt != req_.attempt) return {};  // stale attempts
+  if (std::find(cut_.begin(), cut_.end(), m.node) != cut_.end()) return {};  // told to stop
+  if (!serving_node_.empty() && m.node != serving_node_) {
+    if ((m.kind == "accepted" || m.kind == "token") && cut_.size() < 8)
+      return cut_duplicate(m.node);
+    // Another peer's word on an attempt one peer already serves (its view differs): not ours.
+    if (m.kind == "error" || m.kind == "done") return {};
+  }
   last_heard_us_ = now_us;
   const auto seconds = [&](std::uint64_t t) { return static_cast<double>(t - t0_us_) / 1e6; };
   if (m.kind == "accepted") {

@@ -70,6 +70,7 @@ class stream_follower {
 
  private:
   follower_step resume(std::string_view why, std::uint64_t now_us);
+  follower_step cut_duplicate(const std::string& node);
   follower_step finish(result<outcome> r);
 
   request req_;
@@ -79,6 +80,7 @@ class stream_follower {
   std::uint64_t t0_us_ = 0, deadline_us_ = 0, last_publish_us_ = 0, last_heard_us_ = 0;
   std::uint64_t last_token_us_ = 0;
   std::string serving_node_;  // the peer that accepted the current attempt ("" before)
+  std::vector<std::string> cut_;  // peers told to drop their duplicate of the current attempt
   std::uint32_t republish_ms_ = 25;
   bool accepted_ = false;
   bool finished_ = false;

@@ -49,7 +49,25 @@ intake_decision decide(const request& r, const placement::plan* plan,
     return reject_if_responder(responder, error_code::invalid_request, v.error().message);
   }
   if (plan == nullptr) return {};
-  auto g = placement::route_request(*plan, r.model, r.id);
+  // Groups with a member this peer no longer counts as live take nothing: the request goes where
+  // the plan without that group will send it, at once — before the leader re-plans, and when no
+  // leader can (a minority, a lone survivor: availability wins; a client cancels a duplicate).
+  std::vector<std::uint32_t> weights;
+  if (const auto m =
+          std::find_if(plan->models.begin(), plan->models.end(),
+                       [&](const placement::model_plan& x) { return x.spec.name == r.model; });
+      m != plan->models.end()) {
+    bool any_down = false;
+    for (const auto& grp : m->groups) {
+      const bool up = std::all_of(grp.ranks.begin(), grp.ranks.end(), [&](const auto& rank) {
+        return std::find(live.begin(), live.end(), rank.node) != live.end();
+      });
+      weights.push_back(up ? 1 : 0);
+      any_down |= !up;
+    }
+    if (!any_down) weights.clear();
+  }
+  auto g = placement::route_request(*plan, r.model, r.id, weights);
   if (!g) {
     if (g.error().code == errc::not_found)
       return reject_if_responder(

@@ -2,9 +2,13 @@
 // request in; a decision out), so every peer decides alike and the simulator can run it.
 //
 // Every peer sees every request. The group that placement::route_request picks for (model, id)
-// takes it: its first rank (stage 0, tensor rank 0) accepts and streams. A request nobody can take
-// (malformed, unknown model, no capacity) is answered by exactly one peer — the responder, picked
-// by rendezvous hashing of the id over the live members — so the client gets one error, not N.
+// takes it: its first rank (stage 0, tensor rank 0) accepts and streams. A group with a member
+// the deciding peer does not count as live is left out of that choice (the one rule for serving
+// without a leader: a peer that holds a model's weights serves it whatever became of the others;
+// peers whose views differ may both accept an attempt, and the client cancels the later one). A
+// request nobody can take (malformed, unknown model, no capacity) is answered by exactly one peer —
+// the responder, picked by rendezvous hashing of the id over the live members — so the client gets
+// one error, not N.
 #pragma once
 
 #include <span>

@@ -70,8 +70,11 @@ struct request {
   /// The client lost interest: the peer serving `id` ends that stream (attempt <= `attempt`)
   /// without another message and remembers it as finished. Only `v`, `id` and `attempt` matter.
   bool cancel = false;
+  /// With `cancel`: only the peer of this node id stops (a client cutting short a duplicate
+  /// acceptance of its attempt keeps the first peer's stream). Empty: whichever peer serves it.
+  std::string node;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
-                     repeat_penalty, seed, attempt, resume, cancel);
+                     repeat_penalty, seed, attempt, resume, cancel, node);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };

@@ -1071,6 +1071,17 @@ TEST(PlacementRouting, EveryPeerAgreesAndRemovingAGroupMovesOnlyItsRequests) {
   }
   EXPECT_GT(heavy, 2500u);  // expected 3000 (1/2)
   EXPECT_LT(heavy, 3500u);
+  // Weight 0 takes a group out: each request goes where the plan without it sends it (so a
+  // peer routing around a dead member agrees with the plan the leader will publish); all 0: as
+  // if all were 1.
+  for (int i = 0; i < 2000; ++i) {
+    const std::string id = fmt::format("z{}", i);
+    const auto out = route_request(p, "m", id, {1, 1, 0, 1});
+    const auto without = route_request(fewer, "m", id);
+    ASSERT_TRUE(out && without);
+    EXPECT_EQ(p.models[0].groups[*out], fewer.models[0].groups[*without]) << id;
+    EXPECT_EQ(*route_request(p, "m", id, {0, 0, 0, 0}), *route_request(p, "m", id)) << id;
+  }
 }
 
 }  // namespace

@@ -744,6 +744,43 @@ TEST_F(ServingCluster, LeavingPeerMidStreamHandsTheStreamOn) {
 // A frozen serving peer (tessera fault pause, SIGSTOP): the client hears nothing, resumes the
 // stream elsewhere; the peer then wakes up (resume) with its old session: whatever it still
 // publishes must not reach the answer twice, and the cluster serves on.
+// The one rule for serving without a leader (docs/design/012): two of three peers killed, the
+// survivor has no quorum and keeps the plan that routes most requests to the dead; it holds the
+// weights, so it serves them all — new requests, and a stream resumed from a killed peer — once
+// its membership declares the others dead.
+TEST_F(ServingCluster, ALoneSurvivorServesEveryRequestWithoutALeader) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  constexpr std::uint32_t n = 600;
+  const auto ref = reference(n);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  std::size_t stopped = cluster_->size();
+  auto out = (*c)->ask(greedy("lone-resumed", n), [&](const token_event& t) {
+    if (t.index == 15 && stopped == cluster_->size()) {
+      stopped = index_of(std::string(t.node));
+      ASSERT_LT(stopped, cluster_->size());
+      cluster_->kill9(stopped);
+      cluster_->kill9((stopped + 1) % cluster_->size());
+    }
+  });
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  EXPECT_EQ(out->tokens, ref);
+  EXPECT_GE(out->attempts, 2u);
+  const std::size_t survivor = (stopped + 2) % cluster_->size();
+  EXPECT_EQ(out->nodes.back(), cluster_->node_id(survivor));
+  auto st = cluster_->status(survivor);
+  ASSERT_TRUE(st);
+  EXPECT_TRUE((*st)["node"]["leader"].is_null()) << "a lone survivor of three cannot lead";
+  const auto short_ref = reference(16);
+  for (int k = 0; k < 6; ++k) {  // ids the plan routes to the dead peers too
+    auto o = (*c)->ask(greedy("lone-new-" + std::to_string(k), 16));
+    ASSERT_TRUE(o) << o.error().describe() << "\n" << cluster_->logs();
+    EXPECT_EQ(o->tokens, short_ref);
+    EXPECT_EQ(o->nodes.back(), cluster_->node_id(survivor));
+  }
+}
+
 TEST_F(ServingCluster, PausedPeerMidStreamResumesElsewhereAndWakesHarmlessly) {
   std::size_t paused = 0;
   auto fault = [&](const char* verb, std::size_t i) {

@@ -184,6 +184,38 @@ TEST(ServingIntake, ExactlyOnePeerTakesEachRequest) {
     EXPECT_GT(taken[id], 50) << id;
 }
 
+// The one rule for serving without a leader: a group with a member the deciding peer does not
+// count as live takes nothing. The survivors agree among themselves, each request still goes to
+// one of them, the requests of live groups stay where they were (rendezvous: only the dead
+// group's move), and a lone survivor with the weights takes everything.
+TEST(ServingIntake, GroupsWithAMemberDownAreRoutedAround) {
+  const std::vector<member_id> ids{11, 22, 33};
+  const auto plan = replicas_plan(ids);
+  const std::vector<std::string> local{"tiny"};
+  const std::vector<member_id> survivors{11, 33};  // 22 declared dead
+  int moved = 0;
+  for (int k = 0; k < 300; ++k) {
+    auto r = valid_request("req-" + std::to_string(k));
+    member_id before = no_member, after = no_member;
+    for (auto self : ids)
+      if (decide(r, &plan, ids, self, local).action == intake_action::accept) before = self;
+    int accepts = 0;
+    for (auto self : survivors)
+      if (decide(r, &plan, survivors, self, local).action == intake_action::accept) {
+        ++accepts;
+        after = self;
+      }
+    EXPECT_EQ(accepts, 1) << r.id;
+    if (before != 22) {
+      EXPECT_EQ(after, before) << r.id << ": a live group's request moved";
+    }
+    moved += before == 22 ? 1 : 0;
+    const std::vector<member_id> alone{33};
+    EXPECT_EQ(decide(r, &plan, alone, 33, local).action, intake_action::accept) << r.id;
+  }
+  EXPECT_GT(moved, 50);  // 22's share went to the survivors
+}
+
 TEST(ServingIntake, ExactlyOneResponderForErrors) {
   const std::vector<member_id> ids{11, 22, 33};
   const auto plan = replicas_plan(ids);
@@ -460,6 +492,28 @@ TEST(StreamFollower, APeerListWithoutTheServingPeerResumesAtOnce) {
   ASSERT_TRUE(e.done && *e.done);
   EXPECT_EQ((*e.done)->attempts, 2u);
   EXPECT_DOUBLE_EQ((*e.done)->longest_gap_s, 0.697);  // index 0 at 3 ms, index 1 at 700 ms
+}
+
+// Two peers accept one attempt (their views differ): the client keeps the first and tells the
+// other, by node id, to stop; nothing more from that one counts, not even an error.
+TEST(StreamFollower, ASecondPeerServingTheSameAttemptIsCancelledByName) {
+  stream_follower f(valid_request(), {}, 0);
+  (void)f.on_response(msg("accepted", 0, "a"), ms);
+  auto s = f.on_response(msg("accepted", 0, "c"), 2 * ms);
+  ASSERT_TRUE(s.publish);
+  EXPECT_TRUE(s.publish->cancel);
+  EXPECT_EQ(s.publish->node, "c");
+  EXPECT_EQ(s.publish->attempt, 0u);
+  EXPECT_FALSE(f.on_response(tok(0, 0, 5, "c"), 3 * ms).token);  // cut: ignored
+  auto err = msg("error", 0, "c");
+  err.code = std::string(error_code::cancelled);
+  EXPECT_FALSE(f.on_response(err, 4 * ms).done);
+  EXPECT_TRUE(f.on_response(tok(0, 0, 5, "a"), 5 * ms).token);
+  auto d = msg("done", 0, "a");
+  d.tokens = 1;
+  auto e = f.on_response(d, 6 * ms);
+  ASSERT_TRUE(e.done && *e.done);
+  EXPECT_EQ((*e.done)->nodes, (std::vector<std::string>{"a"}));
 }
 
 TEST(StreamFollower, SilenceShortDoneAndUnavailableResumeOtherErrorsEnd) {
