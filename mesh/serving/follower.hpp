@@ -24,6 +24,9 @@ struct follower_options {
   std::uint32_t stall_ms = 3000;        ///< silence after "accepted" this long: resume elsewhere
   std::uint32_t deadline_ms = 120'000;  ///< the whole request, whatever happens
   std::uint32_t max_attempts = 32;      ///< resumptions before giving up (explicit error)
+  /// Silence after a peer list omitted the serving peer: resume. Above the peers' keepalive
+  /// interval (500 ms), so a peer that is alive, only queued, keeps its stream.
+  std::uint32_t gone_stall_ms = 700;
 };
 
 /// How a request ended well.
@@ -55,8 +58,11 @@ class stream_follower {
   [[nodiscard]] const request& first_publication() const { return req_; }
   follower_step on_response(const response& m, std::uint64_t now_us);
   /// A peer list (kind "peers"): when it names the live members (`nodes` not empty) and the peer
-  /// serving the current attempt is not among them, that peer was declared dead or left: resume
-  /// now instead of after stall_ms of silence.
+  /// serving the current attempt is not among them, that peer was declared dead or left — or is
+  /// only cut off from the list's sender (a partition the client is not part of). So the stall
+  /// bound drops to gone_stall_ms: a dead peer, silent since it died, is left at once; a peer that
+  /// still streams to us keeps the stream (resuming it would start the same attempt on the other
+  /// side of the partition, whose lists then omit the new peer: a ping-pong).
   follower_step on_peers(const response& m, std::uint64_t now_us);
   follower_step on_tick(std::uint64_t now_us);
   /// The caller lost interest: the step publishes the cancel message and ends with
@@ -80,6 +86,7 @@ class stream_follower {
   std::uint64_t t0_us_ = 0, deadline_us_ = 0, last_publish_us_ = 0, last_heard_us_ = 0;
   std::uint64_t last_token_us_ = 0;
   std::string serving_node_;  // the peer that accepted the current attempt ("" before)
+  bool serving_gone_ = false;     // a peer list omitted it: the shorter stall bound applies
   std::vector<std::string> cut_;  // peers told to drop their duplicate of the current attempt
   std::uint32_t republish_ms_ = 25;
   bool accepted_ = false;

@@ -460,11 +460,13 @@ TEST(StreamFollower, TokensInOrderOnceAndGapsResumeWithWhatArrived) {
   EXPECT_FALSE(f.on_tick(10'000 * ms).done);  // finished: nothing more, ever
 }
 
-// The serving peer declared dead: a peer list that no longer names it resumes the stream at once
-// (not after 3 s of silence). Lists without node ids (a peer with no view yet), lists that name
-// it, and lists before any peer accepted change nothing. The longest wait between two tokens is
-// what the client reports as the failover's cost.
-TEST(StreamFollower, APeerListWithoutTheServingPeerResumesAtOnce) {
+// The serving peer declared dead: a peer list that no longer names it resumes the stream as soon
+// as that peer has been silent for gone_stall_ms (700 ms; a dead peer is silent since it died),
+// not after 3 s. Lists without node ids (a peer with no view yet), lists that name it, and lists
+// before any peer accepted change nothing; nor does one omitting a peer that still streams to us
+// (a partition between the peers only). The longest wait between two tokens is what the client
+// reports as the failover's cost.
+TEST(StreamFollower, APeerListWithoutTheServingPeerResumesOnceItIsSilent) {
   stream_follower f(valid_request(), {}, 0);
   auto peers = msg("peers", 0, "c");
   peers.id.clear();
@@ -478,20 +480,31 @@ TEST(StreamFollower, APeerListWithoutTheServingPeerResumesAtOnce) {
   auto with_a = peers;
   with_a.nodes = {"c", "a", "b"};
   EXPECT_FALSE(f.on_peers(with_a, 5 * ms).publish);
-  auto s = f.on_peers(peers, 600 * ms);  // a is gone from c's view
+  EXPECT_FALSE(f.on_peers(peers, 600 * ms).publish);  // gone from c's view, silent 597 ms
+  EXPECT_EQ(f.wake_at_us(), 703 * ms);
+  auto s = f.on_tick(703 * ms);
   ASSERT_TRUE(s.publish);
   EXPECT_EQ(s.publish->attempt, 1u);
   EXPECT_EQ(s.publish->resume, (std::vector<std::int32_t>{5}));
-  EXPECT_FALSE(f.on_peers(peers, 601 * ms).publish);  // the new attempt has no serving peer yet
-  (void)f.on_response(msg("accepted", 1, "b"), 650 * ms);
-  EXPECT_FALSE(f.on_peers(peers, 660 * ms).publish);  // b is listed
-  EXPECT_TRUE(f.on_response(tok(1, 1, 6, "b"), 700 * ms).token);
+  EXPECT_FALSE(f.on_peers(peers, 704 * ms).publish);  // the new attempt has no serving peer yet
+  (void)f.on_response(msg("accepted", 1, "b"), 750 * ms);
+  EXPECT_FALSE(f.on_peers(peers, 760 * ms).publish);  // b is listed
+  EXPECT_TRUE(f.on_response(tok(1, 1, 6, "b"), 800 * ms).token);
   auto d = msg("done", 1, "b");
   d.tokens = 2;
-  auto e = f.on_response(d, 710 * ms);
+  auto e = f.on_response(d, 810 * ms);
   ASSERT_TRUE(e.done && *e.done);
   EXPECT_EQ((*e.done)->attempts, 2u);
-  EXPECT_DOUBLE_EQ((*e.done)->longest_gap_s, 0.697);  // index 0 at 3 ms, index 1 at 700 ms
+  EXPECT_DOUBLE_EQ((*e.done)->longest_gap_s, 0.797);  // index 0 at 3 ms, index 1 at 800 ms
+
+  // Cut off from the list's sender but streaming to us: the stream stays.
+  stream_follower g(valid_request(), {}, 0);
+  (void)g.on_response(msg("accepted", 0, "a"), ms);
+  for (std::uint32_t i = 0; i < 200; ++i) {
+    EXPECT_TRUE(g.on_response(tok(0, i, 5, "a"), (10 + 10 * i) * ms).token);
+    EXPECT_FALSE(g.on_peers(peers, (15 + 10 * i) * ms).publish);
+    EXPECT_FALSE(g.on_tick((16 + 10 * i) * ms).publish);
+  }
 }
 
 // Two peers accept one attempt (their views differ): the client keeps the first and tells the
