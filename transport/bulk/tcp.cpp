@@ -69,6 +69,27 @@ std::uint32_t random_nonzero_u32() {
   return v;
 }
 
+/// `host` (numeric IPv4 or IPv6) and `port` as a socket address; errc::invalid_argument naming
+/// the text when it is not numeric (links connect to numbers: no resolver on the data path).
+result<void> make_address(const std::string& host, std::uint16_t port, sockaddr_storage& addr,
+                          socklen_t& len) {
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    len = sizeof *v4;
+    return ok();
+  }
+  if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    len = sizeof *v6;
+    return ok();
+  }
+  return make_error(errc::invalid_argument, "bulk tcp: '{}' is not a numeric IP address", host);
+}
+
 error tcp_error(errc code, std::string_view what) {
   return make_error(code, "bulk tcp: {}: {}", what, std::strerror(errno));
 }
@@ -706,25 +727,6 @@ class tcp_setup final : public link_setup {
     }
   }
 
-  static result<void> make_address(const std::string& host, std::uint16_t port,
-                                   sockaddr_storage& addr, socklen_t& len) {
-    auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
-    auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
-      v4->sin_family = AF_INET;
-      v4->sin_port = htons(port);
-      len = sizeof *v4;
-      return ok();
-    }
-    if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
-      v6->sin6_family = AF_INET6;
-      v6->sin6_port = htons(port);
-      len = sizeof *v6;
-      return ok();
-    }
-    return make_error(errc::invalid_argument, "bulk tcp: '{}' is not a numeric IP address", host);
-  }
-
   friend result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options);
 
   int listen_fd_;
@@ -751,27 +753,15 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
   } else {
     params.address = bind;
   }
-  {
-    in6_addr scratch{};
-    if (::inet_pton(AF_INET, params.address.c_str(), &scratch) != 1 &&
-        ::inet_pton(AF_INET6, params.address.c_str(), &scratch) != 1)
-      return make_error(errc::invalid_argument,
-                        "bulk tcp: advertise address '{}' is not a numeric IP", params.address);
-  }
   sockaddr_storage addr{};
   socklen_t len = 0;
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
-  if (::inet_pton(AF_INET, bind.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    len = sizeof *v4;
-  } else if (::inet_pton(AF_INET6, bind.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    len = sizeof *v6;
-  } else {
+  if (!make_address(params.address, 0, addr, len))
+    return make_error(errc::invalid_argument,
+                      "bulk tcp: advertise address '{}' is not a numeric IP", params.address);
+  addr = {};
+  if (!make_address(bind, 0, addr, len))
     return make_error(errc::invalid_argument, "bulk tcp: bind address '{}' is not a numeric IP",
                       bind);
-  }
   const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return tcp_error(errc::io, "socket");
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0 ||
@@ -780,7 +770,9 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
     ::close(fd);
     return err;
   }
-  params.port = ntohs(addr.ss_family == AF_INET ? v4->sin_port : v6->sin6_port);
+  params.port =
+      ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
+                                      : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
   return std::unique_ptr<link_setup>(new tcp_setup(fd, std::move(params), options));
 }
 
