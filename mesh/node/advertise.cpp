@@ -12,9 +12,10 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <sstream>
-#include <utility>
 #include <optional>
+#include <sstream>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -51,20 +52,28 @@ result<in_addr> resolve_ipv4(const std::string& host) {
   return a;
 }
 
-/// The name of the interface holding address `a` ("" when none does).
-std::string interface_of(const in_addr& a) {
+/// The first IPv4 address of an interface for which `pick(flags, name, address)` holds, with the
+/// interface's name; nullopt when none does (or the list cannot be read).
+template <class Pick>
+std::optional<route_source> find_ipv4(Pick pick) {
   ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return {};
-  std::string name;
-  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<route_source> found;
+  for (const ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.s_addr) {
-      name = i->ifa_name;
-      break;
-    }
+    const auto& a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if (pick(i->ifa_flags, std::string_view(i->ifa_name), a))
+      found = route_source{text_of(a), i->ifa_name};
   }
   ::freeifaddrs(list);
-  return name;
+  return found;
+}
+
+/// The name of the interface holding address `a` ("" when none does).
+std::string interface_of(const in_addr& a) {
+  auto r =
+      find_ipv4([&](unsigned, std::string_view, const in_addr& x) { return x.s_addr == a.s_addr; });
+  return r ? r->interface : std::string();
 }
 
 }  // namespace
@@ -126,23 +135,10 @@ result<route_source> source_address_toward(const std::string& host) {
 }
 
 result<route_source> interface_address(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) {
-    return make_error(errc::io, "getifaddrs: {}", std::strerror(errno));
-  }
-  std::optional<route_source> found;
-  for (const ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    const auto& a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
-    if (!name.empty()) {
-      if (name == i->ifa_name) found = route_source{text_of(a), i->ifa_name};
-      continue;
-    }
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0 || is_loopback(a))
-      continue;
-    found = route_source{text_of(a), i->ifa_name};
-  }
-  ::freeifaddrs(list);
+  auto found = find_ipv4([&](unsigned flags, std::string_view ifname, const in_addr& a) {
+    if (!name.empty()) return ifname == name;
+    return (flags & IFF_UP) != 0 && (flags & IFF_LOOPBACK) == 0 && !is_loopback(a);
+  });
   if (!found) {
     if (!name.empty())
       return make_error(errc::not_found, "interface '{}' has no IPv4 address", name);
