@@ -35,10 +35,7 @@ stream_follower::stream_follower(request r, follower_options options, std::uint6
 std::uint64_t stream_follower::wake_at_us() const {
   std::uint64_t t = deadline_us_;
   if (!accepted_) t = std::min(t, last_publish_us_ + std::uint64_t{republish_ms_} * us_per_ms);
-  if (accepted_)
-    t = std::min(t,
-                 last_heard_us_ +
-                     std::uint64_t{serving_gone_ ? opt_.gone_stall_ms : opt_.stall_ms} * us_per_ms);
+  if (accepted_) t = std::min(t, last_heard_us_ + stall_bound_us());
   return t;
 }
 
@@ -80,19 +77,22 @@ follower_step stream_follower::on_tick(std::uint64_t now_us) {
     s.publish = req_;
     return s;
   }
-  if (accepted_ && serving_gone_ &&
-      now_us - last_heard_us_ >= std::uint64_t{opt_.gone_stall_ms} * us_per_ms)
-    return resume("the serving peer left the view of a peer and went silent", now_us);
-  if (accepted_ && now_us - last_heard_us_ >= std::uint64_t{opt_.stall_ms} * us_per_ms)
-    return resume("the serving peer went silent", now_us);
+  if (accepted_ && now_us - last_heard_us_ >= stall_bound_us())
+    return resume(serving_gone_ ? "the serving peer left the view of a peer and went silent"
+                                : "the serving peer went silent",
+                  now_us);
   return {};
+}
+
+std::uint64_t stream_follower::stall_bound_us() const {
+  return std::uint64_t{serving_gone_ ? opt_.gone_stall_ms : opt_.stall_ms} * us_per_ms;
 }
 
 follower_step stream_follower::on_peers(const response& m, std::uint64_t now_us) {
   if (finished_ || !accepted_ || serving_node_.empty() || m.nodes.empty()) return {};
   if (std::find(m.nodes.begin(), m.nodes.end(), serving_node_) != m.nodes.end()) return {};
   serving_gone_ = true;
-  if (now_us - last_heard_us_ >= std::uint64_t{opt_.gone_stall_ms} * us_per_ms)
+  if (now_us - last_heard_us_ >= stall_bound_us())
     return resume(
         fmt::format("peer {} left the view of peer {} and is silent", serving_node_, m.node),
         now_us);

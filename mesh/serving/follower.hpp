@@ -77,6 +77,9 @@ class stream_follower {
  private:
   follower_step resume(std::string_view why, std::uint64_t now_us);
   follower_step cut_duplicate(const std::string& node);
+  // Silence after which the current attempt is resumed: stall_ms, or gone_stall_ms once a peer
+  // list omitted the serving peer.
+  [[nodiscard]] std::uint64_t stall_bound_us() const;
   follower_step finish(result<outcome> r);
 
   request req_;

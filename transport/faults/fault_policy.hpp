@@ -218,12 +218,6 @@ class fault_injector {
     std::lock_guard lock(mutex_);
     return policy_.decide(from, to, now);
   }
-  [[nodiscard]] result<void> apply(const fault_command& command) {
-    std::lock_guard lock(mutex_);
-    auto r = faults::apply(policy_, command);
-    link_faults_.store(policy_.has_link_faults(), std::memory_order_release);
-    return r;
-  }
   /// Runs f(policy) under the lock, for changes beyond what fault_command says.
   template <class F>
   auto update(F&& f) {
@@ -235,6 +229,9 @@ class fault_injector {
       }
     } after{this};
     return f(policy_);
+  }
+  [[nodiscard]] result<void> apply(const fault_command& command) {
+    return update([&](fault_policy& p) { return faults::apply(p, command); });
   }
   /// fault_policy::has_link_faults() without the lock (one atomic load): decorators pass traffic
   /// straight through while it is false, so the fault layer costs nothing until an operator sets
