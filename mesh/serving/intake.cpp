@@ -52,13 +52,13 @@ intake_decision decide(const request& r, const placement::plan* plan,
   // Groups with a member this peer no longer counts as live take nothing: the request goes where
   // the plan without that group will send it, at once — before the leader re-plans, and when no
   // leader can (a minority, a lone survivor: availability wins; a client cancels a duplicate).
+  const auto model =
+      std::find_if(plan->models.begin(), plan->models.end(),
+                   [&](const placement::model_plan& m) { return m.spec.name == r.model; });
   std::vector<std::uint32_t> weights;
-  if (const auto m =
-          std::find_if(plan->models.begin(), plan->models.end(),
-                       [&](const placement::model_plan& x) { return x.spec.name == r.model; });
-      m != plan->models.end()) {
+  if (model != plan->models.end()) {
     bool any_down = false;
-    for (const auto& grp : m->groups) {
+    for (const auto& grp : model->groups) {
       const bool up = std::all_of(grp.ranks.begin(), grp.ranks.end(), [&](const auto& rank) {
         return std::find(live.begin(), live.end(), rank.node) != live.end();
       });
@@ -78,10 +78,7 @@ intake_decision decide(const request& r, const placement::plan* plan,
       return reject_if_responder(responder, error_code::no_capacity, g.error().message);
     return reject_if_responder(responder, error_code::internal, g.error().message);
   }
-  const auto it =
-      std::find_if(plan->models.begin(), plan->models.end(),
-                   [&](const placement::model_plan& m) { return m.spec.name == r.model; });
-  const auto& group = it->groups[*g];
+  const auto& group = model->groups[*g];  // routed: the model is in the plan
   if (group.ranks.empty() || group.ranks.front().node != self) return {};
   if (std::find(local_models.begin(), local_models.end(), r.model) == local_models.end()) {
     if (std::find(fetching.begin(), fetching.end(), r.model) != fetching.end()) return {};
