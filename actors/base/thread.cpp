@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace tessera {
@@ -31,6 +34,24 @@ int this_thread_nice() noexcept {
   errno = 0;
   const int v = ::getpriority(PRIO_PROCESS, tid);
   return errno == 0 ? v : 0;
+}
+
+std::map<std::string, std::size_t> thread_roles() {
+  std::map<std::string, std::size_t> out;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(t.path() / "comm");
+    std::string name;
+    if (!std::getline(in, name)) continue;
+    // "http-12" -> "http", "ZMQbg/IO/0" -> "ZMQbg/IO": the slot says which, the role what.
+    auto end = name.size();
+    while (end > 0 && std::isdigit(static_cast<unsigned char>(name[end - 1])))
+      --end;
+    if (end > 0 && end < name.size() && (name[end - 1] == '-' || name[end - 1] == '/'))
+      name.resize(end - 1);
+    ++out[name];
+  }
+  return out;
 }
 
 }  // namespace tessera

@@ -12,6 +12,9 @@
 // still gets every cycle nobody else wants.
 #pragma once
 
+#include <cstddef>
+#include <map>
+#include <string>
 #include <string_view>
 
 namespace tessera {
@@ -25,5 +28,10 @@ bool set_this_thread_nice(int nice) noexcept;
 
 /// The calling thread's nice value.
 [[nodiscard]] int this_thread_nice() noexcept;
+
+/// The calling process's threads by role, for status: a thread's name with a trailing `-N` or
+/// `/N` (a slot number) removed, e.g. {"http": 3, "kpool": 2, "ZMQbg/IO": 2}. Read from
+/// /proc/self/task; empty where that is unreadable.
+[[nodiscard]] std::map<std::string, std::size_t> thread_roles();
 
 }  // namespace tessera

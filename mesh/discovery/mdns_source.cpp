@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "actors/base/log.hpp"
+#include "actors/base/thread.hpp"
 #include "mesh/discovery/mdns_txt.hpp"
 
 namespace tessera::mesh {
@@ -32,7 +33,11 @@ const char* to_string(mdns_state s) noexcept {
 
 // The C callbacks avahi calls on its poll thread; each forwards to the mdns_source.
 struct mdns_callbacks {
-  static void retry_timer(AvahiTimeout*, void* self) { static_cast<mdns_source*>(self)->connect(); }
+  // The first callback avahi's poll thread runs (the timer is due at start): it names the thread.
+  static void retry_timer(AvahiTimeout*, void* self) {
+    name_this_thread("mdns");
+    static_cast<mdns_source*>(self)->connect();
+  }
 
   static void client(AvahiClient* c, AvahiClientState state, void* userdata) {
     auto* self = static_cast<mdns_source*>(userdata);

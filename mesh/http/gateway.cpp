@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/base/thread.hpp"
+#include "mesh/http/elastic_pool.hpp"
 #include "mesh/http/metrics.hpp"
 #include "mesh/http/openai.hpp"
 
@@ -72,6 +73,19 @@ struct relay {
     if (!joined && worker.joinable()) worker.join();
     joined = true;
   }
+};
+
+/// cpp-httplib's task queue on the elastic pool: one idle handler thread, up to `threads` while
+/// connections are open (elastic_pool.hpp says why).
+class pool_queue final : public httplib::TaskQueue {
+ public:
+  explicit pool_queue(std::size_t threads)
+      : pool_(elastic_pool_options{.min_threads = 1, .max_threads = threads}) {}
+  void enqueue(std::function<void()> fn) override { pool_.enqueue(std::move(fn)); }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  elastic_pool pool_;
 };
 
 }  // namespace
@@ -382,7 +396,7 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   auto p = std::make_unique<impl>();
   p->opt = std::move(options);
   const auto threads = p->opt.threads;
-  p->svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  p->svr.new_task_queue = [threads] { return new pool_queue(threads); };
   p->svr.set_payload_max_length(p->opt.max_body_bytes);
   p->svr.set_read_timeout(30);
   p->svr.set_write_timeout(30);
@@ -403,7 +417,7 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   }
   impl* raw = p.get();
   p->listener = std::thread([raw] {
-    name_this_thread("http");
+    name_this_thread("http-accept");
     raw->svr.listen_after_bind();
   });
   spdlog::info("http gateway: http://{}:{}/ ({})", addr, p->port,

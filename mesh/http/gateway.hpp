@@ -39,7 +39,8 @@ struct gateway_options {
   std::function<nlohmann::json()> cluster_status;
   std::uint32_t cluster_cache_ms = 1000;
   std::uint32_t max_in_flight = 32;       ///< API requests at once; beyond: 429 overloaded
-  std::uint32_t threads = 40;             ///< handler threads (> max_in_flight: status stays up)
+  std::uint32_t threads =
+      40;  ///< handler threads at most (> max_in_flight: status stays up); 1 when idle
   std::uint32_t request_timeout_s = 300;  ///< one API request, start to end
   std::size_t max_body_bytes = 1 << 20;
   std::uint32_t stall_ms = 3000;  ///< serving client: resume elsewhere after this much silence
