@@ -45,6 +45,7 @@
 #include "mesh/node/identity_conflict.hpp"
 #include "mesh/node/node_id.hpp"
 #include "mesh/runtime/bandwidth_probe.hpp"
+#include "mesh/runtime/control_core.hpp"
 #include "mesh/runtime/protocol_clock.hpp"
 #include "mesh/serving/engine.hpp"
 #include "mesh/serving/planning.hpp"
@@ -63,41 +64,12 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-template <class T>
-std::string pack(const T& value) {
-  msgpack::sbuffer buf;
-  msgpack::pack(buf, value);
-  return std::string(buf.data(), buf.size());
-}
-
-template <class T>
-std::optional<T> unpack(std::string_view data) {
-  auto r = tessera::bounded_decode<T>(data.data(), data.size());
-  if (!r) return std::nullopt;
-  return std::move(*r);
-}
-
 std::span<const std::byte> bytes_of(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
 bool is_hex_id(std::string_view s) {
   return is_node_id_text(s);
-}
-
-/// "hexid@tcp://host:port" -> (hexid, endpoint).
-std::optional<std::pair<std::string, std::string>> split_address(std::string_view a) {
-  const auto at = a.find('@');
-  if (at == std::string_view::npos) return std::nullopt;
-  std::string id(a.substr(0, at));
-  std::string ep(a.substr(at + 1));
-  if (!is_hex_id(id) || ep.rfind("tcp://", 0) != 0) return std::nullopt;
-  return std::pair(std::move(id), std::move(ep));
-}
-
-member_id member_of(const std::string& hex) {
-  auto id = node_id::parse(hex);
-  return id ? id->lo : no_member;
 }
 
 std::string tcp_endpoint(const endpoint& e) {
@@ -167,26 +139,6 @@ topology::capabilities local_caps(const node_config& cfg, const std::string& hex
   return c;
 }
 
-const char* backend_name(std::uint8_t b) {
-  switch (b) {
-    case 1:
-      return "tcp";
-    case 2:
-      return "shm";
-    case 3:
-      return "rdma";
-    default:
-      return "-";
-  }
-}
-
-struct ping_body {
-  std::uint64_t seq = 0;
-  std::int64_t sent_ns = 0;
-  topology::capabilities caps;
-  MSGPACK_DEFINE_MAP(seq, sent_ns, caps);
-};
-
 std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -195,7 +147,7 @@ std::int64_t steady_ns() {
 
 }  // namespace
 
-struct node_runtime::impl {
+struct node_runtime::impl final : control_port {
   // --- set at start, read-only afterwards ---
   runtime_options opt;
   std::optional<data_dir> dir;
@@ -283,15 +235,7 @@ struct node_runtime::impl {
   std::thread loop_thread;
 
   // --- loop thread only ---
-  std::optional<membership> members;
-  std::optional<election> elect;
-  std::optional<topology::topology_state> topo;
-  std::optional<std::uint64_t> membership_timer;
-  std::optional<std::uint64_t> election_timer;
-  std::uint64_t next_probe_ms = 0;
-  std::uint64_t next_report_ms = 0;
-  std::uint64_t next_view_resend_ms = 0;
-  std::uint64_t leading_since_ms = 0;  // when this node last became leader (ready_to_plan)
+  std::unique_ptr<control_core> core;  // membership, election, topology, plan (control_core.hpp)
   struct known_peer {
     std::string hex;
     std::string endpoint;
@@ -299,22 +243,9 @@ struct node_runtime::impl {
   std::map<member_id, known_peer> known;     // from membership addresses
   std::set<std::string> added;               // control peers we added (hex ids)
   std::map<std::string, std::string> seeds;  // placeholder id -> endpoint (node id not known yet)
-  struct link_probe {
-    std::deque<std::uint64_t> rtt_us;  // last samples (bounded)
-    std::optional<topology::capabilities> caps;
-    double bandwidth_mbps = 0;
-    std::uint8_t measured_backend = 0;
-    std::uint64_t next_bandwidth_ms = 0;  // when to (re)measure
-    std::uint64_t last_pong_ms = 0;       // 0: never heard back
-  };
-  std::map<member_id, link_probe> probes;
-  // A link with no pong for this long leaves our row (pings go every 500 ms).
-  std::uint64_t link_down_ms = 5000;
-  std::uint64_t ping_seq = 0;
-  std::uint64_t undecodable = 0;
-  std::uint64_t hints_dropped = 0;              // hints refused at kMaxKnownPeers
-  std::shared_ptr<const placement::plan> plan;  // the serving plan in force (leader's or adopted)
-  std::uint64_t leader_changes = 0;             // leaders seen elected (a metric)
+  std::map<member_id, std::uint64_t> next_bandwidth_ms;  // when to (re)measure a link
+  std::uint64_t hints_dropped = 0;                       // hints refused at kMaxKnownPeers
+  std::uint64_t undecodable = 0;  // the node's own message types (the core counts its own)
   struct member_subscriber {
     actors::actor_system* system;
     actors::actor_ref who;
@@ -322,7 +253,6 @@ struct node_runtime::impl {
   std::vector<member_subscriber> member_subscribers;  // bounded by kMaxMemberSubscribers
   std::uint64_t member_events_sent = 0, member_events_dropped = 0;
   std::uint32_t link_dead_after_ms = 0;  // control links: silence before down (set at start)
-  std::uint64_t plans_refused = 0;              // undecodable or failing validation
   std::shared_ptr<transport::faults::fault_injector> injector;  // shared with the control plane
   mutable std::mutex clock_mu;  // guards pclock and clock_seen (now_ms() is called from any thread)
   mutable protocol_clock pclock;
@@ -442,48 +372,40 @@ struct node_runtime::impl {
     (void)control->send(it->second.hex, static_cast<std::uint16_t>(type), bytes_of(body));
   }
 
-  // ------------------------------------------------------------------ state machine outputs
-  void apply(membership_output out) {
-    for (auto& m : out.messages)
-      send_to(m.to, runtime_msg::membership, pack(m));
-    membership_timer = out.timer_at_ms;
-    for (auto& ev : out.events) {
-      learn(ev.id, ev.address, /*first_hand=*/false);
-      spdlog::info("node {}: member {:016x} {} (incarnation {})", hex, ev.id, to_string(ev.status),
-                   ev.incarnation);
-      if (elect) apply(elect->step(peer_status_changed{ev.id, ev.status}, now_ms()));
-      deliver(changed_of(ev.id, ev.status, ev.incarnation, ev.address, false));
-    }
-    if (!out.events.empty()) {
-      refresh_topology_members();
-      hand_plan_to_engine();
-    }
+  // ------------------------------------------------------------------ control_port
+  void send(member_id to, runtime_msg type, std::string body) override { send_to(to, type, body); }
+
+  void reply(member_id, std::string_view link, runtime_msg type, std::string body) override {
+    (void)control->send(std::string(link), static_cast<std::uint16_t>(type), bytes_of(body));
   }
 
-  void apply(election_output out) {
-    // Durable first, then messages: a vote must be on disk before anyone can learn of it.
-    if (out.persist) {
-      auto w = write_durable(dir->path(), opt.election_state_file, pack(elect->durable()));
-      if (!w) {
-        fail(fmt::format("cannot persist the election state: {}", w.error().describe()));
-        return;
-      }
-    }
-    for (auto& m : out.messages)
-      send_to(m.to, runtime_msg::election, pack(m));
-    election_timer = out.timer_at_ms;
-    for (auto& ev : out.events) {
-      if (ev.kind == election_event_kind::leader_changed) {
-        spdlog::info("node {}: leader {:016x} term {}", hex, ev.leader, ev.term);
-        if (ev.leader != no_member) ++leader_changes;
-        if (ev.leader == self && !topo->is_leader()) leading_since_ms = now_ms();
-        topo->on_leader(ev.term, ev.leader);
-        next_report_ms = 0;  // the new leader needs our row at once
-      } else if (ev.kind == election_event_kind::role_changed) {
-        spdlog::info("node {}: role {} term {}", hex, to_string(ev.role), ev.term);
-      }
-    }
-    publish_if_leader();
+  bool persist(const std::string& bytes) override {
+    auto w = write_durable(dir->path(), opt.election_state_file, bytes);
+    if (!w) fail(fmt::format("cannot persist the election state: {}", w.error().describe()));
+    return w.has_value();
+  }
+
+  std::int64_t mono_ns() override { return steady_ns(); }
+
+  void on_member_event(const member_event& ev) override {
+    deliver(changed_of(ev.id, ev.status, ev.incarnation, ev.address, false));
+  }
+
+  void serving_changed(serving_facts f) override {
+    if (engine)
+      engine->set_plan(std::move(f.plan), std::move(f.live), std::move(f.endpoints),
+                       std::move(f.peers));
+  }
+
+  std::uint8_t backend_for(const topology::capabilities& c) override {
+    return static_cast<std::uint8_t>(
+        transport::bulk::choose_backend(bulk_caps, {c.host_id, c.has_rdma}));
+  }
+
+  void refresh_caps(topology::capabilities& c) override {
+    // A model fetched whole from peers makes this peer a holder too (it serves the bytes on):
+    // the leader plans over it even when the peers it fetched from are gone.
+    if (engine) c.model_specs = engine->held_specs();
   }
 
   // ------------------------------------------------------------------ membership subscribers
@@ -541,9 +463,9 @@ struct node_runtime::impl {
       return;
     }
     member_subscriber s{e.system, e.who};
-    bool alive = send_change(s, changed_of(self, member_status::alive, members->incarnation(),
-                                           self_address, true));
-    for (const auto& [id, m] : members->members()) {
+    bool alive = send_change(s, changed_of(self, member_status::alive,
+                                           core->membership().incarnation(), self_address, true));
+    for (const auto& [id, m] : core->membership().members()) {
       if (!alive) break;
       alive = send_change(s, changed_of(id, m.status, m.incarnation, m.address, true));
     }
@@ -555,299 +477,66 @@ struct node_runtime::impl {
     }
   }
 
-  void refresh_topology_members() {
-    std::vector<topology::member_fact> facts;
-    facts.push_back({self, static_cast<std::uint8_t>(member_status::alive), self_address});
-    for (const auto& [id, m] : members->members())
-      facts.push_back({id, static_cast<std::uint8_t>(m.status), m.address});
-    topo->on_members(std::move(facts));
-    publish_if_leader();
-  }
-
-  void publish_if_leader() {
-    if (!topo || !topo->is_leader()) return;
-    auto v = topo->maybe_publish(now_ms());
-    if (!v) return;
-    spdlog::info("node {}: view {}.{} ({} members, {} links)", hex, v->at.term, v->at.version,
-                 v->members.size(), v->links.size());
-    broadcast_view(*v);
-    hand_plan_to_engine();
-    replan();
-  }
-
-  // ------------------------------------------------------------------ serving plan
-  /// Leader: the plan for the current view. Sticky: a view change that leaves every group valid
-  /// keeps the plan (and, within a term, its epoch): nothing is unloaded, nothing is dropped.
-  /// Not before every live member reported or max_plan_wait_ms passed (serving::ready_to_plan).
-  void replan() {
-    if (!topo || !topo->is_leader() || !topo->current()) return;
-    if (!serving::ready_to_plan(*topo->current(), now_ms() - leading_since_ms)) return;
-    placement::planner_config pc;
-    pc.max_tp_ranks = opt.config.max_tp_ranks;
-    pc.tp_max_rtt_us = opt.config.tp_max_rtt_us;
-    auto p = serving::plan_from_view(*topo->current(), plan.get(), elect->term(), pc);
-    if (!p) {
-      spdlog::warn("node {}: cannot plan: {}", hex, p.error().describe());
-      return;
-    }
-    if (plan && p->epoch == plan->epoch) return;
-    adopt_plan(std::make_shared<const placement::plan>(std::move(*p)));
-    broadcast_plan();
-  }
-
-  void broadcast_plan() {
-    if (!plan || !topo->current()) return;
-    const std::string body = pack(*plan);
-    for (const auto& m : topo->current()->members)
-      if (m.id != self && topology::is_live_status(m.status))
-        send_to(m.id, runtime_msg::plan, body);
-  }
-
-  void adopt_plan(std::shared_ptr<const placement::plan> p) {
-    std::string groups;
-    for (const auto& m : p->models)
-      groups +=
-          fmt::format(" {}:{}", m.spec.name,
-                      m.groups.empty() ? std::string("none") : std::to_string(m.groups.size()));
-    spdlog::info("node {}: plan {}.{}{}", hex, p->epoch.term, p->epoch.version, groups);
-    plan = std::move(p);
-    hand_plan_to_engine();
-  }
-
-  void on_plan(const placement::plan& p) {
-    auto adopt = serving::should_adopt(plan.get(), p);
-    if (!adopt) {
-      ++plans_refused;
-      spdlog::warn("node {}: plan refused: {}", hex, adopt.error().describe());
-      return;
-    }
-    if (*adopt) adopt_plan(std::make_shared<const placement::plan>(p));
-  }
-
-  void hand_plan_to_engine() {
-    if (!engine) return;
-    std::vector<member_id> live{self};
-    for (member_id id : live_members())
-      live.push_back(id);
-    // Client endpoints of the live members as the view has them (ours even before a view).
-    std::vector<std::string> endpoints{caps.client_endpoint};
-    std::map<member_id, serving::peer_facts> facts;
-    if (const auto& v = topo->current())
-      for (const auto& m : v->members) {
-        if (m.id == self || !topology::is_live_status(m.status)) continue;
-        if (!m.caps.client_endpoint.empty()) endpoints.push_back(m.caps.client_endpoint);
-        facts[m.id] = {m.caps.node_id, {m.caps.host_id, m.caps.has_rdma}, {}};
-        for (const auto& s : m.caps.model_specs)
-          facts[m.id].holds.push_back(s.name + "@" + s.content);
-      }
-    engine->set_plan(plan, std::move(live), std::move(endpoints), std::move(facts));
-  }
-
-  void broadcast_view(const topology::view& v) {
-    const std::string body = pack(v);
-    for (const auto& m : v.members)
-      if (m.id != self && topology::is_live_status(m.status))
-        send_to(m.id, runtime_msg::topo_view, body);
-    next_view_resend_ms = now_ms() + 2000;
-  }
-
-  // ------------------------------------------------------------------ topology probing
-  std::vector<member_id> live_members() const {
-    std::vector<member_id> out;
-    for (const auto& [id, m] : members->members())
-      if (m.status == member_status::alive || m.status == member_status::suspect) out.push_back(id);
-    return out;
-  }
-
-  topology::row_report own_row() const {
-    topology::row_report r;
-    r.from = self;
-    r.caps = caps;
-    const auto now = now_ms();
-    for (member_id id : live_members()) {
-      topology::link_measure l;
-      l.from = self;
-      l.to = id;
-      auto it = probes.find(id);
-      // Only links this node hears directly: a member reachable only through others (a bridge
-      // partition) keeps its membership, but the planner must not put the two in one group.
-      if (it == probes.end() || it->second.last_pong_ms == 0 ||
-          now - it->second.last_pong_ms > link_down_ms)
-        continue;
-      if (it != probes.end()) {
-        std::vector<std::uint64_t> s(it->second.rtt_us.begin(), it->second.rtt_us.end());
-        if (!s.empty()) {
-          std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2),
-                           s.end());
-          l.rtt_us = std::max<std::uint64_t>(1, s[s.size() / 2]);
-        }
-        if (it->second.caps) l.backend = static_cast<std::uint8_t>(backend_for(*it->second.caps));
-        if (it->second.bandwidth_mbps > 0) {
-          l.bandwidth_mbps = it->second.bandwidth_mbps;
-          l.backend = it->second.measured_backend;
-        }
-      }
-      r.links.push_back(l);
-    }
-    return r;
-  }
-
-  transport::bulk::backend_kind backend_for(const topology::capabilities& c) const {
-    return transport::bulk::choose_backend(bulk_caps, {c.host_id, c.has_rdma});
-  }
-
+  // ------------------------------------------------------------------ bandwidth probing
   /// One bandwidth probe at a time, to each live peer in turn: first as soon as its capabilities
   /// are known, then every 30 s (10 s after a failure).
   void bandwidth_round(std::uint64_t now) {
     for (auto& r : prober->take_results()) {
-      auto& p = probes[r.peer];
       if (r.mbps > 0) {
-        p.bandwidth_mbps = r.mbps;
-        p.measured_backend = r.backend;
-        p.next_bandwidth_ms = now + 30'000;
+        core->set_bandwidth(r.peer, r.mbps, r.backend);
+        next_bandwidth_ms[r.peer] = now + 30'000;
       } else {
         spdlog::debug("node {}: bandwidth probe to {:016x} failed: {}", hex, r.peer, r.error);
-        p.next_bandwidth_ms = now + 10'000;
+        next_bandwidth_ms[r.peer] = now + 10'000;
       }
     }
     if (prober->busy()) return;
-    for (member_id id : live_members()) {
-      auto& p = probes[id];
+    const auto live = core->live_members();
+    std::erase_if(next_bandwidth_ms, [&](const auto& e) {
+      return std::find(live.begin(), live.end(), e.first) == live.end();
+    });
+    for (member_id id : live) {
+      const auto* caps_of = core->peer_caps(id);
       auto k = known.find(id);
-      if (!p.caps || k == known.end() || now < p.next_bandwidth_ms) continue;
-      p.next_bandwidth_ms = now + 10'000;  // until the result says otherwise
-      if (prober->start(id, k->second.hex, backend_for(*p.caps))) return;
-    }
-  }
-
-  void probe_round() {
-    const auto now = now_ms();
-    bandwidth_round(now);
-    if (now >= next_probe_ms) {
-      next_probe_ms = now + 500;
-      ping_body b;
-      b.caps = caps;
-      for (member_id id : live_members()) {
-        b.seq = ++ping_seq;
-        b.sent_ns = steady_ns();
-        send_to(id, runtime_msg::topo_ping, pack(b));
-      }
-    }
-    if (now >= next_report_ms) {
-      next_report_ms = now + 1000;
-      // A model fetched whole from peers makes this peer a holder too (it serves the bytes on):
-      // the leader plans over it even when the peers it fetched from are gone.
-      if (engine) caps.model_specs = engine->held_specs();
-      const auto leader = elect->leader();
-      auto row = own_row();
-      if (leader == self) {
-        topo->on_report(row);
-        publish_if_leader();
-      } else if (leader != no_member) {
-        send_to(leader, runtime_msg::topo_report, pack(row));
-      }
-    }
-    if (topo->is_leader() && topo->current() && now >= next_view_resend_ms) {
-      broadcast_view(*topo->current());
-      replan();
-      broadcast_plan();
+      auto& next = next_bandwidth_ms[id];
+      if (caps_of == nullptr || k == known.end() || now < next) continue;
+      next = now + 10'000;  // until the result says otherwise
+      if (prober->start(
+              id, k->second.hex,
+              transport::bulk::choose_backend(bulk_caps, {caps_of->host_id, caps_of->has_rdma})))
+        return;
     }
   }
 
   // ------------------------------------------------------------------ inbound
   void on_message(ctl::inbound_message& m) {
     const auto now = now_ms();
-    switch (static_cast<runtime_msg>(m.type)) {
-      case runtime_msg::membership: {
-        auto msg = unpack<membership_message>(m.body);
-        // A member speaks only for itself: the sender record must be the link's own id.
-        if (!msg || msg->sender.id != member_of(m.sender)) break;
-        learn(msg->sender.id, msg->sender.address, /*first_hand=*/true);
-        apply(members->step(membership_receive{std::move(*msg)}, now));
-        return;
-      }
-      case runtime_msg::election: {
-        auto msg = unpack<election_message>(m.body);
-        // As for membership: a member speaks only for itself (a peer holding the secret cannot
-        // cast votes or claim leadership in another member's name).
-        if (!msg || msg->from != member_of(m.sender) || msg->to != self) break;
-        apply(elect->step(election_receive{std::move(*msg)}, now));
-        return;
-      }
-      case runtime_msg::topo_ping: {
-        auto b = unpack<ping_body>(m.body);
-        if (!b) break;
-        if (auto from = member_of(m.sender); from != no_member) probes[from].caps = b->caps;
-        ping_body pong{b->seq, b->sent_ns, caps};
-        (void)control->send(m.sender, static_cast<std::uint16_t>(runtime_msg::topo_pong),
-                            bytes_of(pack(pong)));
-        return;
-      }
-      case runtime_msg::topo_pong: {
-        auto b = unpack<ping_body>(m.body);
-        if (!b) break;
-        const member_id from = member_of(m.sender);
-        if (from == no_member) break;
-        auto& p = probes[from];
-        p.caps = b->caps;
-        p.last_pong_ms = now;
-        const std::int64_t rtt_ns = steady_ns() - b->sent_ns;
-        if (rtt_ns > 0) {
-          p.rtt_us.push_back(static_cast<std::uint64_t>(rtt_ns / 1000));
-          while (p.rtt_us.size() > 5)
-            p.rtt_us.pop_front();
-        }
-        return;
-      }
-      case runtime_msg::topo_report: {
-        auto r = unpack<topology::row_report>(m.body);
-        if (!r || r->from != member_of(m.sender)) break;
-        if (topo->is_leader()) {
-          topo->on_report(*r);
-          publish_if_leader();
-        }
-        return;
-      }
-      case runtime_msg::topo_view: {
-        auto v = unpack<topology::view>(m.body);
-        // Views and plans come from the leader this node follows, naming itself as leader.
-        if (!v || v->leader != member_of(m.sender) || v->leader != elect->leader()) break;
-        if (topo->on_view(*v)) {
-          spdlog::debug("node {}: adopted view {}.{}", hex, v->at.term, v->at.version);
-          hand_plan_to_engine();  // the client endpoints it lists
-        }
-        return;
-      }
+    const member_id from = member_of(m.sender);
+    const auto type = static_cast<runtime_msg>(m.type);
+    if (core->on_message(from, m.sender, type, std::string_view(m.body.data(), m.body.size()), now))
+      return;
+    switch (type) {
       case runtime_msg::bulk_offer:
       case runtime_msg::bulk_answer: {
-        auto b = unpack<bulk_setup_message>(m.body);
-        const member_id from = member_of(m.sender);
+        auto b = unpack<bulk_setup_message>(std::string_view(m.body.data(), m.body.size()));
         if (!b || from == no_member) break;
-        if (m.type == static_cast<std::uint16_t>(runtime_msg::bulk_offer)) {
-          if (members->status_of(from)) prober->on_offer(from, m.sender, *b);
+        if (type == runtime_msg::bulk_offer) {
+          if (core->is_member(from)) prober->on_offer(from, m.sender, *b);
         } else {
           prober->on_answer(from, *b);
         }
         return;
       }
       case runtime_msg::group_link:
-        if (engine)
-          engine->on_group_link(member_of(m.sender),
-                                std::string_view(m.body.data(), m.body.size()));
+        if (engine) engine->on_group_link(from, std::string_view(m.body.data(), m.body.size()));
         return;
       case runtime_msg::model_share:
         // Only members share model bytes (an offer names the fetcher by the link it came on).
-        if (engine && member_of(m.sender) != no_member && members->status_of(member_of(m.sender)))
+        if (engine && from != no_member && core->is_member(from))
           engine->on_share(m.sender, std::string_view(m.body.data(), m.body.size()));
         return;
-      case runtime_msg::plan: {
-        auto p = unpack<placement::plan>(m.body);
-        if (!p || member_of(m.sender) != elect->leader()) break;
-        on_plan(*p);
-        return;
-      }
       case runtime_msg::status_request: {
-        auto reply_to = unpack<std::string>(m.body);
+        auto reply_to = unpack<std::string>(std::string_view(m.body.data(), m.body.size()));
         if (!reply_to) break;
         // The client is not a member: add it as a control peer for the reply (it is dropped
         // again when its link goes down).
@@ -891,10 +580,9 @@ struct node_runtime::impl {
         ++s;
       }
     }
-    if (!members->status_of(id)) {
+    if (!core->is_member(id)) {
       known[id] = known_peer{ev.peer, ep};
-      apply(
-          members->step(membership_join{{member_update{id, 0, 0, ev.peer + "@" + ep}}}, now_ms()));
+      core->join(id, ev.peer + "@" + ep, now_ms());
     }
   }
 
@@ -916,9 +604,7 @@ struct node_runtime::impl {
       if (auto k = known.find(id); k != known.end() && k->second.endpoint != ep) return;
       known[id] = known_peer{h.node_id, ep};
       ensure_peer(h.node_id, ep, /*move=*/false);
-      if (!members->status_of(id))
-        apply(members->step(membership_join{{member_update{id, 0, 0, h.node_id + "@" + ep}}},
-                            now_ms()));
+      core->join(id, h.node_id + "@" + ep, now_ms());
       return;
     }
     // A seed: the node id is learnt when the peer introduces itself over the control plane.
@@ -942,18 +628,12 @@ struct node_runtime::impl {
 
   // ------------------------------------------------------------------ loop
   void run() {
-    const auto now0 = now_ms();
-    apply(elect->step(election_tick{}, now0));
-    apply(members->step(membership_join{{}}, now0));
-    refresh_topology_members();
+    core->start(now_ms());
     for (;;) {
       std::deque<event> batch;
       {
         std::unique_lock lock(mu);
-        std::uint64_t wake = next_probe_ms;
-        if (membership_timer) wake = std::min(wake, *membership_timer);
-        if (election_timer) wake = std::min(wake, *election_timer);
-        wake = std::min(wake, next_report_ms);
+        const std::uint64_t wake = core->next_wake();
         const auto now = now_ms();
         if (queue.empty() && !stop_loop && wake > now)
           cv.wait_for(lock, std::chrono::milliseconds(
@@ -971,9 +651,7 @@ struct node_runtime::impl {
         } else if (auto* sub = std::get_if<ev_subscribe>(&e)) {
           on_subscribe(*sub);
         } else {
-          const auto now = now_ms();
-          apply(elect->step(election_leave{}, now));
-          apply(members->step(membership_leave{}, now));
+          core->leave(now_ms());
           std::lock_guard lock(mu);
           left = true;
           stop_loop = true;
@@ -983,10 +661,9 @@ struct node_runtime::impl {
         if (failed) return;
       }
       const auto now = now_ms();
-      if (membership_timer && now >= *membership_timer)
-        apply(members->step(membership_tick{}, now));
-      if (election_timer && now >= *election_timer) apply(elect->step(election_tick{}, now));
-      probe_round();
+      core->tick(now);
+      if (failed) return;
+      bandwidth_round(now);
       if (now >= next_snapshot_ms) {
         std::string doc = status_json().dump();
         std::lock_guard lock(snapshot_mu);
@@ -1063,12 +740,6 @@ struct node_runtime::impl {
   }
 
   // ------------------------------------------------------------------ status document
-  std::string name_of(member_id id) const {
-    if (id == self) return hex;
-    if (auto it = known.find(id); it != known.end()) return it->second.hex;
-    return fmt::format("{:016x}", id);
-  }
-
   /// The control plane's counters: what arrived, and every frame refused by reason (malformed,
   /// truncated, oversized, ... from any peer, the cluster's own included), so an operator sees a
   /// hostile or broken peer.
@@ -1123,114 +794,33 @@ struct node_runtime::impl {
   json status_json() const {
     json j;
     j["format"] = 1;
-    const auto leader = elect->leader();
     j["node"] = {{"id", hex},
                  {"endpoint", endpoint},
                  {"advertise", {{"address", advertise.address}, {"source", advertise.source}}},
-                 {"role", to_string(elect->role())},
-                 {"term", elect->term()},
-                 {"leader", leader == no_member ? json(nullptr) : json(name_of(leader))},
                  {"started_unix_ms", instance.started_unix_ms},
                  {"instance_nonce", fmt::format("{:016x}", instance.nonce)},
-                 {"config_version", elect->config().version},
-                 {"config_members", elect->config().members.size()},
                  {"pid", caps.pid},
                  {"hostname", caps.hostname},
                  {"host_id", caps.host_id},
                  {"link_dead_after_ms", link_dead_after_ms}};
     j["faults"] = faults_json();
     j["control"] = control_json();
-    json ms = json::array();
-    ms.push_back({{"id", hex},
-                  {"status", "alive"},
-                  {"incarnation", members->incarnation()},
-                  {"address", endpoint}});
-    for (const auto& [id, m] : members->members()) {
-      auto parsed = split_address(m.address);
-      ms.push_back({{"id", name_of(id)},
-                    {"status", to_string(m.status)},
-                    {"incarnation", m.incarnation},
-                    {"address", parsed ? parsed->second : m.address}});
-    }
-    j["membership"] = ms;
-    const auto& cur = topo->current();
-    if (!cur) {
-      j["view"] = nullptr;
-    } else {
-      json v;
-      v["epoch"] = {{"term", cur->at.term}, {"version", cur->at.version}};
-      v["leader"] = cur->leader == no_member ? json(nullptr) : json(name_of(cur->leader));
-      json vm = json::array();
-      for (const auto& m : cur->members) {
-        auto parsed = split_address(m.address);
-        vm.push_back({{"id", parsed ? parsed->first : name_of(m.id)},
-                      {"status", to_string(static_cast<member_status>(m.status))},
-                      {"address", parsed ? parsed->second : m.address},
-                      {"cores", m.caps.cores},
-                      {"memory_total_mb", m.caps.memory_total_mb},
-                      {"memory_free_mb", m.caps.memory_free_mb},
-                      {"has_rdma", m.caps.has_rdma},
-                      {"rdma_devices", m.caps.rdma_devices},
-                      {"models", m.caps.models},
-                      {"version", m.caps.version},
-                      {"pid", m.caps.pid},
-                      {"hostname", m.caps.hostname},
-                      {"host_id", m.caps.host_id}});
-      }
-      v["members"] = vm;
-      auto id_text = [&](member_id id) {
-        for (const auto& m : cur->members)
-          if (m.id == id) {
-            if (auto p = split_address(m.address)) return p->first;
-          }
-        return name_of(id);
-      };
-      json links = json::array();
-      for (const auto& l : cur->links) {
-        links.push_back({{"from", id_text(l.from)},
-                         {"to", id_text(l.to)},
-                         {"rtt_us", l.rtt_us},
-                         {"bandwidth_mbps", l.bandwidth_mbps},
-                         {"backend", backend_name(l.backend)}});
-      }
-      v["links"] = links;
-      j["view"] = v;
-    }
-    if (!plan) {
-      j["plan"] = nullptr;
-    } else {
-      json pj;
-      pj["epoch"] = {{"term", plan->epoch.term}, {"version", plan->epoch.version}};
-      json models = json::array();
-      for (const auto& m : plan->models) {
-        json groups = json::array();
-        for (const auto& g : m.groups) {
-          json ranks = json::array();
-          for (const auto& r : g.ranks)
-            ranks.push_back({{"node", name_of(r.node)},
-                             {"stage", r.stage},
-                             {"tp_rank", r.tp_rank},
-                             {"layers", {r.layer_first, r.layer_last}},
-                             {"heads", {r.head_first, r.head_last}}});
-          groups.push_back(ranks);
-        }
-        models.push_back(
-            {{"name", m.spec.name},
-             {"groups", groups},
-             {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)}});
-      }
-      pj["models"] = models;
-      j["plan"] = pj;
-    }
+    core->status_into(j, endpoint);
     j["serving"] = engine ? engine->status() : json(nullptr);
-    j["stats"] = {{"undecodable", undecodable},
-                  {"dropped_events", dropped_events},
-                  {"hints_dropped", hints_dropped},
-                  {"plans_refused", plans_refused},
-                  {"leader_changes", leader_changes},
-                  {"member_subscribers", member_subscribers.size()},
-                  {"member_events_sent", member_events_sent},
-                  {"member_events_dropped", member_events_dropped}};
+    auto& st = j["stats"];
+    st["undecodable"] = core->counters().undecodable + undecodable;
+    st["dropped_events"] = dropped_events;
+    st["hints_dropped"] = hints_dropped;
+    st["member_subscribers"] = member_subscribers.size();
+    st["member_events_sent"] = member_events_sent;
+    st["member_events_dropped"] = member_events_dropped;
+    json threads = json::object();
+    std::size_t total = 0;
+    for (const auto& [role, n] : thread_roles()) {
+      threads[role] = n;
+      total += n;
+    }
+    j["threads"] = {{"total", total}, {"by_role", threads}};
     return j;
   }
 };
@@ -1376,7 +966,6 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   // still counts; 1 s at least, the link's own liveness floor.
   cc.timing.heartbeat_interval_ms = 100;
   cc.timing.dead_after_ms = std::max<std::uint32_t>(1000, cfg.timeouts.suspect_timeout_ms);
-  p->link_down_ms = std::max<std::uint64_t>(5000, 4ull * cfg.timeouts.suspect_timeout_ms);
   p->link_dead_after_ms = cc.timing.dead_after_ms;
   cc.timing.backoff_max_ms = 1000;
   impl* raw = p.get();
@@ -1454,30 +1043,24 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     p->gateway = std::move(*g);
   }
 
-  // State machines.
-  membership_config mc;
-  mc.self = p->self;
-  mc.self_address = p->self_address;
-  mc.rng_seed = std::random_device{}() ^ p->self;
-  mc.probe_interval_ms = cfg.timeouts.heartbeat_interval_ms;
-  mc.probe_timeout_ms = std::max<std::uint32_t>(1, cfg.timeouts.heartbeat_interval_ms * 2 / 5);
-  mc.suspicion_timeout_ms = cfg.timeouts.suspect_timeout_ms;
-  auto m = membership::create(
-      mc, static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         std::chrono::system_clock::now().time_since_epoch())
-                                         .count()));
-  if (!m) return m.error();
-  p->members.emplace(std::move(m).value());
-  election_config ec;
-  ec.self = p->self;
-  ec.rng_seed = std::random_device{}() ^ (p->self * 31);
-  ec.election_timeout_ms = cfg.timeouts.election_timeout_min_ms;
-  ec.heartbeat_interval_ms = std::max<std::uint32_t>(10, cfg.timeouts.election_timeout_min_ms / 6);
-  ec.remove_dead_after_ms = cfg.timeouts.dead_timeout_ms;
-  auto e = election::create(ec, restored);
-  if (!e) return e.error();
-  p->elect.emplace(std::move(e).value());
-  p->topo.emplace(topology::topology_config{.self = p->self});
+  // State machines: the control core, configured from the node's settings as the simulator's
+  // nodes are (control_settings_for).
+  core_options co;
+  co.self = p->self;
+  co.self_address = p->self_address;
+  co.hex = p->hex;
+  co.settings = control_settings_for(cfg);
+  co.membership_seed = std::random_device{}() ^ p->self;
+  co.election_seed = std::random_device{}() ^ (p->self * 31);
+  co.incarnation =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+  co.restored = restored;
+  co.caps = p->caps;
+  auto core = control_core::create(std::move(co), *p);
+  if (!core) return core.error();
+  p->core = std::move(core).value();
 
   // Discovery.
   auto seeds = seed_source::create(cfg.discovery.seeds);

@@ -2,9 +2,10 @@
 // election and topology wired together (docs/design/011-node-runtime.md).
 //
 // Threads: the control plane's I/O thread and each discovery source's thread only *enqueue*
-// events (bounded queue); one loop thread owns every state machine (membership, election,
-// topology) and all decisions, so no protocol state is shared between threads. The loop sleeps
-// until the earliest timer any state machine asked for, or until an event arrives.
+// events (bounded queue); one loop thread owns the control_core (membership, election, topology,
+// plan: control_core.hpp, the same code the simulator runs) and all decisions, so no protocol
+// state is shared between threads. The loop sleeps until the core's next timer, or until an
+// event arrives.
 //
 // Message types on the control plane (application range, docs/design/011-node-runtime.md):
 //   64 membership  65 election  66 topo.ping  67 topo.pong  68 topo.report  69 topo.view
@@ -22,24 +23,9 @@
 #include "actors/base/result.hpp"
 #include "actors/system.hpp"
 #include "mesh/node/config.hpp"
+#include "mesh/runtime/messages.hpp"
 
 namespace tessera::mesh::runtime {
-
-enum class runtime_msg : std::uint16_t {
-  membership = 64,
-  election = 65,
-  topo_ping = 66,
-  topo_pong = 67,
-  topo_report = 68,
-  topo_view = 69,
-  status_request = 70,
-  status_reply = 71,
-  bulk_offer = 72,   ///< bandwidth probe: initiator's bulk connect params
-  bulk_answer = 73,  ///< bandwidth probe: responder's bulk connect params
-  plan = 74,         ///< the leader's serving plan (placement::plan), to every live member
-  group_link = 75,   ///< bulk connect params between the ranks of a group split over peers
-  model_share = 76,  ///< model distribution: a fetcher's offer / a holder's answer (share_setup)
-};
 
 /// Bound on events waiting for the loop thread; beyond it inbound messages are dropped (counted),
 /// which the protocols treat as loss. Peer events and hints are never dropped below the bound.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <spdlog/logger.h>
 #include <msgpack.hpp>
 
 #include "actors/base/msgpack_bounded.hpp"
@@ -28,12 +29,7 @@ std::optional<T> decode(const bytes& data) {
 template bytes encode(const membership_message&);
 template bytes encode(const election_message&);
 template bytes encode(const durable_election_state&);
-template std::optional<membership_message> decode(const bytes&);
-template std::optional<election_message> decode(const bytes&);
 template std::optional<durable_election_state> decode(const bytes&);
-template std::optional<topology::row_report> decode(const bytes&);
-template std::optional<topology::view> decode(const bytes&);
-template std::optional<placement::plan> decode(const bytes&);
 
 std::int32_t sim_token(const serving::request& r, std::int32_t prev, std::uint32_t index,
                        std::uint32_t vocab) {
@@ -50,224 +46,117 @@ std::vector<std::int32_t> sim_reference(const serving::request& r, std::uint32_t
   return out;
 }
 
-mesh_node::mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed)
-    : self_(self), options_(options) {
-  options_.membership.self = self;
-  options_.membership.rng_seed = seed * 31 + self;
-  options_.election.self = self;
-  options_.election.rng_seed = seed * 37 + self;
-  options_.membership.self_address = fmt::format("sim:{}", self);
-  std::erase_if(options_.seeds, [&](const member_update& s) { return s.id == self; });
+namespace {
+
+/// The simulated nodes' logger: the core logs as in the node, but thousands of seeds must not
+/// print every election (level off: nothing is even formatted).
+std::shared_ptr<spdlog::logger> quiet_logger() {
+  static const auto log = [] {
+    auto l = std::make_shared<spdlog::logger>("sim-node");
+    l->set_level(spdlog::level::off);
+    return l;
+  }();
+  return log;
 }
 
+/// The simulated wall clock at global time 0 (a node's membership incarnation starts at its
+/// wall-clock ms, as in `tessera node`).
+constexpr std::uint64_t kSimEpochMs = 1'800'000'000'000;
+
+}  // namespace
+
+mesh_node::mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed)
+    : self_(self), seed_(seed), options_(options) {}
+
 void mesh_node::on_start(node_context& ctx) {
-  durable_election_state restored;
+  ctx_ = &ctx;
+  runtime::core_options o;
+  o.self = self_;
+  o.self_address = fmt::format("sim:{}", self_);
+  o.hex = fmt::format("{:032x}", self_);
+  o.settings = options_.control;
+  o.membership_seed = seed_ * 31 + self_;
+  o.election_seed = seed_ * 37 + self_;
+  o.incarnation = kSimEpochMs + ctx.global_ms();
   if (!ctx.durable().empty()) {
     auto d = decode<durable_election_state>(ctx.durable());
     TESSERA_ASSERT(d.has_value(), "sim node {}: durable state does not decode", self_);
-    restored = *d;
+    o.restored = *d;
   }
-  auto m = mesh::membership::create(options_.membership);
-  TESSERA_ASSERT(m.has_value(), "sim node {}: {}", self_, m.error().describe());
-  membership_.emplace(std::move(m).value());
-  auto e = mesh::election::create(options_.election, restored);
-  TESSERA_ASSERT(e.has_value(), "sim node {}: {}", self_, e.error().describe());
-  election_.emplace(std::move(e).value());
+  o.caps.node_id = o.hex;
+  o.caps.cores = 2;
+  o.caps.memory_total_mb = options_.memory_mb;
+  o.caps.memory_free_mb = options_.memory_mb;
+  if (options_.serving) o.caps.model_specs.push_back(options_.model);
+  o.log = quiet_logger();
+  auto c = runtime::control_core::create(std::move(o), *this);
+  TESSERA_ASSERT(c.has_value(), "sim node {}: {}", self_, c.error().describe());
+  core_ = std::move(c).value();
+  facts_ = {};
   const std::uint64_t now = ctx.now_ms();
-  if (options_.serving) {
-    topology::topology_config tc;
-    tc.self = self_;
-    topo_.emplace(tc);
-    plan_.reset();
-    next_report_ms_ = now;
-    next_view_resend_ms_ = 0;
-    refresh_members(ctx);
-  }
-  apply(ctx, election_->step(election_tick{}, now));
-  apply(ctx, membership_->step(membership_join{options_.seeds}, now));
+  core_->start(now);
+  core_->join(options_.seeds, now);
+  rearm(ctx);
+  ctx_ = nullptr;
 }
 
 void mesh_node::on_message(node_context& ctx, const envelope& msg) {
+  ctx_ = &ctx;
   const std::uint64_t now = ctx.now_ms();
-  if (msg.channel == membership_channel) {
-    auto m = decode<membership_message>(msg.payload);
-    if (!m) {
-      ++undecodable_;
-      return;
-    }
-    apply(ctx, membership_->step(membership_receive{std::move(*m)}, now));
-  } else if (msg.channel == election_channel) {
-    auto m = decode<election_message>(msg.payload);
-    if (!m) {
-      ++undecodable_;
-      return;
-    }
-    apply(ctx, election_->step(election_receive{std::move(*m)}, now));
-  } else if (topo_ && msg.channel == report_channel) {
-    auto r = decode<topology::row_report>(msg.payload);
-    if (!r || r->from != msg.from) {
-      ++undecodable_;
-      return;
-    }
-    if (topo_->is_leader()) {
-      topo_->on_report(*r);
-      publish_if_leader(ctx);
-    }
-  } else if (topo_ && msg.channel == view_channel) {
-    auto v = decode<topology::view>(msg.payload);
-    if (!v) {
-      ++undecodable_;
-      return;
-    }
-    // As the runtime: views only from the leader this node follows, naming itself leader.
-    if (v->leader != msg.from || msg.from != election_->leader()) return;
-    topo_->on_view(*v);
-  } else if (topo_ && options_.serve_requests && msg.channel == request_channel) {
+  if (msg.channel == request_channel) {
     auto q = serving::decode_request(std::string_view(
         reinterpret_cast<const char*>(msg.payload.data()), msg.payload.size()));
     if (!q) {
       ++undecodable_;
-      return;
+    } else if (options_.serve_requests) {
+      on_request(ctx, msg.from, std::move(*q));
     }
-    on_request(ctx, msg.from, std::move(*q));
-  } else if (topo_ && msg.channel == plan_channel) {
-    auto p = decode<placement::plan>(msg.payload);
-    if (!p) {
-      ++undecodable_;
-      return;
-    }
-    // As the runtime: plans only from the leader this node follows (a stale leader must not
-    // adopt its successor's plan and then issue epochs in that term).
-    if (msg.from != election_->leader()) return;
-    auto a = serving::should_adopt(plan_.get(), *p);
-    if (!a) {
-      ++plans_refused_;
-      return;
-    }
-    if (*a) adopt(std::make_shared<const placement::plan>(std::move(*p)));
-  } else {
+  } else if (!core_->on_message(msg.from, {}, static_cast<runtime::runtime_msg>(msg.channel),
+                                std::string_view(reinterpret_cast<const char*>(msg.payload.data()),
+                                                 msg.payload.size()),
+                                now)) {
     ++undecodable_;
   }
+  rearm(ctx);
+  ctx_ = nullptr;
 }
 
 void mesh_node::on_timer(node_context& ctx) {
-  const std::uint64_t now = ctx.now_ms();
-  if (membership_timer_ && now >= *membership_timer_)
-    apply(ctx, membership_->step(membership_tick{}, now));
-  if (election_timer_ && now >= *election_timer_) apply(ctx, election_->step(election_tick{}, now));
-  if (topo_ && now >= next_report_ms_) {
-    next_report_ms_ = now + 1000;
-    report(ctx);
-  }
-  if (topo_ && topo_->is_leader() && topo_->current() && now >= next_view_resend_ms_) {
-    broadcast_view(ctx);
-    replan(ctx);
-    broadcast_plan(ctx);
-  }
+  ctx_ = &ctx;
+  core_->tick(ctx.now_ms());
   generate(ctx);
   rearm(ctx);
+  ctx_ = nullptr;
 }
 
 void mesh_node::leave(node_context& ctx) {
-  const std::uint64_t now = ctx.now_ms();
-  apply(ctx, election_->step(election_leave{}, now));
-  apply(ctx, membership_->step(membership_leave{}, now));
-}
-
-void mesh_node::apply(node_context& ctx, membership_output out) {
-  for (auto& m : out.messages)
-    ctx.send(m.to, membership_channel, encode(m));
-  membership_timer_ = out.timer_at_ms;
-  for (auto& ev : out.events) {
-    member_events_.push_back(observed_member_event{ctx.now_ms(), ev});
-    apply(ctx, election_->step(peer_status_changed{ev.id, ev.status}, ctx.now_ms()));
-  }
-  if (topo_ && !out.events.empty()) refresh_members(ctx);
+  ctx_ = &ctx;
+  core_->leave(ctx.now_ms());
   rearm(ctx);
+  ctx_ = nullptr;
 }
 
-void mesh_node::apply(node_context& ctx, election_output out) {
-  // Durable first, then messages: a vote must be on disk before anyone can learn of it.
-  if (out.persist) ctx.durable() = encode(election_->durable());
-  for (auto& m : out.messages)
-    ctx.send(m.to, election_channel, encode(m));
-  election_timer_ = out.timer_at_ms;
-  if (topo_)
-    for (const auto& ev : out.events)
-      if (ev.kind == election_event_kind::leader_changed) {
-        if (ev.leader == self_ && !topo_->is_leader()) leading_since_ms_ = ctx.now_ms();
-        topo_->on_leader(ev.term, ev.leader);
-        next_report_ms_ = ctx.now_ms();  // the new leader needs our row at once
-        publish_if_leader(ctx);
-      }
-  rearm(ctx);
+// ------------------------------------------------------------------ control_port
+
+void mesh_node::send(member_id to, runtime::runtime_msg type, std::string body) {
+  ctx_->send(to, static_cast<std::uint8_t>(type), bytes(body.begin(), body.end()));
 }
 
-// ------------------------------------------------------------------ serving layer
-
-void mesh_node::refresh_members(node_context& ctx) {
-  std::vector<topology::member_fact> facts;
-  facts.push_back({self_, static_cast<std::uint8_t>(member_status::alive), options_.membership.self_address});
-  if (membership_)
-    for (const auto& [id, m] : membership_->members())
-      facts.push_back({id, static_cast<std::uint8_t>(m.status), m.address});
-  topo_->on_members(std::move(facts));
-  publish_if_leader(ctx);
+void mesh_node::reply(member_id to, std::string_view, runtime::runtime_msg type, std::string body) {
+  send(to, type, std::move(body));
 }
 
-void mesh_node::report(node_context& ctx) {
-  topology::row_report r;
-  r.from = self_;
-  r.caps.node_id = fmt::format("{:032x}", self_);
-  r.caps.cores = 2;
-  r.caps.memory_total_mb = options_.memory_mb;
-  r.caps.memory_free_mb = options_.memory_mb;
-  r.caps.model_specs.push_back(options_.model);
-  if (membership_)
-    for (const auto& [id, m] : membership_->members())
-      if (m.status == member_status::alive || m.status == member_status::suspect)
-        r.links.push_back({self_, id, 500, 1000, 1});
-  if (topo_->is_leader()) {
-    topo_->on_report(r);
-    publish_if_leader(ctx);
-    return;
-  }
-  const member_id leader = election_->leader();
-  if (leader != no_member && leader != self_) ctx.send(leader, report_channel, encode(r));
+bool mesh_node::persist(const std::string& data) {
+  ctx_->durable() = bytes(data.begin(), data.end());
+  return true;
 }
 
-void mesh_node::publish_if_leader(node_context& ctx) {
-  if (!topo_ || !topo_->is_leader()) return;
-  if (!topo_->maybe_publish(ctx.now_ms())) return;
-  broadcast_view(ctx);
-  replan(ctx);
+std::int64_t mesh_node::mono_ns() {
+  return static_cast<std::int64_t>(ctx_->now_ms()) * 1'000'000;
 }
 
-void mesh_node::replan(node_context& ctx) {
-  if (!topo_->is_leader() || !topo_->current()) return;
-  if (!serving::ready_to_plan(*topo_->current(), ctx.now_ms() - leading_since_ms_)) return;
-  auto p = serving::plan_from_view(*topo_->current(), plan_.get(), election_->term());
-  if (!p || (plan_ && p->epoch == plan_->epoch)) return;
-  adopt(std::make_shared<const placement::plan>(std::move(*p)));
-  broadcast_plan(ctx);
-}
-
-void mesh_node::broadcast_view(node_context& ctx) {
-  const bytes body = encode(*topo_->current());
-  for (const auto& m : topo_->current()->members)
-    if (m.id != self_ && topology::is_live_status(m.status)) ctx.send(m.id, view_channel, body);
-  next_view_resend_ms_ = ctx.now_ms() + 2000;
-}
-
-void mesh_node::broadcast_plan(node_context& ctx) {
-  if (!plan_ || !topo_->current()) return;
-  const bytes body = encode(*plan_);
-  for (const auto& m : topo_->current()->members)
-    if (m.id != self_ && topology::is_live_status(m.status)) ctx.send(m.id, plan_channel, body);
-}
-
-void mesh_node::adopt(std::shared_ptr<const placement::plan> p) {
-  plan_ = std::move(p);
+void mesh_node::on_member_event(const member_event& ev) {
+  member_events_.push_back(observed_member_event{ctx_->now_ms(), ev});
 }
 
 // ------------------------------------------------------------------ requests (the engine's part)
@@ -306,11 +195,11 @@ void mesh_node::on_request(node_context& ctx, member_id client, serving::request
     case serving::admission::fresh:
       break;
   }
-  std::vector<member_id> live{self_};
-  for (const auto& [id, m] : membership_->members())
-    if (m.status == member_status::alive || m.status == member_status::suspect) live.push_back(id);
+  // What the real engine decides with: the plan and live members the core handed it.
+  std::vector<member_id> live = facts_.live;
+  if (live.empty()) live.push_back(self_);
   const std::vector<std::string> models{options_.model.name};
-  auto d = serving::decide(q, plan_.get(), live, self_, models);
+  auto d = serving::decide(q, facts_.plan.get(), live, self_, models);
   if (d.action == serving::intake_action::ignore) return;
   if (d.action == serving::intake_action::reject) {
     auto r = base(q, "error");
@@ -366,19 +255,15 @@ void mesh_node::generate(node_context& ctx) {
 }
 
 void mesh_node::rearm(node_context& ctx) {
-  std::optional<std::uint64_t> t = membership_timer_;
-  if (election_timer_) t = t ? std::min(*t, *election_timer_) : *election_timer_;
-  if (topo_) {
-    t = t ? std::min(*t, next_report_ms_) : next_report_ms_;
-    if (topo_->is_leader() && topo_->current()) t = std::min(*t, next_view_resend_ms_);
-  }
+  std::uint64_t t = core_->next_wake();
   for (const auto& [id, st] : streams_)
-    t = t ? std::min(*t, st.next_ms) : st.next_ms;
+    t = std::min(t, st.next_ms);
   ctx.set_timer(t);
 }
 
 mesh_node_options cluster_options(std::size_t n) {
   mesh_node_options o;
+  o.control = runtime::control_settings_for(node_config{});
   for (std::size_t i = 1; i <= n; ++i)
     o.seeds.push_back(member_update{i, 0, 0, fmt::format("sim:{}", i)});
   return o;

@@ -1,10 +1,11 @@
-// A simulated mesh node: membership + election wired together the way the real node wires them
-// (membership events feed election as peer_status_changed), with every message msgpack-encoded
-// on the simulated wire and the election's durable state stored in the node's durable bytes.
-// With `serving` on, also the serving layer's control as mesh/runtime runs it: row reports to the
-// leader every second (capabilities: one model, memory), the leader's topology view and its plan
-// (serving::plan_from_view, sticky), re-sent every 2 s, adopted by serving::should_adopt.
-// With `serve_requests`, also the peers' side of the client protocol (see mesh_node_options).
+// A simulated mesh node: the node's own control code (runtime::control_core — membership,
+// election, topology pings and rows, views, the leader's plan, configured by the same
+// control_settings_for as `tessera node`) behind a port onto the simulated world: messages are
+// msgpack-encoded on the simulated wire under their control-plane types, the election's durable
+// state is the node's durable bytes, the clock is the node's simulated local clock.
+// With `serve_requests`, also the peers' side of the client protocol: the engine's pure parts
+// (serving::admit, serving::decide over the facts the core hands the engine) in front of a
+// modelled token generator — the one part of the node the simulator replaces.
 #pragma once
 
 #include <cstdint>
@@ -17,27 +18,24 @@
 #include "mesh/election/election.hpp"
 #include "mesh/membership/membership.hpp"
 #include "mesh/placement/placement.hpp"
+#include "mesh/runtime/control_core.hpp"
 #include "mesh/serving/ledger.hpp"
 #include "mesh/serving/protocol.hpp"
 #include "mesh/sim/world.hpp"
-#include "mesh/topology/topology.hpp"
 
 namespace tessera::mesh::sim {
 
-/// Wire channels of the bundle.
-inline constexpr std::uint8_t membership_channel = 1;
-inline constexpr std::uint8_t election_channel = 2;
-inline constexpr std::uint8_t report_channel = 3;  ///< topology row reports, to the leader
-inline constexpr std::uint8_t view_channel = 4;    ///< the leader's view, to every live member
-inline constexpr std::uint8_t plan_channel = 5;    ///< the leader's serving plan
+/// Wire channels of the client protocol (control messages travel under their runtime_msg type).
 inline constexpr std::uint8_t request_channel = 6;   ///< client -> peer: a serving::request
 inline constexpr std::uint8_t response_channel = 7;  ///< peer -> client: a serving::response
 
 struct mesh_node_options {
-  membership_config membership;      ///< self and rng_seed are filled in per node
-  election_config election;          ///< self and rng_seed are filled in per node
+  /// The control settings, as `tessera node` derives them from its defaults
+  /// (runtime::control_settings_for); self, addresses and seeds are filled in per node.
+  runtime::control_settings control;
   std::vector<member_update> seeds;  ///< joined at every start (discovery hints)
-  /// The serving layer (topology, view, plan). Every node holds `model` with `memory_mb` free.
+  /// Every node holds `model` with `memory_mb` free (the topology and plan run either way: they
+  /// are part of the node; without it no node offers a model and plans stay empty).
   bool serving = false;
   placement::model_spec model;
   std::uint64_t memory_mb = 4096;
@@ -72,7 +70,7 @@ struct observed_member_event {
   member_event event;
 };
 
-class mesh_node : public sim_node {
+class mesh_node : public sim_node, private runtime::control_port {
  public:
   mesh_node(member_id self, const mesh_node_options& options, std::uint64_t seed);
 
@@ -83,31 +81,35 @@ class mesh_node : public sim_node {
   /// Graceful leave of both state machines (what the node does on SIGTERM).
   void leave(node_context& ctx);
 
-  [[nodiscard]] const mesh::election& election() const { return *election_; }
-  [[nodiscard]] const mesh::membership& membership() const { return *membership_; }
+  [[nodiscard]] const runtime::control_core& core() const { return *core_; }
+  [[nodiscard]] const mesh::election& election() const { return core_->election(); }
+  [[nodiscard]] const mesh::membership& membership() const { return core_->membership(); }
   [[nodiscard]] const std::vector<observed_member_event>& member_events() const {
     return member_events_;
   }
   /// Wire messages that failed to decode (must stay 0 between honest nodes).
-  [[nodiscard]] std::uint64_t undecodable() const { return undecodable_; }
+  [[nodiscard]] std::uint64_t undecodable() const {
+    return undecodable_ + core_->counters().undecodable;
+  }
   /// Serving: the plan in force (null: none yet), and plans refused as invalid (must stay 0).
-  [[nodiscard]] const std::shared_ptr<const placement::plan>& plan() const { return plan_; }
-  [[nodiscard]] std::uint64_t plans_refused() const { return plans_refused_; }
-  [[nodiscard]] const std::optional<topology::topology_state>& topology() const { return topo_; }
+  [[nodiscard]] const std::shared_ptr<const placement::plan>& plan() const { return core_->plan(); }
+  [[nodiscard]] std::uint64_t plans_refused() const { return core_->counters().plans_refused; }
 
  private:
-  void apply(node_context& ctx, membership_output out);
-  void apply(node_context& ctx, election_output out);
+  // control_port: the simulated world (valid during a callback: ctx_ is set by each).
+  void send(member_id to, runtime::runtime_msg type, std::string body) override;
+  void reply(member_id to, std::string_view link, runtime::runtime_msg type,
+             std::string body) override;
+  bool persist(const std::string& bytes) override;
+  std::int64_t mono_ns() override;
+  void learn(member_id, const std::string&, bool) override {}  // the world routes by id
+  void on_member_event(const member_event& ev) override;
+  void serving_changed(runtime::serving_facts facts) override { facts_ = std::move(facts); }
+  std::uint8_t backend_for(const topology::capabilities&) override { return 1; }  // tcp
+  void refresh_caps(topology::capabilities&) override {}
+
   void rearm(node_context& ctx);
-  // serving layer
-  void refresh_members(node_context& ctx);
-  void report(node_context& ctx);
-  void publish_if_leader(node_context& ctx);
-  void replan(node_context& ctx);
-  void broadcast_view(node_context& ctx);
-  void broadcast_plan(node_context& ctx);
-  void adopt(std::shared_ptr<const placement::plan> p);
-  // requests
+  // requests: the modelled engine
   void on_request(node_context& ctx, member_id client, serving::request q);
   void respond(node_context& ctx, member_id client, const serving::response& r);
   void generate(node_context& ctx);
@@ -121,18 +123,13 @@ class mesh_node : public sim_node {
   };
 
   member_id self_;
+  std::uint64_t seed_;
   mesh_node_options options_;
-  std::optional<mesh::membership> membership_;
-  std::optional<mesh::election> election_;
-  std::optional<std::uint64_t> membership_timer_;
-  std::optional<std::uint64_t> election_timer_;
+  node_context* ctx_ = nullptr;
+  std::unique_ptr<runtime::control_core> core_;
+  runtime::serving_facts facts_;  // what the core last handed the engine
   std::vector<observed_member_event> member_events_;
-  std::uint64_t undecodable_ = 0;
-  std::optional<topology::topology_state> topo_;
-  std::shared_ptr<const placement::plan> plan_;
-  std::uint64_t plans_refused_ = 0;
-  std::uint64_t next_report_ms_ = 0, next_view_resend_ms_ = 0;
-  std::uint64_t leading_since_ms_ = 0;  // when this node last became leader (ready_to_plan)
+  std::uint64_t undecodable_ = 0;          // client-protocol bytes and unknown types
   std::map<std::string, stream> streams_;  // running, by request id
   serving::finished_ledger finished_;
 };

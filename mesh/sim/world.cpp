@@ -87,6 +87,10 @@ std::uint64_t node_context::now_ms() const {
   return world_.local_time(self_, world_.now_ms());
 }
 
+std::uint64_t node_context::global_ms() const {
+  return world_.now_ms();
+}
+
 void node_context::send(member_id to, std::uint8_t channel, bytes payload) {
   world_.send(self_, envelope{self_, to, channel, std::move(payload)});
 }
@@ -100,7 +104,12 @@ bytes& node_context::durable() {
 }
 
 world::world(std::uint64_t seed, node_factory factory)
-    : seed_(seed), rng_(seed), factory_(std::move(factory)), sys_(system_config(seed)) {
+    : seed_(seed),
+      rng_(seed),
+      factory_(std::move(factory)),
+      sys_(system_config(seed)),
+      policy_(mix64(seed ^ 0x6661756c7473ULL)) {
+  set_link_faults(link_faults{});
   auto net = std::make_unique<network_actor>(*this);
   net_actor_ = net.get();
   auto ref = sys_.spawn(std::move(net));
@@ -141,6 +150,7 @@ const world::slot& world::at(member_id id) const {
 void world::add_node(member_id id) {
   TESSERA_ASSERT(id != no_member && !slots_.contains(id), "sim: bad or duplicate node id {}", id);
   slots_.emplace(id, slot{});
+  names_.emplace(id, name_of(id));
   ids_.push_back(id);
 }
 
@@ -240,36 +250,54 @@ std::uint64_t world::local_time(member_id id, std::uint64_t global_ms) const {
   return local < 0 ? 0 : static_cast<std::uint64_t>(local);
 }
 
+std::string world::name_of(member_id id) {
+  return std::to_string(id);
+}
+
+void world::set_link_faults(const link_faults& f) {
+  using std::chrono::milliseconds;
+  transport::faults::link_rule r;
+  r.delay = milliseconds(f.delay_min_ms);
+  r.jitter = milliseconds(f.delay_max_ms > f.delay_min_ms ? f.delay_max_ms - f.delay_min_ms : 0);
+  r.drop = f.drop_ppm / 1e6;
+  r.duplicate = f.duplicate_ppm / 1e6;
+  auto ok = policy_.set_rule(transport::faults::any_node, transport::faults::any_node, r);
+  TESSERA_ASSERT(ok.has_value(), "sim: bad link faults: {}", ok.error().describe());
+}
+
 void world::partition(const std::vector<std::vector<member_id>>& groups) {
-  blocked_.clear();  // replaces the partition in force (clogs stay)
+  policy_.heal();  // replaces the partition in force (clogs and rules stay)
   for (std::size_t i = 0; i < groups.size(); ++i)
-    for (std::size_t j = 0; j < groups.size(); ++j)
-      if (i != j)
-        for (member_id a : groups[i])
-          for (member_id b : groups[j])
-            blocked_.insert({a, b});
+    for (std::size_t j = i + 1; j < groups.size(); ++j) {
+      std::vector<std::string> a, b;
+      for (member_id x : groups[i])
+        a.push_back(name_of(x));
+      for (member_id y : groups[j])
+        b.push_back(name_of(y));
+      policy_.partition(a, b, /*two_way=*/true);
+    }
   clean_groups_ = groups;
 }
 
 void world::block(member_id from, member_id to) {
-  blocked_.insert({from, to});
+  policy_.partition({name_of(from)}, {name_of(to)}, /*two_way=*/false);
   clean_groups_.clear();
 }
 
 void world::bridge(const std::vector<member_id>& a, member_id bridge_node,
                    const std::vector<member_id>& b) {
-  blocked_.clear();
+  policy_.heal();
   clean_groups_.clear();
+  std::vector<std::string> sa, sb;
   for (member_id x : a)
-    for (member_id y : b) {
-      if (x == bridge_node || y == bridge_node) continue;
-      blocked_.insert({x, y});
-      blocked_.insert({y, x});
-    }
+    if (x != bridge_node) sa.push_back(name_of(x));
+  for (member_id y : b)
+    if (y != bridge_node) sb.push_back(name_of(y));
+  policy_.partition(sa, sb, /*two_way=*/true);
 }
 
 void world::heal() {
-  blocked_.clear();
+  policy_.heal();
   clean_groups_.clear();
   while (!clogged_.empty())
     unclog(*clogged_.begin());
@@ -299,7 +327,9 @@ void world::unclog(member_id id) {
 }
 
 bool world::can_deliver(member_id from, member_id to) const {
-  return !blocked_.contains({from, to});
+  auto f = names_.find(from), t = names_.find(to);
+  if (f == names_.end() || t == names_.end()) return true;
+  return !policy_.is_cut(f->second, t->second);
 }
 
 void world::send(member_id from, envelope e) {
@@ -309,28 +339,33 @@ void world::send(member_id from, envelope e) {
     ++counters_.dropped_down;
     return;
   }
-  if (rng_.chance_ppm(faults_.drop_ppm)) {
+  const auto d =
+      policy_.decide(names_.at(from), names_.at(e.to), std::chrono::milliseconds(now_ms()));
+  if (d.outcome == transport::faults::decision::fate::partitioned) {
+    ++counters_.dropped_partition;
+    return;
+  }
+  if (d.lost()) {
     ++counters_.dropped_random;
     return;
   }
-  const int copies = rng_.chance_ppm(faults_.duplicate_ppm) ? 2 : 1;
-  if (copies == 2) ++counters_.duplicated;
+  if (d.copies == 2) ++counters_.duplicated;
   auto shared = std::make_shared<envelope>(std::move(e));
-  for (int c = 0; c < copies; ++c) {
+  for (std::uint8_t c = 0; c < d.copies; ++c) {
     if (in_flight_ >= max_in_flight) {
       ++counters_.dropped_overflow;
       return;
     }
-    queue_.push(event{arrival(*shared), next_seq_++, shared->to, at(shared->to).epoch, 0, shared});
+    // Whole milliseconds, rounded up: the policy's delay and jitter are finer than the clock.
+    const auto at_ms = static_cast<std::uint64_t>((d.deliver_at[c].count() + 999'999) / 1'000'000);
+    queue_.push(
+        event{fifo_at(*shared, at_ms), next_seq_++, shared->to, at(shared->to).epoch, 0, shared});
     ++in_flight_;
   }
   kick();
 }
 
-std::uint64_t world::arrival(const envelope& e) {
-  const std::uint64_t delay =
-      rng_.uniform(faults_.delay_min_ms, std::uint64_t{faults_.delay_max_ms} + 1);
-  std::uint64_t at_ms = now_ms() + delay;
+std::uint64_t world::fifo_at(const envelope& e, std::uint64_t at_ms) {
   if (fifo_.contains(e.channel)) {
     // Same time as the previous one is enough: equal times are delivered in sequence order.
     auto& last = last_arrival_[{e.from, e.to, e.channel}];
@@ -338,6 +373,15 @@ std::uint64_t world::arrival(const envelope& e) {
     last = at_ms;
   }
   return at_ms;
+}
+
+std::uint64_t world::arrival(const envelope& e) {
+  // A message released by a clog: a fresh link delay under its pair's rule (never lost: a clog
+  // holds, it does not drop).
+  const auto r = policy_.rule_for(names_.at(e.from), names_.at(e.to));
+  const auto delay_ms = static_cast<std::uint64_t>(r.delay.count() / 1'000'000);
+  const auto jitter_ms = static_cast<std::uint64_t>(r.jitter.count() / 1'000'000);
+  return fifo_at(e, now_ms() + delay_ms + rng_.uniform(0, jitter_ms + 1));
 }
 
 void world::set_timer(member_id id, std::optional<std::uint64_t> local_at_ms) {

@@ -7,12 +7,14 @@
 // timer for the earliest). Events due at the same instant reach their nodes in an order the
 // system seed picks, so seeds explore interleavings, and a seed replays exactly.
 //
-// Owns: virtual time, the in-flight messages, the fault model (delay/jitter, drop, duplicate,
-// reorder by jitter, partitions clean / one-way / bridge, clogging (swizzle-clog), crash/restart,
-// pause, clock skew) and the
-// per-node durable bytes that survive a crash. Generic: a node is any sim_node (a bundle of state
-// machines with step()); payloads are opaque bytes (msgpack in practice, so the wire encoding is
-// exercised too). Same seed + same calls = the same run, event for event.
+// Owns: virtual time, the in-flight messages, the network's faults — transport/faults'
+// fault_policy, the same seeded model `tessera fault` drives on a live cluster (delay, jitter,
+// drop, duplicate, reorder; clean, one-way and bridge partitions; any rule per directed pair, on
+// nodes named by their decimal id) — plus what only a simulator can do (clogging (swizzle-clog),
+// crash/restart, pause, clock skew), and the per-node durable bytes that survive a crash. Generic:
+// a node is any sim_node (a bundle of state machines with step()); payloads are opaque bytes
+// (msgpack in practice, so the wire encoding is exercised too). Same seed + same calls = the same
+// run, event for event.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@
 
 #include "actors/system.hpp"
 #include "mesh/membership/ids.hpp"
+#include "transport/faults/fault_policy.hpp"
 
 namespace tessera::mesh::sim {
 
@@ -55,6 +58,8 @@ class node_context {
   node_context(world& w, member_id self) : world_(w), self_(self) {}
   /// The node's local clock (global time through this node's offset and rate).
   [[nodiscard]] std::uint64_t now_ms() const;
+  /// The world's global time (no skew): what a node's wall clock is built on.
+  [[nodiscard]] std::uint64_t global_ms() const;
   [[nodiscard]] member_id self() const { return self_; }
   void send(member_id to, std::uint8_t channel, bytes payload);
   /// The node's single timer, in local time; replaces the previous one; nullopt cancels.
@@ -79,7 +84,8 @@ class sim_node {
 /// Builds a node (again after a crash); it reads its durable bytes in on_start.
 using node_factory = std::function<std::unique_ptr<sim_node>(member_id)>;
 
-/// Link behaviour applied to every message.
+/// The base network, applied to every message: the fault policy's ("*", "*") rule (delay_min as
+/// its delay, the rest as its jitter).
 struct link_faults {
   std::uint32_t delay_min_ms = 1;
   std::uint32_t delay_max_ms = 3;  ///< uniform jitter in [min, max]; jitter reorders
@@ -90,8 +96,8 @@ struct link_faults {
 struct world_counters {
   std::uint64_t sent = 0;
   std::uint64_t delivered = 0;
-  std::uint64_t dropped_random = 0;
-  std::uint64_t dropped_partition = 0;
+  std::uint64_t dropped_random = 0;     ///< the fault policy's drop
+  std::uint64_t dropped_partition = 0;  ///< cut when sent, or when it arrived
   std::uint64_t dropped_down = 0;      ///< destination crashed or not started
   std::uint64_t dropped_overflow = 0;  ///< in-flight, pause or clog backlog bound reached
   std::uint64_t clogged = 0;           ///< messages held by a clog (delivered on unclog)
@@ -144,12 +150,18 @@ class world {
   [[nodiscard]] bool is_clogged(member_id id) const { return clogged_.contains(id); }
   /// Removes every partition, block and clog (held messages are released).
   void heal();
-  void set_link_faults(const link_faults& f) { faults_ = f; }
+  void set_link_faults(const link_faults& f);
+  /// The fault policy itself: any rule on any directed pair, as `tessera fault` sets them (a
+  /// node's name is its id in decimal). Partitions set here count like the ones above.
+  [[nodiscard]] transport::faults::fault_policy& faults() { return policy_; }
+  /// A node's name in the fault policy.
+  [[nodiscard]] static std::string name_of(member_id id);
   /// Messages of `channel` between two nodes arrive in the order they were sent (a TCP stream,
   /// like the clients' ZeroMQ sockets); jitter then delays, never reorders them. Drops,
   /// duplicates and partitions still apply.
   void set_fifo(std::uint8_t channel) { fifo_.insert(channel); }
 
+  /// False while from -> to is cut.
   [[nodiscard]] bool can_deliver(member_id from, member_id to) const;
   /// The groups of the current clean partition (empty if none or not clean).
   [[nodiscard]] const std::vector<std::vector<member_id>>& clean_partition() const {
@@ -213,6 +225,8 @@ class world {
   /// When a message sent now from `e.from` to `e.to` arrives (a FIFO channel: never before the
   /// previous one on the same link).
   std::uint64_t arrival(const envelope& e);
+  /// `at_ms`, or later on a FIFO channel (never before the previous message of its link).
+  std::uint64_t fifo_at(const envelope& e, std::uint64_t at_ms);
   void set_timer(member_id id, std::optional<std::uint64_t> local_at_ms);
   void dispatch(const event& e);
   slot& at(member_id id);
@@ -230,13 +244,13 @@ class world {
   std::vector<member_id> ids_;
   std::priority_queue<event, std::vector<event>, std::greater<>> queue_;
   std::size_t in_flight_ = 0;
-  std::set<std::pair<member_id, member_id>> blocked_;
+  transport::faults::fault_policy policy_;
+  std::map<member_id, std::string> names_;  // member -> its name in the policy
   std::set<member_id> clogged_;
   std::set<std::uint8_t> fifo_;
   std::map<std::tuple<member_id, member_id, std::uint8_t>, std::uint64_t> last_arrival_;
   std::vector<event> held_;  // messages stopped by a clog, in the order they were held
   std::vector<std::vector<member_id>> clean_groups_;
-  link_faults faults_;
   world_counters counters_;
   std::function<void()> observer_;
 };

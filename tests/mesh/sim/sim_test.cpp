@@ -9,6 +9,10 @@
 //       --gtest_filter='SimRandom.*'        (one line; many seeds, default 500)
 //   TESSERA_SIM_SEED=1234 TESSERA_SIM_VERBOSE=1 ./tessera_mesh_sim_tests
 //   --gtest_filter='SimRandom.*'
+//   scripts/sim-overnight 100000      (all three layers, both cores: the overnight run)
+//
+// The nodes are the node's own control code (runtime::control_core, mesh/sim/mesh_node.hpp); CI
+// runs 1,000 seeds (500 mesh, 200 plans, 300 requests).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -95,7 +99,7 @@ seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::
   } else {
     w = make_mesh_world(seed, n, serving ? serving_cluster_options(n) : cluster_options(n));
   }
-  const auto& eopt = cluster_options(n).election;
+  const auto eopt = cluster_options(n).control.election;
   // CheckQuorum bound: one election timeout after the last ack, checked at the next heartbeat,
   // stretched by clock skew (2%) and delivery delay.
   election_checker check(*w, eopt.election_timeout_ms * 2 + 200);
@@ -117,6 +121,12 @@ seed_result run_seed(std::uint64_t seed, bool verbose, layer what_runs = layer::
       if (nd && serving && nd->plan())
         s += fmt::format(" plan {}.{} ({} groups)", nd->plan()->epoch.term, nd->plan()->epoch.version,
                          nd->plan()->models.empty() ? 0 : nd->plan()->models[0].groups.size());
+      if (nd && serving) {
+        const auto& c = nd->core().counters();
+        const auto& v = nd->core().topology().current();
+        s += fmt::format(" view {}.{} stale {} refused {} undecodable {}", v ? v->at.term : 0,
+                         v ? v->at.version : 0, c.stale, c.plans_refused, nd->undecodable());
+      }
       if (last[id] != s)
         std::printf("  t=%llu node %llu: %s\n", static_cast<unsigned long long>(w->now_ms()),
                     static_cast<unsigned long long>(id), s.c_str());
@@ -414,7 +424,7 @@ TEST(SimRandom, ManySeedsKeepSafetyAndConverge) {
 TEST(SimServing, ManySeedsAgreeOnOnePlan) {
   std::vector<std::uint64_t> settle;
   std::uint64_t epochs = 0;
-  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 100, layer::plans, "SimServing.ManySeeds*",
+  const auto s = run_seeds("TESSERA_SIM_SERVING_SEEDS", 200, layer::plans, "SimServing.ManySeeds*",
                            [&](const seed_result& r) {
                              EXPECT_GE(r.plan_ms.size(), 1u);
                              settle.insert(settle.end(), r.plan_ms.begin(), r.plan_ms.end());
@@ -441,7 +451,7 @@ TEST(SimServing, ManySeedsAgreeOnOnePlan) {
 // TESSERA_SIM_REQUEST_SEEDS (default 200); replay one with TESSERA_SIM_SEED as above.
 TEST(SimRequests, ManySeedsServeEveryRequestOnceAndRight) {
   request_report all;
-  const auto s = run_seeds("TESSERA_SIM_REQUEST_SEEDS", 200, layer::requests, "SimRequests.*",
+  const auto s = run_seeds("TESSERA_SIM_REQUEST_SEEDS", 300, layer::requests, "SimRequests.*",
                            [&](const seed_result& r) {
                              all.requests += r.requests.requests;
                              all.completed += r.requests.completed;

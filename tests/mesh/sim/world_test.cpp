@@ -46,6 +46,40 @@ void send(world& w, member_id from, member_id to, std::uint8_t tag) {
   w.invoke(from, [&](sim_node&, node_context& ctx) { ctx.send(to, 1, bytes{tag}); });
 }
 
+// The world's network is transport/faults' fault_policy: the commands `tessera fault` sends to a
+// live cluster act on simulated nodes the same way (nodes named by their decimal id).
+TEST(SimWorld, FaultCommandsOfTheLiveClusterDriveTheSimulatedNetwork) {
+  auto w = make_world(3);
+  auto apply = [&](std::string_view text) {
+    auto c = transport::faults::parse_fault_command(text);
+    ASSERT_TRUE(c.has_value()) << c.error().describe();
+    ASSERT_TRUE(transport::faults::apply(w->faults(), *c).has_value());
+  };
+  apply("partition 1 -> 2");  // one way
+  apply("delay 1->3 40ms");
+  send(*w, 1, 2, 1);
+  send(*w, 2, 1, 2);
+  send(*w, 1, 3, 3);
+  w->run_for(20);
+  EXPECT_TRUE(at(*w, 2).received.empty());
+  EXPECT_EQ(at(*w, 1).received, std::vector<int>{2});
+  EXPECT_TRUE(at(*w, 3).received.empty()) << "delayed 40 ms";
+  w->run_for(30);
+  EXPECT_EQ(at(*w, 3).received, std::vector<int>{3});
+  EXPECT_EQ(w->counters().dropped_partition, 1u);
+  apply("drop 2->3 1");
+  for (int i = 0; i < 10; ++i)
+    send(*w, 2, 3, 9);
+  w->run_for(10);
+  EXPECT_EQ(at(*w, 3).received.size(), 1u);
+  EXPECT_EQ(w->counters().dropped_random, 10u);
+  apply("heal");
+  apply("clear");
+  send(*w, 1, 2, 4);
+  w->run_for(10);
+  EXPECT_EQ(at(*w, 2).received, std::vector<int>{4});
+}
+
 TEST(SimWorld, PausedBacklogIsBoundedAndDropsAreCounted) {
   auto w = make_world(2);
   w->pause(2);
