@@ -164,6 +164,7 @@ void release_counts(actor_cell* cell, std::uint32_t n) noexcept {
 
 actor_cell* actor_cell::process(message_node* node) {
   std::unique_ptr<message_node> owned(node);
+  handled_.store(handled_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (sys_.config_.trace) {
     sys_.trace(trace_event{sys_.clock().now(), id_, node->sender, node->type_id, node->kind});
   }

@@ -52,6 +52,12 @@ class actor_cell {
   [[nodiscard]] bool quiescent() const noexcept;
   [[nodiscard]] bool stopped() const noexcept { return stopped_.load(std::memory_order_acquire); }
   [[nodiscard]] actor_id id() const noexcept { return id_; }
+  /// Messages handled so far (status pages; any thread, approximate while it runs).
+  [[nodiscard]] std::uint64_t handled() const noexcept {
+    return handled_.load(std::memory_order_relaxed);
+  }
+  /// Messages waiting in its mailbox (both lanes; any thread, approximate).
+  [[nodiscard]] std::size_t queued() const noexcept { return mailbox_.size(); }
   [[nodiscard]] int pinned_worker() const noexcept { return pinned_worker_; }
 
   std::atomic<std::uint32_t> refs{0};
@@ -77,6 +83,9 @@ class actor_cell {
   int pinned_worker_;
   actor_ref parent_;
   bool started_ = false;
+  // Written by the thread running the actor's turn only (a load and a store, no read-modify-write
+  // on the hot path); read by status pages.
+  std::atomic<std::uint64_t> handled_{0};
   std::atomic<bool> stopped_{false};
   std::mutex watch_mutex_;
   std::vector<actor_ref> watchers_;

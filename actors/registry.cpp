@@ -1,5 +1,7 @@
 #include "actors/registry.hpp"
 
+#include <algorithm>
+
 #include <iterator>
 
 namespace tessera::actors {
@@ -29,6 +31,16 @@ result<actor_ref> registry::lookup(std::string_view name) const {
   auto it = names_.find(std::string(name));
   if (it == names_.end()) return make_error(errc::not_found, "no actor named '{}'", name);
   return it->second;
+}
+
+std::vector<std::pair<std::string, actor_ref>> registry::entries() const {
+  std::vector<std::pair<std::string, actor_ref>> out;
+  {
+    std::lock_guard lock(mutex_);
+    out.assign(names_.begin(), names_.end());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
 }
 
 bool registry::remove(std::string_view name) {

@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "actors/actor_ref.hpp"
 #include "actors/base/result.hpp"
@@ -27,6 +29,8 @@ class registry {
   /// Removes every name bound to `id` (called when that actor stops).
   void remove_actor(actor_id id);
   [[nodiscard]] std::size_t size() const;
+  /// Every name with its actor, sorted by name (status pages).
+  [[nodiscard]] std::vector<std::pair<std::string, actor_ref>> entries() const;
 
  private:
   mutable std::mutex mutex_;

@@ -72,6 +72,16 @@ result<actor_ref> actor_system::spawn(std::unique_ptr<actor> a, spawn_options op
   return ref;
 }
 
+std::vector<actor_info> actor_system::named_actors() const {
+  std::vector<actor_info> out;
+  for (auto& [name, ref] : names_.entries()) {
+    cell_ptr cell = find_cell(ref.id());
+    if (!cell || cell->stopped()) continue;
+    out.push_back(actor_info{name, ref.id(), cell->queued(), cell->handled()});
+  }
+  return out;
+}
+
 cell_ptr actor_system::find_cell(actor_id id) const {
   std::lock_guard lock(table_mutex_);
   auto it = table_.find(id);

@@ -95,6 +95,14 @@ struct system_stats {
   std::uint64_t cancelled_timer_drops = 0;  ///< timer messages dropped after cancel_timer
 };
 
+/// One named actor as status pages show it.
+struct actor_info {
+  std::string name;
+  actor_id id = 0;
+  std::size_t queued = 0;     ///< messages waiting in its mailbox
+  std::uint64_t handled = 0;  ///< messages handled since it started
+};
+
 namespace detail {
 /// The actor behind actor_system::request / ask: sends one request, reports, quits.
 template <message Resp>
@@ -228,6 +236,8 @@ class actor_system {
   [[nodiscard]] run_mode mode() const noexcept { return mode_; }
   [[nodiscard]] bool accepting() const noexcept { return accepting_.load(); }
   [[nodiscard]] system_stats stats() const noexcept;
+  /// Every named, running actor: name, mailbox depth, messages handled (any thread).
+  [[nodiscard]] std::vector<actor_info> named_actors() const;
   [[nodiscard]] std::size_t live_actors() const;
   /// Requests waiting for an answer, over all actors.
   [[nodiscard]] std::size_t pending_requests() const noexcept { return pending_count_.load(); }

@@ -181,4 +181,11 @@ result<advertised_address> choose_advertise_address(const advertise_inputs& in) 
   return advertised_address{"127.0.0.1", "loopback (no other interface is up)", true};
 }
 
+bool is_address_of_this_host(const std::string& host) {
+  in_addr a{};
+  if (::inet_pton(AF_INET, host.c_str(), &a) != 1) return false;
+  if (is_loopback(a)) return true;
+  return !interface_of(a).empty();
+}
+
 }  // namespace tessera::mesh

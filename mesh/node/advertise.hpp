@@ -58,4 +58,9 @@ struct route_source {
 /// loopback when `name` is empty.
 [[nodiscard]] result<route_source> interface_address(const std::string& name);
 
+/// True when numeric IPv4 `host` reaches this machine itself: a loopback address, or an address
+/// of one of its interfaces. Two such addresses with the same port reach one listener (bound to
+/// 0.0.0.0), so they name the same node.
+[[nodiscard]] bool is_address_of_this_host(const std::string& host);
+
 }  // namespace tessera::mesh

@@ -72,6 +72,20 @@ bool is_hex_id(std::string_view s) {
   return is_node_id_text(s);
 }
 
+/// Whether two control endpoints ("tcp://host:port") reach the same listener: the same text, or
+/// the same port on two addresses of this machine (a seed given as 127.0.0.1 for a node on this
+/// host that advertises its LAN address). A seed placeholder for it must then go: the peer's
+/// ROUTER takes one connection per routing id (ours), and two would take it from each other.
+bool same_listener(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const auto ca = a.rfind(':'), cb = b.rfind(':');
+  if (a.rfind("tcp://", 0) != 0 || b.rfind("tcp://", 0) != 0 || ca == std::string::npos ||
+      cb == std::string::npos || a.substr(ca) != b.substr(cb))
+    return false;
+  return is_address_of_this_host(a.substr(6, ca - 6)) &&
+         is_address_of_this_host(b.substr(6, cb - 6));
+}
+
 std::string tcp_endpoint(const endpoint& e) {
   return "tcp://" + e.to_string();
 }
@@ -223,18 +237,39 @@ struct node_runtime::impl final : control_port {
     actors::actor_ref who;
   };
   using event = std::variant<ev_message, ev_peer, ev_hint, ev_leave, ev_subscribe>;
+  /// An event on its way to the control actor. Node-local: the control actor's system has no
+  /// router, so these never leave the process, and their msgpack form (which every actor message
+  /// has) carries nothing.
+  struct node_event {
+    TESSERA_MESSAGE("tessera.node.event");
+    event e;
+    bool frame = false;  // an inbound frame: counts against kMaxQueuedEvents
+    std::uint8_t local_only = 0;
+    MSGPACK_DEFINE(local_only);
+  };
+  struct node_tick {
+    TESSERA_MESSAGE("tessera.node.tick");
+    std::uint8_t unused = 0;
+    MSGPACK_DEFINE(unused);
+  };
   std::size_t member_subscriptions = 0;  // subscribed or on their way (under mu)
-  mutable std::mutex mu;
+  mutable std::mutex mu;                 // guards the flags below; cv: leave done, or stopped
   std::condition_variable cv;
-  std::deque<event> queue;
-  std::uint64_t dropped_events = 0;
   bool stop_loop = false;
-  bool left = false;  // leave processed by the loop
+  bool left = false;  // leave processed by the control actor
   std::string fatal;
   std::atomic<bool> failed{false};
-  std::thread loop_thread;
+  // The control actor's system: one worker thread (`actor-0`). Inbound frames wait in the
+  // actor's data lane, at most kMaxQueuedEvents of them (beyond: dropped, counted); peer events,
+  // hints and subscriptions are never dropped below the mailbox's own bound above that.
+  std::unique_ptr<actors::actor_system> actors;
+  actors::actor_ref control_actor;
+  std::atomic<std::size_t> queued_frames{0};
+  std::atomic<std::uint64_t> dropped_events{0};
+  bool actor_running = false;     // under mu: its first turn took `early`
+  std::vector<node_event> early;  // under mu; frames in it count against kMaxQueuedEvents too
 
-  // --- loop thread only ---
+  // --- the control actor's turns only ---
   std::unique_ptr<control_core> core;  // membership, election, topology, plan (control_core.hpp)
   struct known_peer {
     std::string hex;
@@ -292,13 +327,25 @@ struct node_runtime::impl final : control_port {
     {
       std::lock_guard lock(mu);
       if (stop_loop) return;
-      if (droppable && queue.size() >= kMaxQueuedEvents) {
-        ++dropped_events;
+    }
+    if (droppable && queued_frames.fetch_add(1) >= kMaxQueuedEvents) {
+      --queued_frames;
+      ++dropped_events;
+      return;
+    }
+    {
+      // Before the control actor runs (the control plane and discovery start first), events
+      // wait here; its first turn takes them, in order, under the same lock.
+      std::lock_guard lock(mu);
+      if (!actor_running) {
+        early.push_back(node_event{std::move(e), droppable, 0});
         return;
       }
-      queue.push_back(std::move(e));
     }
-    cv.notify_all();
+    if (!actors->send(control_actor, node_event{std::move(e), droppable, 0})) {
+      if (droppable) --queued_frames;
+      ++dropped_events;
+    }
   }
 
   void fail(std::string why) {
@@ -327,7 +374,7 @@ struct node_runtime::impl final : control_port {
     // A seed placeholder pointing at the same endpoint must go first: the peer's ROUTER accepts
     // only one connection per routing id (ours).
     for (auto s = seeds.begin(); s != seeds.end();) {
-      if (s->second == ep) {
+      if (same_listener(s->second, ep)) {
         (void)control->remove_peer(s->first);
         s = seeds.erase(s);
       } else {
@@ -573,7 +620,7 @@ struct node_runtime::impl final : control_port {
     const member_id id = member_of(ev.peer);
     added.insert(ev.peer);  // the control plane added it itself
     for (auto s = seeds.begin(); s != seeds.end();) {
-      if (s->second == ep) {
+      if (same_listener(s->second, ep)) {
         (void)control->remove_peer(s->first);
         s = seeds.erase(s);
       } else {
@@ -609,7 +656,7 @@ struct node_runtime::impl final : control_port {
     }
     // A seed: the node id is learnt when the peer introduces itself over the control plane.
     for (const auto& [id, k] : known)
-      if (k.endpoint == ep) return;
+      if (same_listener(k.endpoint, ep)) return;
     std::string placeholder =
         "seed-" + h.control.front().host + "-" + std::to_string(h.control.front().port);
     std::replace_if(
@@ -626,51 +673,54 @@ struct node_runtime::impl final : control_port {
     }
   }
 
-  // ------------------------------------------------------------------ loop
-  void run() {
-    core->start(now_ms());
-    for (;;) {
-      std::deque<event> batch;
-      {
-        std::unique_lock lock(mu);
-        const std::uint64_t wake = core->next_wake();
-        const auto now = now_ms();
-        if (queue.empty() && !stop_loop && wake > now)
-          cv.wait_for(lock, std::chrono::milliseconds(
-                                std::min<std::uint64_t>(real_wait_ms(wake - now), 100)));
-        if (stop_loop) return;
-        batch.swap(queue);
-      }
-      for (auto& e : batch) {
-        if (auto* m = std::get_if<ev_message>(&e)) {
-          on_message(m->msg);
-        } else if (auto* p = std::get_if<ev_peer>(&e)) {
-          on_peer(p->ev);
-        } else if (auto* h = std::get_if<ev_hint>(&e)) {
-          on_hint(h->hint);
-        } else if (auto* sub = std::get_if<ev_subscribe>(&e)) {
-          on_subscribe(*sub);
-        } else {
-          core->leave(now_ms());
-          std::lock_guard lock(mu);
-          left = true;
-          stop_loop = true;
-          cv.notify_all();
-          return;
-        }
-        if (failed) return;
-      }
-      const auto now = now_ms();
-      core->tick(now);
-      if (failed) return;
-      bandwidth_round(now);
-      if (now >= next_snapshot_ms) {
-        std::string doc = status_json().dump();
-        std::lock_guard lock(snapshot_mu);
-        snapshot = std::move(doc);
-        next_snapshot_ms = now + kSnapshotMs;
-      }
+  // ------------------------------------------------------------------ the control actor's turns
+  /// One event from another thread (control_actor's handler).
+  void handle(event& e) {
+    if (stopped()) return;
+    if (auto* m = std::get_if<ev_message>(&e)) {
+      on_message(m->msg);
+    } else if (auto* p = std::get_if<ev_peer>(&e)) {
+      on_peer(p->ev);
+    } else if (auto* h = std::get_if<ev_hint>(&e)) {
+      on_hint(h->hint);
+    } else if (auto* sub = std::get_if<ev_subscribe>(&e)) {
+      on_subscribe(*sub);
+    } else {
+      core->leave(now_ms());
+      std::lock_guard lock(mu);
+      left = true;
+      stop_loop = true;
+      cv.notify_all();
     }
+  }
+
+  /// The core's timers, bandwidth probes and the status snapshot: after every turn whose
+  /// deadline passed, and on the actor's timer.
+  void tick() {
+    if (stopped()) return;
+    const auto now = now_ms();
+    core->tick(now);
+    if (failed) return;
+    bandwidth_round(now);
+    if (now >= next_snapshot_ms) {
+      std::string doc = status_json().dump();
+      std::lock_guard lock(snapshot_mu);
+      snapshot = std::move(doc);
+      next_snapshot_ms = now + kSnapshotMs;
+    }
+  }
+
+  /// Real milliseconds until tick() has work: the core's next deadline or the snapshot's, and
+  /// 100 ms at most (bandwidth results and clock faults are looked at then).
+  [[nodiscard]] std::uint64_t next_tick_in_ms() {
+    const auto now = now_ms();
+    const std::uint64_t wake = std::min(core->next_wake(), next_snapshot_ms);
+    return wake <= now ? 0 : std::min<std::uint64_t>(real_wait_ms(wake - now), 100);
+  }
+
+  [[nodiscard]] bool stopped() {
+    std::lock_guard lock(mu);
+    return stop_loop;
   }
 
   // ------------------------------------------------------------------ duplicate identity
@@ -809,7 +859,7 @@ struct node_runtime::impl final : control_port {
     j["serving"] = engine ? engine->status() : json(nullptr);
     auto& st = j["stats"];
     st["undecodable"] = core->counters().undecodable + undecodable;
-    st["dropped_events"] = dropped_events;
+    st["dropped_events"] = dropped_events.load();
     st["hints_dropped"] = hints_dropped;
     st["member_subscribers"] = member_subscribers.size();
     st["member_events_sent"] = member_events_sent;
@@ -821,8 +871,63 @@ struct node_runtime::impl final : control_port {
       total += n;
     }
     j["threads"] = {{"total", total}, {"by_role", threads}};
+    json actor_list = json::array();
+    for (const auto& a : actors->named_actors())
+      actor_list.push_back({{"name", a.name}, {"queued", a.queued}, {"handled", a.handled}});
+    j["actors"] = actor_list;
     return j;
   }
+};
+
+/// The node's control actor: every event of the control plane, discovery and subscriptions is
+/// one of its messages, handled one at a time on the actor system's worker, so the core and the
+/// node's link tables need no locks. Its one timer is re-armed after each turn for the core's
+/// next deadline.
+class control_actor_t final : public actors::actor {
+ public:
+  explicit control_actor_t(node_runtime::impl& p) : p_(p) {}
+
+  void on_start() override {
+    on<node_runtime::impl::node_event>([this](node_runtime::impl::node_event& m) {
+      if (m.frame) --p_.queued_frames;
+      p_.handle(m.e);
+      after_turn();
+    });
+    on<node_runtime::impl::node_tick>([this](node_runtime::impl::node_tick&) {
+      armed_.reset();
+      p_.tick();
+      after_turn();
+    });
+    p_.core->start(p_.now_ms());
+    std::vector<node_runtime::impl::node_event> early;
+    {
+      std::lock_guard lock(p_.mu);
+      early.swap(p_.early);
+      p_.actor_running = true;
+    }
+    for (auto& m : early) {
+      if (m.frame) --p_.queued_frames;
+      p_.handle(m.e);
+    }
+    after_turn();
+  }
+
+ private:
+  void after_turn() {
+    if (p_.failed || p_.stopped()) return;
+    auto in_ms = p_.next_tick_in_ms();
+    if (in_ms == 0) {
+      p_.tick();
+      in_ms = std::max<std::uint64_t>(1, p_.next_tick_in_ms());
+    }
+    const auto due = now() + std::chrono::milliseconds(in_ms);
+    if (armed_ && armed_->first <= due) return;  // an earlier tick is on its way
+    if (armed_) cancel_timer(armed_->second);
+    armed_.emplace(due, after(std::chrono::milliseconds(in_ms), node_runtime::impl::node_tick{}));
+  }
+
+  node_runtime::impl& p_;
+  std::optional<std::pair<actors::clock::time_point, actors::timer_id>> armed_;
 };
 
 node_runtime::node_runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -837,7 +942,7 @@ node_runtime::~node_runtime() {
     impl_->stop_loop = true;
   }
   impl_->cv.notify_all();
-  if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
+  if (impl_->actors) impl_->actors->shutdown(std::chrono::nanoseconds(0));
   if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
   if (impl_->prober) impl_->prober->stop();
   for (auto& s : impl_->sources)
@@ -1111,10 +1216,19 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
                                     .count();
   p->instance.nonce =
       (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  p->loop_thread = std::thread([raw] {
-    name_this_thread("node-loop");
-    raw->run();
-  });
+  {
+    // The control actor on its own actor system: one worker (`actor-0`), mailbox above the
+    // frames' bound so that peer events and hints always fit.
+    actors::config ac;
+    ac.workers = 1;
+    ac.data_capacity = kMaxQueuedEvents + 1024;
+    p->actors = std::make_unique<actors::actor_system>(ac);
+    auto a = p->actors->spawn(std::make_unique<control_actor_t>(*raw),
+                              actors::spawn_options{.name = "control"});
+    if (!a)
+      return make_error(a.error().code, "cannot start the control actor: {}", a.error().message);
+    p->control_actor = *a;
+  }
   p->identity_thread = std::thread([raw] {
     name_this_thread("node-identity");
     raw->identity_check_loop();
@@ -1139,12 +1253,12 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
     impl_->cv.wait_for(lock, std::chrono::milliseconds(flush_ms),
                        [&] { return impl_->left || impl_->stop_loop; });
   }
-  if (impl_->loop_thread.joinable()) impl_->loop_thread.join();
   {
     std::lock_guard lock(impl_->mu);
     impl_->stop_loop = true;
   }
   impl_->cv.notify_all();
+  impl_->actors->shutdown(std::chrono::nanoseconds(0));
   if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
   // HTTP streams running here were resumed on other peers when the engine stopped (the gateway
   // is a pub-sub client); the mesh knows we left, so let them finish, within a bound.

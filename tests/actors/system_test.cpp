@@ -139,6 +139,36 @@ TEST(ActorSystem, HandlerThatThrowsIsRestartedBySupervisor) {
   EXPECT_GE(sys.stats().handler_failures, 1u);
 }
 
+TEST(ActorSystem, NamedActorsShowTheirMailboxDepthAndMessagesHandled) {
+  actor_system sys(threaded(1));
+  std::promise<void> release;
+  std::shared_future<void> gate_open = release.get_future().share();
+  std::atomic<bool> holding{false};
+  std::atomic<int> pings{0};
+  auto g = sys.spawn_with<gate>(spawn_options{.name = "gatekeeper"}, gate_open, holding, pings);
+  ASSERT_TRUE(g.has_value());
+  auto anon = sys.spawn<echo>();
+  ASSERT_TRUE(anon.has_value());
+  ASSERT_TRUE(sys.send(*g, hold{}).has_value());
+  ASSERT_TRUE(eventually([&] { return holding.load(); }));
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(sys.send(*g, ping{static_cast<std::uint64_t>(i)}).has_value());
+  auto info = sys.named_actors();
+  ASSERT_EQ(info.size(), 1u);  // the unnamed one is not listed
+  EXPECT_EQ(info[0].name, "gatekeeper");
+  EXPECT_EQ(info[0].id, g->id());
+  EXPECT_EQ(info[0].queued, 5u);  // held behind the hold message
+  release.set_value();
+  ASSERT_TRUE(eventually([&] { return pings.load() == 5; }));
+  ASSERT_TRUE(eventually([&] {
+    auto i = sys.named_actors();
+    return i.size() == 1 && i[0].handled == 6 && i[0].queued == 0;
+  }));
+  (void)sys.stop(*g);
+  ASSERT_TRUE(eventually([&] { return sys.named_actors().empty(); }));
+  sys.shutdown();
+}
+
 TEST(ActorSystem, FullMailboxTellsTheSenderAndLosesNothing) {
   actor_system sys(threaded());
   std::promise<void> release;

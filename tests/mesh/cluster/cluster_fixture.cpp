@@ -157,6 +157,40 @@ result<void> cluster_fixture::start(std::size_t i, const std::vector<std::string
   return ok();
 }
 
+result<void> cluster_fixture::start_plain(std::size_t i, const std::vector<std::string>& seeds) {
+  auto& n = nodes_.at(i);
+  std::vector<std::string> argv{tessera_,
+                                "node",
+                                "--data-dir",
+                                n.data_dir,
+                                "--cluster-key",
+                                key_,
+                                "--control-port",
+                                std::to_string(n.port),
+                                "--bulk-port",
+                                std::to_string(n.port + 1),
+                                "--client-request-port",
+                                std::to_string(n.port + 2),
+                                "--client-response-port",
+                                std::to_string(n.port + 3),
+                                "--http-port",
+                                std::to_string(n.port + 4),
+                                "--no-mdns",
+                                "--no-beacon"};
+  for (const char* t :
+       {"--heartbeat-interval-ms", "200", "--suspect-timeout-ms", "1500", "--dead-timeout-ms",
+        "3000", "--election-timeout-min-ms", "1000", "--election-timeout-max-ms", "2000"})
+    argv.emplace_back(t);
+  for (const auto& s : seeds) {
+    argv.push_back("--seed");
+    argv.push_back(s);
+  }
+  auto p = child_process::spawn(wrap(n.ns, argv), {}, n.log);
+  if (!p) return p.error();
+  n.proc.emplace(std::move(p).value());
+  return ok();
+}
+
 void cluster_fixture::kill9(std::size_t i) {
   auto& n = nodes_.at(i);
   if (!n.proc) return;

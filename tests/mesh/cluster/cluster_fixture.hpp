@@ -41,6 +41,9 @@ class cluster_fixture {
   /// replaces the cluster key file when not empty.
   result<void> start(std::size_t i, const std::vector<std::string>& extra = {},
                      const std::string& key = "");
+  /// Starts node i as the README starts peers on one host: no --listen (the node picks the
+  /// address it advertises), only the given seeds ("host:port"), the fixture's timeouts.
+  result<void> start_plain(std::size_t i, const std::vector<std::string>& seeds);
   /// Adds one more node slot (not started) and returns its index.
   std::size_t add_node(std::string host = "127.0.0.1", std::string ns = "");
   void kill9(std::size_t i);
