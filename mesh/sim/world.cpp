@@ -230,7 +230,8 @@ void world::set_clock(member_id id, std::int64_t offset_ms, std::int32_t rate_pp
 }
 
 void world::skew_clock(member_id id, std::int32_t rate_ppm, std::uint64_t bump_ms) {
-  TESSERA_ASSERT(rate_ppm > -500'000 && rate_ppm <= 3'000'000, "sim: clock rate {} out of range",
+  // `tessera fault clock` rates: 0.25x .. 4x.
+  TESSERA_ASSERT(rate_ppm >= -750'000 && rate_ppm <= 3'000'000, "sim: clock rate {} out of range",
                  rate_ppm);
   slot& s = at(id);
   const std::uint64_t now = now_ms();
@@ -252,6 +253,23 @@ std::uint64_t world::local_time(member_id id, std::uint64_t global_ms) const {
 
 std::string world::name_of(member_id id) {
   return std::to_string(id);
+}
+
+result<void> world::apply_fault(const transport::faults::fault_command& command) {
+  if (auto r = transport::faults::apply(policy_, command); !r) return r;
+  // Clock rules as a node applies them to its protocol clock: the rate from now on, and the
+  // bumps added since the last command (forward only).
+  for (member_id id : ids_) {
+    const auto* rule = policy_.clock_for(names_.at(id));
+    const auto now = rule ? *rule : transport::faults::clock_rule{};
+    auto& seen = clocks_applied_[id];
+    if (now == seen) continue;
+    const std::int64_t bump_ns = std::max<std::int64_t>(0, now.bump_ns - seen.bump_ns);
+    skew_clock(id, static_cast<std::int32_t>((now.rate - 1.0) * 1e6),
+               static_cast<std::uint64_t>(bump_ns / 1'000'000));
+    seen = now;
+  }
+  return ok();
 }
 
 void world::set_link_faults(const link_faults& f) {

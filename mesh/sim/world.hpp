@@ -156,6 +156,10 @@ class world {
   [[nodiscard]] transport::faults::fault_policy& faults() { return policy_; }
   /// A node's name in the fault policy.
   [[nodiscard]] static std::string name_of(member_id id);
+  /// Applies a command of `tessera fault`'s language (transport/faults' parse_fault_command) to
+  /// the simulated cluster, as the live cluster applies it: partitions and rules to the network,
+  /// `clock` to the named node's clock (skew_clock). Errors name what the policy refused.
+  result<void> apply_fault(const transport::faults::fault_command& command);
   /// Messages of `channel` between two nodes arrive in the order they were sent (a TCP stream,
   /// like the clients' ZeroMQ sockets); jitter then delays, never reorders them. Drops,
   /// duplicates and partitions still apply.
@@ -246,6 +250,7 @@ class world {
   std::size_t in_flight_ = 0;
   transport::faults::fault_policy policy_;
   std::map<member_id, std::string> names_;  // member -> its name in the policy
+  std::map<member_id, transport::faults::clock_rule> clocks_applied_;  // by apply_fault
   std::set<member_id> clogged_;
   std::set<std::uint8_t> fifo_;
   std::map<std::tuple<member_id, member_id, std::uint8_t>, std::uint64_t> last_arrival_;

@@ -3,11 +3,15 @@
 // membership + election state machines and msgpack on the wire.
 //
 // Commands (one per line, '#' starts a comment):
-//   cluster N [start A B ..] [seed S]  nodes 1..N (all started unless `start` lists some)
+//   cluster N [serving] [start A B ..] [seed S]  nodes 1..N (all started unless `start` lists
+//                                      some); `serving`: every node holds a small model, and
+//                                      the plan checker watches the leader's plans
 //   start X | crash X | restart X | pause X | resume X | leave X
 //   bump-durable-term X K             add K to X's stored term (X must be down)
 //   partition A B | C D | ...          clean partition;  oneway A -> B;  bridge A B | X | C D
 //   heal                               remove every partition / one-way block
+//   fault <command>                    a `tessera fault` command (docs/FAULTS.md; nodes are
+//                                      named 1..N): partitions, drop/delay/... rules, clocks
 //   run MS                             advance simulated time
 //   converge MS                        run until one leader, all agreeing (fails after MS)
 //   mark                               remember terms, the leader and the election count
@@ -24,6 +28,8 @@
 //   expect committed X                 X's config is committed
 //   expect sees X Y alive|suspect|dead|left   X's membership view of Y
 //   expect no-violations               the history checkers found nothing
+//   expect plan-converged              every up node holds the leader's plan, and it serves
+//   expect plan-unchanged              the leader's plan epoch is the one at `mark`
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +45,7 @@
 
 #include "mesh/sim/checkers.hpp"
 #include "mesh/sim/mesh_node.hpp"
+#include "transport/faults/fault_policy.hpp"
 
 namespace tessera::mesh::sim {
 namespace {
@@ -154,6 +161,14 @@ class scenario {
       return w_->bridge(g[0], g[1].at(0), g[2]);
     }
     if (c == "heal") return w_->heal();
+    if (c == "fault") {
+      std::vector<std::string> rest(l.words.begin() + 1, l.words.end());
+      auto cmd = transport::faults::parse_fault_command(fmt::format("{}", fmt::join(rest, " ")));
+      ASSERT_TRUE(cmd.has_value()) << where(l) << cmd.error().describe();
+      auto r = w_->apply_fault(*cmd);
+      ASSERT_TRUE(r.has_value()) << where(l) << r.error().describe();
+      return;
+    }
     if (c == "run") return w_->run_for(std::stoull(l.words.at(1)));
     if (c == "converge") {
       auto t = run_until_converged(*w_, std::stoull(l.words.at(1)));
@@ -172,7 +187,10 @@ class scenario {
     std::vector<member_id> start;
     bool listing = false;
     for (std::size_t i = 2; i < l.words.size(); ++i) {
-      if (l.words[i] == "seed") {
+      if (l.words[i] == "serving") {
+        serving_ = true;
+        listing = false;
+      } else if (l.words[i] == "seed") {
         seed = std::stoull(l.words.at(++i));
         listing = false;
       } else if (l.words[i] == "start") {
@@ -181,10 +199,12 @@ class scenario {
         start.push_back(id(l.words[i]));
       }
     }
-    w_ = make_mesh_world(seed, n, cluster_options(n));
+    w_ = make_mesh_world(seed, n, serving_ ? serving_cluster_options(n) : cluster_options(n));
     check_ = std::make_unique<election_checker>(*w_, 800);
+    plans_ = std::make_unique<plan_checker>(*w_);
     w_->set_observer([this] {
       check_->observe();
+      if (serving_) plans_->observe();
       for (member_id x : w_->ids()) {
         const mesh_node* nd = mesh_node_of(*w_, x);
         const bool leads = nd && nd->election().role() == election_role::leader;
@@ -215,6 +235,9 @@ class scenario {
     }
     mark_leader_ = current_leader();
     elections_ = 0;
+    mark_plan_ = {};
+    if (const mesh_node* n = mesh_node_of(*w_, mark_leader_); n && n->plan())
+      mark_plan_ = {n->plan()->epoch.term, n->plan()->epoch.version};
   }
 
   void expect(const line& l) {
@@ -274,6 +297,17 @@ class scenario {
     } else if (what == "no-violations") {
       EXPECT_TRUE(check_->violations().empty())
           << where(l) << fmt::format("{}", fmt::join(check_->violations(), "; "));
+      EXPECT_TRUE(plans_->violations().empty())
+          << where(l) << fmt::format("{}", fmt::join(plans_->violations(), "; "));
+    } else if (what == "plan-converged") {
+      ASSERT_TRUE(serving_) << where(l) << "needs `cluster N serving`";
+      auto why = plans_converged(*w_);
+      EXPECT_FALSE(why.has_value()) << where(l) << why.value_or("") << " | " << state;
+    } else if (what == "plan-unchanged") {
+      const mesh_node* n = mesh_node_of(*w_, current_leader());
+      ASSERT_TRUE(n && n->plan()) << where(l) << "no leader with a plan | " << state;
+      EXPECT_EQ(std::make_pair(n->plan()->epoch.term, n->plan()->epoch.version), mark_plan_)
+          << where(l) << state;
     } else {
       ADD_FAILURE() << where(l) << "unknown expectation";
     }
@@ -282,6 +316,9 @@ class scenario {
   std::string name_;
   std::unique_ptr<world> w_;
   std::unique_ptr<election_checker> check_;
+  std::unique_ptr<plan_checker> plans_;
+  bool serving_ = false;
+  std::pair<std::uint64_t, std::uint64_t> mark_plan_{};
   std::map<member_id, std::uint64_t> mark_terms_;
   std::map<member_id, bool> was_leader_;
   member_id mark_leader_ = no_member;
@@ -304,7 +341,8 @@ INSTANTIATE_TEST_SUITE_P(Testdata, ElectionScenario,
                          ::testing::Values("prevote", "check_quorum", "leader_isolated",
                                            "rejoin_higher_term", "flapping", "leader_crash",
                                            "graceful_leave", "join", "bridge", "oneway",
-                                           "cold_start_partition", "pause_leader"),
+                                           "cold_start_partition", "pause_leader",
+                                           "restart_durable", "fault_language", "bridge_plan"),
                          [](const auto& param_info) { return param_info.param; });
 
 // The interpreter must be able to fail: a wrong expectation is reported, not ignored.
