@@ -541,7 +541,8 @@ void register_fault(CLI::App& root, int& exit_code) {
       "fault",
       "inject faults into a live cluster\n"
       "network (sent to every member; names are node ids, unique id prefixes or host:port):\n"
-      "  partition A,B '|' C     two-way partition      partition A '->' C   one-way (A's frames to C "
+      "  partition A,B '|' C     two-way partition      partition A '->' C   one-way (A's frames "
+      "to C "
       "vanish)\n"
       "  (a bridge: partition A '|' C leaves B talking to both)\n"
       "  heal | clear            remove partitions | partitions, rules and clock faults\n"
@@ -551,6 +552,7 @@ void register_fault(CLI::App& root, int& exit_code) {
       "  clock A rate 2 | clock A bump 5s | clock A ok\n"
       "                          A's protocol clock runs 0.25-4x as fast | jumps forward | runs\n"
       "                          at the real rate again (timers of membership, election, plans)\n"
+      "  crash A control         A's control actor fails once (its supervisor restarts it)\n"
       "  list                    the faults in force on every member\n"
       "process (on the node's own host):\n"
       "  kill A | stop A         SIGKILL | SIGTERM (graceful leave)\n"

@@ -32,6 +32,7 @@
 
 #include "actors/base/msgpack_bounded.hpp"
 #include "actors/base/thread.hpp"
+#include "actors/supervisor.hpp"
 #include "mesh/discovery/beacon_codec.hpp"
 #include "mesh/discovery/beacon_source.hpp"
 #include "mesh/discovery/mdns_source.hpp"
@@ -263,8 +264,12 @@ struct node_runtime::impl final : control_port {
   // actor's data lane, at most kMaxQueuedEvents of them (beyond: dropped, counted); peer events,
   // hints and subscriptions are never dropped below the mailbox's own bound above that.
   std::unique_ptr<actors::actor_system> actors;
-  actors::actor_ref control_actor;
-  std::atomic<std::size_t> queued_frames{0};
+  actors::actor_ref control_actor;  // under mu: the running instance (a restart replaces it)
+  std::atomic<std::int64_t> queued_frames{0};
+  core_options core_base;  // what the core was made from (a restart remakes it from the disk)
+  std::atomic<std::uint64_t> control_restarts{0};
+  std::uint64_t control_instances = 0;    // the control actor's turns only
+  std::uint64_t crash_requests_seen = 0;  // the control actor's turns only (survives restarts)
   std::atomic<std::uint64_t> dropped_events{0};
   bool actor_running = false;     // under mu: its first turn took `early`
   std::vector<node_event> early;  // under mu; frames in it count against kMaxQueuedEvents too
@@ -328,11 +333,12 @@ struct node_runtime::impl final : control_port {
       std::lock_guard lock(mu);
       if (stop_loop) return;
     }
-    if (droppable && queued_frames.fetch_add(1) >= kMaxQueuedEvents) {
+    if (droppable && queued_frames.fetch_add(1) >= static_cast<std::int64_t>(kMaxQueuedEvents)) {
       --queued_frames;
       ++dropped_events;
       return;
     }
+    actors::actor_ref to;
     {
       // Before the control actor runs (the control plane and discovery start first), events
       // wait here; its first turn takes them, in order, under the same lock.
@@ -341,8 +347,11 @@ struct node_runtime::impl final : control_port {
         early.push_back(node_event{std::move(e), droppable, 0});
         return;
       }
+      to = control_actor;
     }
-    if (!actors->send(control_actor, node_event{std::move(e), droppable, 0})) {
+    // Between a failure of the control actor and its restart the send fails: the event is lost
+    // and counted (the protocols retry).
+    if (!actors->send(to, node_event{std::move(e), droppable, 0})) {
       if (droppable) --queued_frames;
       ++dropped_events;
     }
@@ -698,6 +707,7 @@ struct node_runtime::impl final : control_port {
   /// deadline passed, and on the actor's timer.
   void tick() {
     if (stopped()) return;
+    fail_if_asked();
     const auto now = now_ms();
     core->tick(now);
     if (failed) return;
@@ -721,6 +731,51 @@ struct node_runtime::impl final : control_port {
   [[nodiscard]] bool stopped() {
     std::lock_guard lock(mu);
     return stop_loop;
+  }
+
+  /// `tessera fault crash <this node> control`: the control actor fails here (its handler
+  /// throws), as a bug would make it; its supervisor restarts it.
+  void fail_if_asked() {
+    std::uint64_t asked = 0;
+    injector->update([&](const transport::faults::fault_policy& pol) {
+      asked = pol.crashes_requested(hex, "control");
+    });
+    if (asked <= crash_requests_seen) return;
+    crash_requests_seen = asked;
+    throw std::runtime_error("tessera fault crash: the control actor fails on request");
+  }
+
+  /// A restarted control actor's core: the election's durable state read back from the data
+  /// directory (what a crash leaves), a new membership incarnation (the cluster's record of the
+  /// old one is refuted at once), and every peer it knew joined again.
+  void remake_core() {
+    core_options o = core_base;
+    const fs::path state_file = dir->path() / opt.election_state_file;
+    std::ifstream in(state_file, std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (auto d = unpack<durable_election_state>(data)) {
+      o.restored = *d;
+    } else if (!data.empty()) {
+      fail(fmt::format("{} does not decode: the restarted control actor cannot go on",
+                       state_file.string()));
+      return;
+    }
+    o.incarnation =
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count());
+    o.membership_seed ^= o.incarnation;
+    o.election_seed ^= o.incarnation;
+    o.caps = caps;
+    auto c = control_core::create(std::move(o), *this);
+    if (!c) {
+      fail(fmt::format("cannot remake the control core: {}", c.error().describe()));
+      return;
+    }
+    core = std::move(c).value();
+    core->start(now_ms());
+    for (const auto& [id, k] : known)
+      core->join(id, k.hex + "@" + k.endpoint, now_ms());
   }
 
   // ------------------------------------------------------------------ duplicate identity
@@ -872,8 +927,11 @@ struct node_runtime::impl final : control_port {
     }
     j["threads"] = {{"total", total}, {"by_role", threads}};
     json actor_list = json::array();
-    for (const auto& a : actors->named_actors())
-      actor_list.push_back({{"name", a.name}, {"queued", a.queued}, {"handled", a.handled}});
+    for (const auto& a : actors->named_actors()) {
+      json one = {{"name", a.name}, {"queued", a.queued}, {"handled", a.handled}};
+      if (a.name == "control") one["restarts"] = control_restarts.load();
+      actor_list.push_back(std::move(one));
+    }
     j["actors"] = actor_list;
     return j;
   }
@@ -898,12 +956,23 @@ class control_actor_t final : public actors::actor {
       p_.tick();
       after_turn();
     });
-    p_.core->start(p_.now_ms());
+    if (p_.control_instances++ == 0) {
+      p_.core->start(p_.now_ms());
+    } else {
+      const auto n = ++p_.control_restarts;
+      spdlog::warn(
+          "node {}: control actor restarted by its supervisor (restart {}): core "
+          "remade from the election state on disk",
+          p_.hex, n);
+      p_.remake_core();
+    }
     std::vector<node_runtime::impl::node_event> early;
     {
       std::lock_guard lock(p_.mu);
       early.swap(p_.early);
       p_.actor_running = true;
+      p_.control_actor = self();
+      p_.queued_frames = 0;  // what the failed instance held is gone
     }
     for (auto& m : early) {
       if (m.frame) --p_.queued_frames;
@@ -926,8 +995,32 @@ class control_actor_t final : public actors::actor {
     armed_.emplace(due, after(std::chrono::milliseconds(in_ms), node_runtime::impl::node_tick{}));
   }
 
+  void on_stop(const actors::exit_reason& why) override {
+    if (why.abnormal()) spdlog::error("node {}: control actor failed: {}", p_.hex, why.describe());
+  }
+
   node_runtime::impl& p_;
   std::optional<std::pair<actors::clock::time_point, actors::timer_id>> armed_;
+};
+
+/// Watches the control actor's supervisor: when it gives up (more failures than its restart
+/// bound allows), the node stops with the reason instead of running without its control.
+class control_watch_t final : public actors::actor {
+ public:
+  control_watch_t(node_runtime::impl& p, actors::actor_ref supervisor)
+      : p_(p), supervisor_(std::move(supervisor)) {}
+  void on_start() override {
+    on<actors::down>([this](actors::down& d) {
+      if (d.reason.abnormal())
+        p_.fail(fmt::format("the control actor kept failing; its supervisor gave up: {}",
+                            d.reason.describe()));
+    });
+    (void)monitor(supervisor_);
+  }
+
+ private:
+  node_runtime::impl& p_;
+  actors::actor_ref supervisor_;
 };
 
 node_runtime::node_runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -1163,6 +1256,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
                                      .count());
   co.restored = restored;
   co.caps = p->caps;
+  p->core_base = co;
   auto core = control_core::create(std::move(co), *p);
   if (!core) return core.error();
   p->core = std::move(core).value();
@@ -1223,11 +1317,23 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     ac.workers = 1;
     ac.data_capacity = kMaxQueuedEvents + 1024;
     p->actors = std::make_unique<actors::actor_system>(ac);
-    auto a = p->actors->spawn(std::make_unique<control_actor_t>(*raw),
-                              actors::spawn_options{.name = "control"});
-    if (!a)
-      return make_error(a.error().code, "cannot start the control actor: {}", a.error().message);
-    p->control_actor = *a;
+    // Supervised: a control actor that fails (a handler throws) is restarted with its core
+    // remade from the durable election state, at most 3 times in 5 s.
+    actors::child_spec child;
+    child.name = "control";
+    child.make = [raw] { return std::make_unique<control_actor_t>(*raw); };
+    child.options.data_capacity = ac.data_capacity;
+    auto sup = p->actors->spawn(
+        std::make_unique<actors::supervisor>(actors::supervisor_spec{},
+                                             std::vector<actors::child_spec>{std::move(child)}),
+        actors::spawn_options{.name = "control-supervisor"});
+    if (!sup)
+      return make_error(sup.error().code, "cannot start the control actor: {}",
+                        sup.error().message);
+    auto watch = p->actors->spawn(std::make_unique<control_watch_t>(*raw, *sup));
+    if (!watch)
+      return make_error(watch.error().code, "cannot start the control actor's watch: {}",
+                        watch.error().message);
   }
   p->identity_thread = std::thread([raw] {
     name_this_thread("node-identity");

@@ -290,6 +290,25 @@ result<fault_command> parse_fault_command(std::string_view text) {
     c.what = verb == "heal" ? fault_command::verb::heal : fault_command::verb::clear;
     return c;
   }
+  if (verb == "crash") {
+    // crash NODE ACTOR
+    if (w.size() != 3)
+      return make_error(errc::invalid_argument,
+                        "fault command: 'crash' takes a node and an actor name (e.g. 'crash A "
+                        "control')");
+    auto node = parse_names(w[1]);
+    if (!node) return std::move(node).error();
+    if (node->size() != 1 || (*node)[0] == "*")
+      return make_error(errc::invalid_argument, "fault command: 'crash' takes one node, got '{}'",
+                        w[1]);
+    if (w[2].empty() || w[2].size() > 64)
+      return make_error(errc::invalid_argument, "fault command: actor name '{}' is not 1..64 bytes",
+                        w[2]);
+    c.what = fault_command::verb::crash;
+    c.side_a = std::move(*node);
+    c.actor = std::string(w[2]);
+    return c;
+  }
   if (verb == "clock") {
     // clock NODE rate R | clock NODE bump D | clock NODE ok
     if (w.size() < 3 || (w[2] != "ok" && w.size() != 4) || (w[2] == "ok" && w.size() != 3))
@@ -399,6 +418,11 @@ result<void> apply(fault_policy& policy, const fault_command& c) {
       return policy.set_clock(c.side_a[0],
                               c.clock_rate > 0 ? std::optional(c.clock_rate) : std::nullopt,
                               c.clock_bump_ns, c.clock_reset);
+    case verb::crash:
+      if (c.side_a.size() != 1 || c.actor.empty() || c.actor.size() > 64)
+        return make_error(errc::invalid_argument, "fault crash: needs one node and an actor name");
+      policy.request_crash(c.side_a[0], c.actor);
+      return ok();
     default:
       return make_error(errc::invalid_argument, "fault command: unknown verb {}",
                         static_cast<int>(c.what));

@@ -113,6 +113,17 @@ class fault_policy {
     auto it = clocks_.find(node);
     return it == clocks_.end() ? nullptr : &it->second;
   }
+  /// Asks `node`'s actor `actor` to fail (`tessera fault crash`): a request, not a fault in force,
+  /// so heal and clear leave it; the node compares the count with the ones it acted on.
+  void request_crash(std::string_view node, std::string_view actor) {
+    ++crashes_[std::pair<std::string, std::string>(node, actor)];
+  }
+  /// How many crashes of `node`'s `actor` were ever requested.
+  [[nodiscard]] std::uint64_t crashes_requested(std::string_view node,
+                                                std::string_view actor) const {
+    auto it = crashes_.find(std::pair<std::string_view, std::string_view>(node, actor));
+    return it == crashes_.end() ? 0 : it->second;
+  }
   /// Every clock fault in force, by node.
   [[nodiscard]] std::vector<std::pair<std::string, clock_rule>> clocks() const {
     return {clocks_.begin(), clocks_.end()};
@@ -155,6 +166,7 @@ class fault_policy {
   std::map<std::string, clock_rule, std::less<>> clocks_;
   std::set<std::pair<std::string, std::string>, pair_less> cuts_;
   std::map<std::pair<std::string, std::string>, pair_stream, pair_less> streams_;
+  std::map<std::pair<std::string, std::string>, std::uint64_t, pair_less> crashes_;  // requests
 };
 
 /// A fault command as the operator (`tessera fault ...`) or the control plane states it. Plain
@@ -164,8 +176,9 @@ struct fault_command {
     partition = 1,  ///< side_a | side_b (two_way) or side_a -> side_b
     heal = 2,
     clear = 3,
-    rule = 4,  ///< set `rule` on from -> to (and back when two_way)
+    rule = 4,   ///< set `rule` on from -> to (and back when two_way)
     clock = 5,  ///< side_a = [node]: clock_rate (when > 0), add clock_bump_ns, or clock_reset
+    crash = 6,  ///< side_a = [node]: its actor named `actor` fails at its next turn (supervision)
   };
   /// For verb::rule: which part of the pair's rule this command sets (reset = remove the rule).
   enum class aspect : std::uint8_t { reset = 0, drop = 1, delay = 2, duplicate = 3, reorder = 4 };
@@ -185,8 +198,10 @@ struct fault_command {
   double clock_rate = 0;  ///< > 0: set the rate
   std::int64_t clock_bump_ns = 0;
   bool clock_reset = false;  ///< back to the real rate (the time reached is kept)
-  MSGPACK_DEFINE_MAP(what, part, side_a, side_b, two_way, drop, delay_ns, jitter_ns, duplicate, reorder,
-                     reorder_hold_ns, clock_rate, clock_bump_ns, clock_reset)
+  // crash field
+  std::string actor;  ///< the actor of side_a[0] that fails
+  MSGPACK_DEFINE_MAP(what, part, side_a, side_b, two_way, drop, delay_ns, jitter_ns, duplicate,
+                     reorder, reorder_hold_ns, clock_rate, clock_bump_ns, clock_reset, actor)
 };
 
 /// Parses the command language:

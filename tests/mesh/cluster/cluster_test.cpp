@@ -269,6 +269,50 @@ result<std::string> fault(cluster_fixture& c, std::size_t via,
   return run_command(argv, 60s);
 }
 
+// The control actor is supervised: `tessera fault crash <leader> control` makes its handler throw,
+// as a bug would; its supervisor restarts it with the core remade from the durable election
+// state, the cluster elects (the restarted node lost its leadership with its volatile state) and
+// is one again, and status says the actor was restarted. Three more requests exceed the bound
+// (3 restarts in 5 s): the node then stops with the reason instead of running without control.
+TEST(ClusterFault, CrashedControlActorIsRestartedBySupervisor) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 3);
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  std::string leader, why;
+  ASSERT_TRUE(start_three_converged(*c, leader));
+  const std::size_t l = index_of(*c, leader);
+  ASSERT_LT(l, 3u);
+  const std::size_t via = (l + 1) % 3;
+  auto restarts = [&](std::size_t i) -> std::int64_t {
+    auto s = c->status(i);
+    if (!s) return -1;
+    for (const auto& a : s->at("actors"))
+      if (a.at("name") == "control") return a.at("restarts").get<std::int64_t>();
+    return -1;
+  };
+  EXPECT_EQ(restarts(l), 0);
+  auto out = fault(*c, via, {"crash", c->node_id(l).substr(0, 8), "control"});
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  EXPECT_TRUE(nlohmann::json::parse(*out).at("ok").get<bool>()) << *out;
+  ASSERT_TRUE(wait_until([&] { return restarts(l) == 1; }, 10s)) << c->logs();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c->converged({0, 1, 2}, &leader, &why);
+      },
+      30s))
+      << why << "\n"
+      << c->logs();
+  EXPECT_TRUE(c->running(l));
+  // Past the restart bound: the node stops, saying why.
+  for (int k = 0; k < 3 && c->running(l); ++k) {
+    (void)fault(*c, via, {"crash", c->node_id(l).substr(0, 8), "control"});
+    std::this_thread::sleep_for(200ms);
+  }
+  ASSERT_TRUE(wait_until([&] { return !c->running(l); }, 15s)) << c->logs();
+  std::ifstream log(c->node(l).log);
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("supervisor gave up"), std::string::npos) << text.substr(text.size() - 2000);
+}
+
 TEST(ClusterFault, PartitionTheLeaderAwayThenHeal) {
   auto c = cluster_fixture::create(TESSERA_BINARY, 3);
   ASSERT_TRUE(c.has_value()) << c.error().describe();

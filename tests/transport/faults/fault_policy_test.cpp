@@ -274,6 +274,31 @@ TEST(fault_command, clock_faults_set_rate_and_bumps_per_node) {
                p.set_clock("n1", std::nullopt, 1, false));  // bumps add up to more than 1 h
 }
 
+TEST(fault_command, crash_requests_count_per_node_and_actor_and_outlive_clear) {
+  fault_policy p(1);
+  auto c = parse_fault_command("crash n1 control");
+  ASSERT_TRUE(c.has_value()) << c.error().describe();
+  EXPECT_EQ(c->what, fault_command::verb::crash);
+  EXPECT_EQ(c->actor, "control");
+  // It travels as msgpack like every command.
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, *c);
+  auto back = msgpack::unpack(buf.data(), buf.size()).get().as<fault_command>();
+  EXPECT_EQ(back.actor, "control");
+  EXPECT_EQ(p.crashes_requested("n1", "control"), 0u);
+  ASSERT_TRUE(apply(p, back));
+  ASSERT_TRUE(apply(p, *c));
+  EXPECT_EQ(p.crashes_requested("n1", "control"), 2u);
+  EXPECT_EQ(p.crashes_requested("n2", "control"), 0u);
+  EXPECT_EQ(p.crashes_requested("n1", "other"), 0u);
+  p.clear();  // a request, not a fault in force
+  EXPECT_EQ(p.crashes_requested("n1", "control"), 2u);
+  for (const char* bad :
+       {"crash", "crash n1", "crash * control", "crash n1,n2 control", "crash n1 control extra"})
+    EXPECT_FALSE(parse_fault_command(bad).has_value()) << bad;
+  EXPECT_FALSE(apply(p, fault_command{.what = fault_command::verb::crash}).has_value());
+}
+
 TEST(fault_injector, rules_switched_at_run_time_apply_to_the_next_decision) {
   fault_injector f(5);
   EXPECT_EQ(f.decide("a", "b", 0ns).outcome, decision::fate::deliver);
