@@ -15,7 +15,6 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -197,29 +196,61 @@ struct node_runtime::impl final : control_port {
   }
 
   /// Every live member's status document by node id, for the dashboard: ours from the snapshot,
-  /// the others asked over the authenticated status protocol, in parallel, 800 ms at most.
+  /// the others as the control actor last heard them. Asking (status_request over each member's
+  /// own authenticated link, once a second) runs only while someone reads this — no thread and
+  /// no connection per poll. A member whose answer is older than 3 s shows as null.
+  static constexpr std::uint64_t kClusterAskMs = 1000, kClusterWantMs = 5000,
+                                 kClusterStaleMs = 3000;
+  mutable std::mutex cluster_mu;
+  mutable std::condition_variable cluster_cv;                                 // an answer arrived
+  std::map<std::string, std::pair<std::string, std::uint64_t>> cluster_docs;  // hex -> (doc, at)
+  mutable std::atomic<std::uint64_t> cluster_wanted_until{0};                 // real ms
+  std::uint64_t next_cluster_ask = 0;  // real ms; the control actor's turns only
+
   [[nodiscard]] nlohmann::json cluster_status() const {
     nlohmann::json out = nlohmann::json::object();
+    const bool was_wanted = real_ms() < cluster_wanted_until.load();
+    cluster_wanted_until = real_ms() + kClusterWantMs;
     const nlohmann::json self_doc = status_snapshot();
     if (!self_doc.is_object()) return out;
     out[hex] = self_doc;
     if (!self_doc.contains("view") || !self_doc["view"].is_object()) return out;
-    std::vector<std::pair<std::string, std::future<result<std::string>>>> asks;
+    std::vector<std::string> ids;
     for (const auto& m : self_doc["view"]["members"]) {
       const std::string id = m.value("id", "");
-      const std::string address = m.value("address", "");
-      if (id == hex || address.empty() || m.value("status", "") != "alive") continue;
-      if (asks.size() >= kMaxKnownPeers) break;
-      asks.emplace_back(
-          id, std::async(std::launch::async, [address, key = opt.config.cluster_key_file] {
-            return query_status(address, key, 800);
-          }));
+      if (id != hex && m.value("status", "") == "alive") ids.push_back(id);
     }
-    for (auto& [id, f] : asks) {
-      auto doc = f.get();
-      out[id] = doc ? nlohmann::json::parse(*doc, nullptr, false) : nlohmann::json(nullptr);
+    std::unique_lock lock(cluster_mu);
+    const auto fresh = [&] {
+      const auto now = real_ms();
+      return std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
+        auto it = cluster_docs.find(id);
+        return it != cluster_docs.end() && now - it->second.second <= kClusterStaleMs;
+      });
+    };
+    // The first read after a quiet spell waits (800 ms at most) for the answers the control
+    // actor now asks for; later reads take what is there.
+    if (!was_wanted) cluster_cv.wait_for(lock, std::chrono::milliseconds(800), fresh);
+    const auto now = real_ms();
+    for (const auto& id : ids) {
+      auto it = cluster_docs.find(id);
+      out[id] = it == cluster_docs.end() || now - it->second.second > kClusterStaleMs
+                    ? nlohmann::json(nullptr)
+                    : nlohmann::json::parse(it->second.first, nullptr, false);
     }
     return out;
+  }
+
+  /// The control actor's side: asks every live member while the dashboard reads.
+  void ask_cluster_status() {
+    const auto now = real_ms();
+    if (now >= cluster_wanted_until.load() || now < next_cluster_ask) return;
+    next_cluster_ask = now + kClusterAskMs;
+    const std::string body = pack(endpoint);
+    for (member_id id : core->live_members())
+      if (auto k = known.find(id); k != known.end())
+        (void)control->send(k->second.hex, static_cast<std::uint16_t>(runtime_msg::status_request),
+                            bytes_of(body));
   }
 
   // --- event queue (any thread -> loop thread) ---
@@ -594,9 +625,12 @@ struct node_runtime::impl final : control_port {
       case runtime_msg::status_request: {
         auto reply_to = unpack<std::string>(std::string_view(m.body.data(), m.body.size()));
         if (!reply_to) break;
-        // The client is not a member: add it as a control peer for the reply (it is dropped
-        // again when its link goes down).
-        if (control_peer_endpoint(m.sender) == *reply_to) {
+        // A member asks over its own link (its dashboard): answer there. A status client is not
+        // a member: add it as a control peer for the reply (it is dropped again when its link
+        // goes down).
+        if (from != no_member && core->is_member(from) && added.contains(m.sender)) {
+          // its link is ours already
+        } else if (control_peer_endpoint(m.sender) == *reply_to) {
           // introduced itself already
         } else if (auto r = control->add_peer(m.sender, *reply_to); !r) {
           spdlog::warn("node {}: status client {}: {}", hex, m.sender, r.error().describe());
@@ -605,6 +639,18 @@ struct node_runtime::impl final : control_port {
         const std::string doc = status_json().dump();
         (void)control->send(m.sender, static_cast<std::uint16_t>(runtime_msg::status_reply),
                             bytes_of(pack(doc)));
+        return;
+      }
+      case runtime_msg::status_reply: {
+        // A member's answer to ask_cluster_status (nobody else gets our status requests).
+        auto doc = unpack<std::string>(std::string_view(m.body.data(), m.body.size()));
+        if (!doc || from == no_member || !core->is_member(from)) break;
+        const auto at = real_ms();
+        std::lock_guard lock(cluster_mu);
+        // Bounded by the members that answer within a minute (the answers of gone ones age out).
+        std::erase_if(cluster_docs, [&](const auto& e) { return at - e.second.second > 60'000; });
+        cluster_docs[m.sender] = {std::move(*doc), at};
+        cluster_cv.notify_all();
         return;
       }
       default:
@@ -712,6 +758,7 @@ struct node_runtime::impl final : control_port {
     core->tick(now);
     if (failed) return;
     bandwidth_round(now);
+    ask_cluster_status();
     if (now >= next_snapshot_ms) {
       std::string doc = status_json().dump();
       std::lock_guard lock(snapshot_mu);
