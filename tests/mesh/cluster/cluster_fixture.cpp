@@ -116,79 +116,61 @@ std::vector<std::string> cluster_fixture::wrap(const std::string& ns,
   return out;
 }
 
-result<void> cluster_fixture::start(std::size_t i, const std::vector<std::string>& extra,
-                                    const std::string& key) {
-  auto& n = nodes_.at(i);
-  std::vector<std::string> argv{tessera_,
-                                "node",
-                                "--data-dir",
-                                n.data_dir,
-                                "--cluster-key",
-                                key.empty() ? key_ : key,
-                                "--listen",
-                                n.host,
-                                "--control-port",
-                                std::to_string(n.port),
-                                "--bulk-port",
-                                std::to_string(n.port + 1),
-                                "--client-request-port",
-                                std::to_string(n.port + 2),
-                                "--client-response-port",
-                                std::to_string(n.port + 3),
-                                "--http-port",
-                                std::to_string(n.port + 4),
-                                "--no-mdns",
-                                "--no-beacon"};
+std::vector<std::string> cluster_fixture::node_argv(std::size_t i, const std::string& key,
+                                                    bool listen) const {
+  const auto& n = nodes_.at(i);
+  std::vector<std::string> argv{tessera_,   "node",          "--data-dir",
+                                n.data_dir, "--cluster-key", key.empty() ? key_ : key};
+  if (listen) {
+    argv.emplace_back("--listen");
+    argv.push_back(n.host);
+  }
+  for (const auto& [flag, port] : {std::pair{"--control-port", 0},
+                                   {"--bulk-port", 1},
+                                   {"--client-request-port", 2},
+                                   {"--client-response-port", 3},
+                                   {"--http-port", 4}}) {
+    argv.emplace_back(flag);
+    argv.push_back(std::to_string(n.port + port));
+  }
+  argv.emplace_back("--no-mdns");
+  argv.emplace_back("--no-beacon");
   // Timeouts for a 2-core machine shared with parallel builds (and ASan): the defaults (election
   // 300 ms, probe timeout 40 ms) flap there. The benchmark measures the defaults.
   for (const char* t :
        {"--heartbeat-interval-ms", "200", "--suspect-timeout-ms", "1500", "--dead-timeout-ms",
         "3000", "--election-timeout-min-ms", "1000", "--election-timeout-max-ms", "2000"})
     argv.emplace_back(t);
-  for (std::size_t j = 0; j < nodes_.size(); ++j) {
-    if (j == i) continue;
-    argv.push_back("--seed");
-    argv.push_back(nodes_[j].endpoint());
-  }
-  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+result<void> cluster_fixture::spawn(std::size_t i, const std::vector<std::string>& argv) {
+  auto& n = nodes_.at(i);
   auto p = child_process::spawn(wrap(n.ns, argv), {}, n.log);
   if (!p) return p.error();
   n.proc.emplace(std::move(p).value());
   return ok();
 }
 
+result<void> cluster_fixture::start(std::size_t i, const std::vector<std::string>& extra,
+                                    const std::string& key) {
+  auto argv = node_argv(i, key, /*listen=*/true);
+  for (std::size_t j = 0; j < nodes_.size(); ++j) {
+    if (j == i) continue;
+    argv.push_back("--seed");
+    argv.push_back(nodes_[j].endpoint());
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return spawn(i, argv);
+}
+
 result<void> cluster_fixture::start_plain(std::size_t i, const std::vector<std::string>& seeds) {
-  auto& n = nodes_.at(i);
-  std::vector<std::string> argv{tessera_,
-                                "node",
-                                "--data-dir",
-                                n.data_dir,
-                                "--cluster-key",
-                                key_,
-                                "--control-port",
-                                std::to_string(n.port),
-                                "--bulk-port",
-                                std::to_string(n.port + 1),
-                                "--client-request-port",
-                                std::to_string(n.port + 2),
-                                "--client-response-port",
-                                std::to_string(n.port + 3),
-                                "--http-port",
-                                std::to_string(n.port + 4),
-                                "--no-mdns",
-                                "--no-beacon"};
-  for (const char* t :
-       {"--heartbeat-interval-ms", "200", "--suspect-timeout-ms", "1500", "--dead-timeout-ms",
-        "3000", "--election-timeout-min-ms", "1000", "--election-timeout-max-ms", "2000"})
-    argv.emplace_back(t);
+  auto argv = node_argv(i, "", /*listen=*/false);
   for (const auto& s : seeds) {
     argv.push_back("--seed");
     argv.push_back(s);
   }
-  auto p = child_process::spawn(wrap(n.ns, argv), {}, n.log);
-  if (!p) return p.error();
-  n.proc.emplace(std::move(p).value());
-  return ok();
+  return spawn(i, argv);
 }
 
 void cluster_fixture::kill9(std::size_t i) {

@@ -72,6 +72,9 @@ class cluster_fixture {
  private:
   cluster_fixture() = default;
   std::vector<std::string> wrap(const std::string& ns, std::vector<std::string> argv) const;
+  /// `tessera node` for slot i: data dir, key, ports, discovery off, the tests' timeouts.
+  std::vector<std::string> node_argv(std::size_t i, const std::string& key, bool listen) const;
+  result<void> spawn(std::size_t i, const std::vector<std::string>& argv);
 
   std::string tessera_;
   std::string dir_;
