@@ -1,5 +1,7 @@
 #include "mesh/http/gateway.hpp"
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -398,6 +400,13 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   const auto threads = p->opt.threads;
   p->svr.new_task_queue = [threads] { return new pool_queue(threads); };
   p->svr.set_payload_max_length(p->opt.max_body_bytes);
+  // cpp-httplib's default sets SO_REUSEPORT: a second process could then bind the same port and
+  // take every other connection (even another cluster's node). SO_REUSEADDR only: a taken port
+  // is refused with a clear error.
+  p->svr.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   p->svr.set_read_timeout(30);
   p->svr.set_write_timeout(30);
   p->svr.set_keep_alive_max_count(100);

@@ -34,6 +34,11 @@
 
 namespace tessera::mesh::serving {
 
+/// Largest message a client may send to the response port (XPUB): a subscription is 1 + topic
+/// bytes, the longest topic `<id>:` is max_id_bytes + 1.
+inline constexpr std::size_t kMaxSubscriptionBytes = 256;
+static_assert(kMaxSubscriptionBytes >= 2 + max_id_bytes);
+
 namespace inf = tessera::inference;
 namespace mdl = tessera::inference::model;
 namespace fs = std::filesystem;
@@ -1432,6 +1437,10 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
     // Every subscription reaches us (not only a topic's first): each new client asking for the
     // peer list gets it at once.
     p->xpub.set(zmq::sockopt::xpub_verbose, 1);
+    // What a client sends to the response port is subscriptions: one byte and a topic of at most
+    // max_id_bytes + 1. Anything longer closes the connection before it is buffered (without the
+    // bound one frame of N bytes cost the peer ~2N of memory, before any authentication).
+    p->xpub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxSubscriptionBytes));
     p->resp_port = bind(p->xpub, p->opt.response_port);
     const std::string inproc = fmt::format("inproc://serving-{}", static_cast<void*>(p.get()));
     p->pull.bind(inproc);

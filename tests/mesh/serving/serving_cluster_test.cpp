@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -890,6 +891,49 @@ TEST_F(ServingCluster, AFloodOfHostileRequestsDoesNotStopHonestClients) {
   auto after = (*c)->ask(greedy("after-flood", 16));
   ASSERT_TRUE(after) << after.error().describe();
   EXPECT_EQ(after->tokens, ref);
+}
+
+/// The most resident memory a process ever had, in MiB (VmHWM: a frame buffered and freed
+/// again still shows), 0 when unreadable.
+std::uint64_t peak_rss_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) / 1024;
+  return 0;
+}
+
+// A stranger sends big frames to a peer's response port (XPUB), where clients only ever send
+// subscriptions. Each frame used to be buffered whole: ~2N bytes of peer memory per N-byte frame
+// (a 1 GiB frame peaked at 2.26 GB), before any authentication. Now a frame over the bound closes
+// the stranger's connection as it arrives; the peer's memory stays flat and honest clients are
+// served (issue 32, item 4).
+TEST_F(ServingCluster, OversizedFramesToTheResponsePortCostThePeerNothing) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  const auto ref = reference(16);
+  const pid_t pid = cluster_->node(0).proc->pid();
+  const auto before = peak_rss_mib(pid);
+  zmq::context_t ctx;
+  for (int k = 0; k < 4; ++k) {
+    zmq::socket_t x(ctx, zmq::socket_type::xsub);
+    x.set(zmq::sockopt::linger, 2000);
+    x.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(0).port + 3));
+    // 64 MiB. Not starting with a subscription byte: XSUB would keep a subscription's topic in a
+    // trie of its own (one node per byte; libzmq's teardown then recurses 64 Mi deep).
+    std::string big(64u << 20, 'x');
+    (void)x.send(zmq::buffer(big), zmq::send_flags::none);
+    std::this_thread::sleep_for(1s);
+  }
+  const auto after = peak_rss_mib(pid);
+  std::printf("[serving] 4 x 64 MiB frames to the response port: peer peak RSS %llu -> %llu MiB\n",
+              static_cast<unsigned long long>(before), static_cast<unsigned long long>(after));
+  EXPECT_LT(after, before + 50) << "the peer buffered the frames";
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  auto out = (*c)->ask(greedy("after-big-frames", 16));
+  ASSERT_TRUE(out) << out.error().describe();
+  EXPECT_EQ(out->tokens, ref);
 }
 
 // A hostile peer that holds the cluster secret (it passes CURVE) sends every control message type
