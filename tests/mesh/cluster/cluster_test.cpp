@@ -34,13 +34,19 @@ std::size_t index_of(const cluster_fixture& c, const std::string& id) {
 }
 
 /// A cluster of three started nodes that converged (60 s at most); the leader's id in `leader`.
+/// Waits (60 s at most) until `nodes` show one view, one leader and all members live.
+::testing::AssertionResult converge(const cluster_fixture& c, const std::vector<std::size_t>& nodes,
+                                    std::string& leader) {
+  std::string why;
+  if (!wait_until([&] { return c.converged(nodes, &leader, &why); }, 60s))
+    return ::testing::AssertionFailure() << why << "\n" << c.logs();
+  return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult start_three_converged(cluster_fixture& c, std::string& leader) {
   for (std::size_t i = 0; i < 3; ++i)
     if (auto r = c.start(i); !r) return ::testing::AssertionFailure() << r.error().describe();
-  std::string why;
-  if (!wait_until([&] { return c.converged({0, 1, 2}, &leader, &why); }, 60s))
-    return ::testing::AssertionFailure() << why << "\n" << c.logs();
-  return ::testing::AssertionSuccess();
+  return converge(c, {0, 1, 2}, leader);
 }
 
 /// Leader every node in `nodes` names, if they all name the same non-null one.
@@ -64,13 +70,7 @@ TEST(Cluster, ThreePeersColdStartLeaderKillAndJoin) {
   for (std::size_t i = 0; i < 3; ++i)
     ASSERT_TRUE(c->start(i).has_value());
   std::string leader, why;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return c->converged({0, 1, 2}, &leader, &why);
-      },
-      60s))
-      << why << "\n"
-      << c->logs();
+  ASSERT_TRUE(converge(*c, {0, 1, 2}, leader));
   std::printf("[cluster] 3 peers: converged view after %.2f s\n", seconds_since(t0));
 
   // Every directed link gets a bandwidth figure from a real bulk-link burst; all three processes
@@ -140,14 +140,8 @@ TEST(Cluster, ReadmeFlagsOnOneHostFormOneCluster) {
   ASSERT_TRUE(c->start_plain(0, {}).has_value());
   for (std::size_t i = 1; i < 3; ++i)
     ASSERT_TRUE(c->start_plain(i, {c->node(0).endpoint()}).has_value());
-  std::string leader, why;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return c->converged({0, 1, 2}, &leader, &why);
-      },
-      60s))
-      << why << "\n"
-      << c->logs();
+  std::string leader;
+  ASSERT_TRUE(converge(*c, {0, 1, 2}, leader));
   // And it stays so: nobody is suspected over the next 5 s (the flapping link did that within
   // a second).
   const auto changes = [&] {
