@@ -35,8 +35,10 @@
 namespace tessera::mesh::serving {
 
 /// Largest message a client may send to the response port (XPUB): a subscription is 1 + topic
-/// bytes, the longest topic `<id>:` is max_id_bytes + 1.
-inline constexpr std::size_t kMaxSubscriptionBytes = 256;
+/// bytes, the longest topic `<id>:` is max_id_bytes + 1. The bound also applies to the CURVE
+/// handshake under --client-auth (INITIATE with its vouch and metadata is ~300 bytes; 256 refused
+/// every keyed client) and to each encrypted frame's overhead: 1 KiB covers both.
+inline constexpr std::size_t kMaxSubscriptionBytes = 1024;
 static_assert(kMaxSubscriptionBytes >= 2 + max_id_bytes);
 
 namespace inf = tessera::inference;

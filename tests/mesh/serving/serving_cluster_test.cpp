@@ -913,6 +913,19 @@ TEST_F(ServingCluster, OversizedFramesToTheResponsePortCostThePeerNothing) {
   wait_plan({0, 1, 2}, 3);
   const auto ref = reference(16);
   const pid_t pid = cluster_->node(0).proc->pid();
+  // Node 0's replica weights are loaded first, so that the peak below is the frames' alone.
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        auto st = cluster_->status(0);
+        if (!st) return false;
+        for (const auto& m : (*st)["serving"]["models"])
+          if (m.value("weights", "") == "ready") return true;
+        return false;
+      },
+      60s))
+      << cluster_->logs();
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
   const auto before = peak_rss_mib(pid);
   zmq::context_t ctx;
   for (int k = 0; k < 4; ++k) {
@@ -929,8 +942,6 @@ TEST_F(ServingCluster, OversizedFramesToTheResponsePortCostThePeerNothing) {
   std::printf("[serving] 4 x 64 MiB frames to the response port: peer peak RSS %llu -> %llu MiB\n",
               static_cast<unsigned long long>(before), static_cast<unsigned long long>(after));
   EXPECT_LT(after, before + 50) << "the peer buffered the frames";
-  auto c = client::connect(options());
-  ASSERT_TRUE(c);
   auto out = (*c)->ask(greedy("after-big-frames", 16));
   ASSERT_TRUE(out) << out.error().describe();
   EXPECT_EQ(out->tokens, ref);
