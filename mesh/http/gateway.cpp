@@ -429,6 +429,11 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
     name_this_thread("http-accept");
     raw->svr.listen_after_bind();
   });
+  // cpp-httplib's stop() does nothing until the listener thread has marked the server running:
+  // a gateway stopped right after it started would leave that thread in accept() for good (and
+  // stop() joining it). Wait for it (bounded; it takes microseconds).
+  for (int i = 0; i < 5000 && !p->svr.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   spdlog::info("http gateway: http://{}:{}/ ({})", addr, p->port,
                p->opt.api_key.empty() ? "no API key" : "API key required");
   return std::unique_ptr<gateway>(new gateway(std::move(p)));
