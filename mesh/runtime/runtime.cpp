@@ -72,6 +72,28 @@ bool is_hex_id(std::string_view s) {
   return is_node_id_text(s);
 }
 
+/// Wall-clock milliseconds since the epoch (membership incarnations, the instance's start).
+std::int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// The election's durable state in `file`: the initial state when there is no file; an error
+/// naming the file when it does not decode.
+result<durable_election_state> read_election_state(const fs::path& file) {
+  if (!fs::exists(file)) return durable_election_state{};
+  std::ifstream in(file, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto d = unpack<durable_election_state>(data);
+  if (!d)
+    return make_error(errc::corrupt,
+                      "{} does not decode as the election state; remove it to start over (this "
+                      "node then forgets its term and vote)",
+                      file.string());
+  return *d;
+}
+
 /// Whether two control endpoints ("tcp://host:port") reach the same listener: the same text, or
 /// the same port on two addresses of this machine (a seed given as 127.0.0.1 for a node on this
 /// host that advertises its LAN address). A seed placeholder for it must then go: the peer's
@@ -360,10 +382,6 @@ struct node_runtime::impl final : control_port {
   }
 
   void push(event e, bool droppable) {
-    {
-      std::lock_guard lock(mu);
-      if (stop_loop) return;
-    }
     if (droppable && queued_frames.fetch_add(1) >= static_cast<std::int64_t>(kMaxQueuedEvents)) {
       --queued_frames;
       ++dropped_events;
@@ -374,6 +392,10 @@ struct node_runtime::impl final : control_port {
       // Before the control actor runs (the control plane and discovery start first), events
       // wait here; its first turn takes them, in order, under the same lock.
       std::lock_guard lock(mu);
+      if (stop_loop) {
+        if (droppable) --queued_frames;
+        return;
+      }
       if (!actor_running) {
         early.push_back(node_event{std::move(e), droppable, 0});
         return;
@@ -485,8 +507,13 @@ struct node_runtime::impl final : control_port {
   }
 
   std::uint8_t backend_for(const topology::capabilities& c) override {
-    return static_cast<std::uint8_t>(
-        transport::bulk::choose_backend(bulk_caps, {c.host_id, c.has_rdma}));
+    return static_cast<std::uint8_t>(backend_kind_for(c));
+  }
+
+  /// The bulk backend a link to a peer with `c` uses (for the topology row and the probe alike).
+  [[nodiscard]] transport::bulk::backend_kind backend_kind_for(
+      const topology::capabilities& c) const {
+    return transport::bulk::choose_backend(bulk_caps, {c.host_id, c.has_rdma});
   }
 
   void refresh_caps(topology::capabilities& c) override {
@@ -588,10 +615,7 @@ struct node_runtime::impl final : control_port {
       auto& next = next_bandwidth_ms[id];
       if (caps_of == nullptr || k == known.end() || now < next) continue;
       next = now + 10'000;  // until the result says otherwise
-      if (prober->start(
-              id, k->second.hex,
-              transport::bulk::choose_backend(bulk_caps, {caps_of->host_id, caps_of->has_rdma})))
-        return;
+      if (prober->start(id, k->second.hex, backend_kind_for(*caps_of))) return;
     }
   }
 
@@ -797,20 +821,14 @@ struct node_runtime::impl final : control_port {
   /// old one is refuted at once), and every peer it knew joined again.
   void remake_core() {
     core_options o = core_base;
-    const fs::path state_file = dir->path() / opt.election_state_file;
-    std::ifstream in(state_file, std::ios::binary);
-    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (auto d = unpack<durable_election_state>(data)) {
-      o.restored = *d;
-    } else if (!data.empty()) {
-      fail(fmt::format("{} does not decode: the restarted control actor cannot go on",
-                       state_file.string()));
+    auto restored = read_election_state(dir->path() / opt.election_state_file);
+    if (!restored) {
+      fail(
+          fmt::format("the restarted control actor cannot go on: {}", restored.error().describe()));
       return;
     }
-    o.incarnation =
-        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::chrono::system_clock::now().time_since_epoch())
-                                       .count());
+    o.restored = *restored;
+    o.incarnation = static_cast<std::uint64_t>(unix_ms());
     o.membership_seed ^= o.incarnation;
     o.election_seed ^= o.incarnation;
     o.caps = caps;
@@ -1159,19 +1177,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   p->self = p->dir->id().lo;
 
   // Restore the election's durable state.
-  durable_election_state restored;
-  const fs::path state_file = p->dir->path() / p->opt.election_state_file;
-  if (fs::exists(state_file)) {
-    std::ifstream in(state_file, std::ios::binary);
-    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto d = unpack<durable_election_state>(data);
-    if (!d)
-      return make_error(errc::corrupt,
-                        "{} does not decode as the election state; remove it to "
-                        "start over (this node then forgets its term and vote)",
-                        state_file.string());
-    restored = *d;
-  }
+  auto restored = read_election_state(p->dir->path() / p->opt.election_state_file);
+  if (!restored) return restored.error();
 
   // Control plane.
   ctl::node_config cc;
@@ -1297,11 +1304,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   co.settings = control_settings_for(cfg);
   co.membership_seed = std::random_device{}() ^ p->self;
   co.election_seed = std::random_device{}() ^ (p->self * 31);
-  co.incarnation =
-      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
-  co.restored = restored;
+  co.incarnation = static_cast<std::uint64_t>(unix_ms());
+  co.restored = *restored;
   co.caps = p->caps;
   p->core_base = co;
   auto core = control_core::create(std::move(co), *p);
@@ -1352,9 +1356,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   }
   p->instance.id = p->dir->id();
   p->instance.control_endpoint = p->endpoint;
-  p->instance.started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count();
+  p->instance.started_unix_ms = unix_ms();
   p->instance.nonce =
       (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   {

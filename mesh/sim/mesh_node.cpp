@@ -4,30 +4,26 @@
 
 #include <fmt/format.h>
 #include <spdlog/logger.h>
-#include <msgpack.hpp>
 
-#include "actors/base/msgpack_bounded.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/planning.hpp"
 
 namespace tessera::mesh::sim {
 
+// The node's own msgpack helpers (mesh/runtime/messages.hpp), over the world's byte vectors.
 template <class T>
 bytes encode(const T& value) {
-  msgpack::sbuffer buf;
-  msgpack::pack(buf, value);
-  return bytes(buf.data(), buf.data() + buf.size());
+  const std::string s = runtime::pack(value);
+  return bytes(s.begin(), s.end());
 }
 
 template <class T>
 std::optional<T> decode(const bytes& data) {
-  auto r = tessera::bounded_decode<T>(data.data(), data.size());
-  if (!r) return std::nullopt;
-  return std::move(*r);
+  return runtime::unpack<T>(
+      std::string_view(reinterpret_cast<const char*>(data.data()), data.size()));
 }
 
-template bytes encode(const membership_message&);
-template bytes encode(const election_message&);
+// What tests read and edit in a node's durable bytes.
 template bytes encode(const durable_election_state&);
 template std::optional<durable_election_state> decode(const bytes&);
 

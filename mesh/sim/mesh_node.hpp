@@ -144,7 +144,8 @@ class mesh_node : public sim_node, private runtime::control_port {
 [[nodiscard]] std::unique_ptr<world> make_mesh_world(std::uint64_t seed, std::size_t n,
                                                      const mesh_node_options& options);
 
-/// Encodes any MSGPACK_DEFINE'd value.
+/// Encodes a value as the node does (instantiated for durable_election_state: tests edit a
+/// node's durable bytes).
 template <class T>
 bytes encode(const T& value);
 /// Decodes; nullopt when the bytes are not a valid T.
