@@ -203,11 +203,11 @@ struct node_runtime::impl final : control_port {
   std::unique_ptr<serving::engine> engine;  // client endpoints, models, token streams
   std::unique_ptr<http::gateway> gateway;   // OpenAI API, metrics, dashboard (may be null)
 
-  // The status document as the loop thread last wrote it, for the HTTP gateway's threads (the
-  // state machines are the loop's alone; readers get a copy at most kSnapshotMs old).
+  // The status document as the control actor last wrote it, for the HTTP gateway's threads (the
+  // state machines are the actor's alone; readers get a copy at most kSnapshotMs old).
   static constexpr std::uint64_t kSnapshotMs = 250;
   mutable std::mutex snapshot_mu;
-  std::string snapshot;  // JSON text; empty until the loop's first round
+  std::string snapshot;  // JSON text; empty until the control actor's first tick
   std::uint64_t next_snapshot_ms = 0;
 
   [[nodiscard]] nlohmann::json status_snapshot() const {
@@ -274,7 +274,7 @@ struct node_runtime::impl final : control_port {
                             bytes_of(body));
   }
 
-  // --- event queue (any thread -> loop thread) ---
+  // --- events (any thread -> the control actor) ---
   struct ev_message {
     ctl::inbound_message msg;
   };
@@ -308,7 +308,7 @@ struct node_runtime::impl final : control_port {
   std::size_t member_subscriptions = 0;  // subscribed or on their way (under mu)
   mutable std::mutex mu;                 // guards the flags below; cv: leave done, or stopped
   std::condition_variable cv;
-  bool stop_loop = false;
+  bool stopping = false;
   bool left = false;  // leave processed by the control actor
   std::string fatal;
   std::atomic<bool> failed{false};
@@ -391,7 +391,7 @@ struct node_runtime::impl final : control_port {
       // Before the control actor runs (the control plane and discovery start first), events
       // wait here; its first turn takes them, in order, under the same lock.
       std::lock_guard lock(mu);
-      if (stop_loop) {
+      if (stopping) {
         if (droppable) --queued_frames;
         return;
       }
@@ -414,7 +414,7 @@ struct node_runtime::impl final : control_port {
     {
       std::lock_guard lock(mu);
       if (fatal.empty()) fatal = std::move(why);
-      stop_loop = true;
+      stopping = true;
     }
     failed = true;
     cv.notify_all();
@@ -767,7 +767,7 @@ struct node_runtime::impl final : control_port {
       core->leave(now_ms());
       std::lock_guard lock(mu);
       left = true;
-      stop_loop = true;
+      stopping = true;
       cv.notify_all();
     }
   }
@@ -800,7 +800,7 @@ struct node_runtime::impl final : control_port {
 
   [[nodiscard]] bool stopped() {
     std::lock_guard lock(mu);
-    return stop_loop;
+    return stopping;
   }
 
   /// `tessera fault crash <this node> control`: the control actor fails here (its handler
@@ -852,8 +852,8 @@ struct node_runtime::impl final : control_port {
     for (std::uint32_t at_ms : {1000u, 5000u}) {
       {
         std::unique_lock lock(mu);
-        cv.wait_until(lock, t0 + std::chrono::milliseconds(at_ms), [&] { return stop_loop; });
-        if (stop_loop) return;
+        cv.wait_until(lock, t0 + std::chrono::milliseconds(at_ms), [&] { return stopping; });
+        if (stopping) return;
       }
       if (auto why = check_identity_once()) {
         fail(*why);
@@ -1096,7 +1096,7 @@ node_runtime::~node_runtime() {
   if (impl_->engine) impl_->engine->stop();
   {
     std::lock_guard lock(impl_->mu);
-    impl_->stop_loop = true;
+    impl_->stopping = true;
   }
   impl_->cv.notify_all();
   if (impl_->actors) impl_->actors->shutdown(std::chrono::nanoseconds(0));
@@ -1125,7 +1125,7 @@ result<std::string> read_api_key(const std::string& path) {
 }
 
 /// The HTTP gateway: API requests go to this peer's own client endpoint (over loopback when it
-/// listens on every address), the status comes from the loop's snapshot.
+/// listens on every address), the status comes from the control actor's snapshot.
 result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
                                                      const ctl::cluster_keys& keys) {
   const auto& cfg = p.opt.config;
@@ -1405,11 +1405,11 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
   {
     std::unique_lock lock(impl_->mu);
     impl_->cv.wait_for(lock, std::chrono::milliseconds(flush_ms),
-                       [&] { return impl_->left || impl_->stop_loop; });
+                       [&] { return impl_->left || impl_->stopping; });
   }
   {
     std::lock_guard lock(impl_->mu);
-    impl_->stop_loop = true;
+    impl_->stopping = true;
   }
   impl_->cv.notify_all();
   impl_->actors->shutdown(std::chrono::nanoseconds(0));
@@ -1447,7 +1447,7 @@ result<void> node_runtime::subscribe_members(actors::actor_system& system,
                                              const actors::actor_ref& subscriber) {
   {
     std::lock_guard lock(impl_->mu);
-    if (impl_->stop_loop)
+    if (impl_->stopping)
       return make_error(errc::closed, "node {}: the runtime has stopped", impl_->hex);
     if (impl_->member_subscriptions >= kMaxMemberSubscribers)
       return make_error(errc::overloaded, "node {}: {} membership subscriptions already (the bound)",

@@ -1,11 +1,11 @@
 // node_runtime: the running `tessera node` — identity, control plane, discovery, membership,
 // election and topology wired together (docs/design/011-node-runtime.md).
 //
-// Threads: the control plane's I/O thread and each discovery source's thread only *enqueue*
-// events (bounded queue); one loop thread owns the control_core (membership, election, topology,
-// plan: control_core.hpp, the same code the simulator runs) and all decisions, so no protocol
-// state is shared between threads. The loop sleeps until the core's next timer, or until an
-// event arrives.
+// Threads: the control plane's I/O thread and each discovery source's thread only send events
+// to the control actor (its bounded mailbox); that actor, on the node's actor system, owns the
+// control_core (membership, election, topology, plan: control_core.hpp, the same code the
+// simulator runs) and all decisions, so no protocol state is shared between threads. Its one
+// timer is set for the core's next deadline.
 //
 // Message types on the control plane (application range, docs/design/011-node-runtime.md):
 //   64 membership  65 election  66 topo.ping  67 topo.pong  68 topo.report  69 topo.view
@@ -27,7 +27,7 @@
 
 namespace tessera::mesh::runtime {
 
-/// Bound on events waiting for the loop thread; beyond it inbound messages are dropped (counted),
+/// Bound on frames waiting for the control actor; beyond it inbound messages are dropped (counted),
 /// which the protocols treat as loss. Peer events and hints are never dropped below the bound.
 inline constexpr std::size_t kMaxQueuedEvents = 8192;
 
@@ -75,7 +75,7 @@ struct runtime_options {
 class node_runtime {
  public:
   /// Opens the data dir (lock, identity), loads the cluster secret (required), restores the
-  /// election state, binds the control ROUTER, starts discovery and the loop thread.
+  /// election state, binds the control ROUTER, starts discovery and the control actor.
   [[nodiscard]] static result<std::unique_ptr<node_runtime>> start(runtime_options options);
   ~node_runtime();
   node_runtime(const node_runtime&) = delete;
@@ -89,13 +89,13 @@ class node_runtime {
   [[nodiscard]] std::string fatal_error() const;
   /// Delivers every membership change this node learns to `subscriber`, an actor of `system`,
   /// starting with one `initial` message per member it knows (itself included, alive). Messages
-  /// come from the runtime's loop thread, in the order the changes happened. A subscriber that
+  /// come from the runtime's control actor, in the order the changes happened. A subscriber that
   /// stopped is dropped at its next delivery; one whose mailbox refuses a message misses it
   /// (counted in status stats.member_events_dropped). `system` must outlive the subscription
   /// (unsubscribe, or stop this runtime, first). Errors: overloaded (kMaxMemberSubscribers
   /// subscriptions), closed (the runtime stopped).
   result<void> subscribe_members(actors::actor_system& system, const actors::actor_ref& subscriber);
-  /// Ends a subscription (no message is delivered after the loop thread handles it).
+  /// Ends a subscription (no message is delivered after the control actor handles it).
   void unsubscribe_members(const actors::actor_ref& subscriber);
 
   /// "hexid", the control endpoint actually bound.
