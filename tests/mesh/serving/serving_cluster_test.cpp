@@ -534,11 +534,22 @@ TEST_F(ServingCluster, ABridgePartitionBetweenTwoRanksMovesTheGroup) {
                std::count(g.begin(), g.end(), groups[0][1]) == 1)
       << "the cut pair still shares a group";
   EXPECT_EQ(std::count(g.begin(), g.end(), cluster_->node_id(spare)), 1);
-  auto st = cluster_->status(spare);
-  ASSERT_TRUE(st);
-  std::size_t alive = 0;
-  for (const auto& m : (*st)["view"]["members"]) alive += m["status"] == "alive" ? 1 : 0;
-  EXPECT_EQ(alive, 3u) << st->dump();
+  // No one is declared dead. The leader's direct probes of the cut partner fail and only the
+  // relayed ones get through, so on a loaded machine the partner may be suspect for a moment
+  // (it refutes through the spare): the view must show all three alive within a few seconds.
+  nlohmann::json last;
+  const bool all_alive = test::wait_until(
+      [&] {
+        auto st = cluster_->status(spare);
+        if (!st) return false;
+        last = *st;
+        std::size_t alive = 0;
+        for (const auto& m : last["view"]["members"])
+          alive += m["status"] == "alive" ? 1 : 0;
+        return alive == 3;
+      },
+      10s);
+  EXPECT_TRUE(all_alive) << last.dump();
 }
 
 // The same limit with tensor parallelism allowed: the group splits heads and FFN columns over two
