@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 namespace tessera::mesh {
 
@@ -54,6 +55,10 @@ result<void> membership_config::validate() const {
     return make_error(errc::invalid_argument,
                       "membership: max_members/max_piggyback/max_updates_per_message/max_relays "
                       "must be >= 1");
+  if (suspicion_max_mult == 0)
+    return make_error(errc::invalid_argument, "membership: suspicion_max_mult is 0");
+  if (max_health > 64)
+    return make_error(errc::invalid_argument, "membership: max_health {} is above 64", max_health);
   if (self_address.size() > max_address_bytes)
     return make_error(errc::invalid_argument,
                       "membership: self_address is {} bytes, above max_address_bytes {}",
@@ -78,6 +83,34 @@ std::optional<member_status> membership::status_of(member_id id) const {
   return it->second.status;
 }
 
+std::uint32_t membership::probe_interval_now() const {
+  return cfg_.probe_interval_ms * (1 + health_);
+}
+
+std::uint32_t membership::probe_timeout_now() const {
+  return cfg_.probe_timeout_ms * (1 + health_);
+}
+
+std::uint64_t membership::suspect_deadline(const member_info& m) const {
+  // Lifeguard's suspicion timeout: max with no confirmation, down to min (log scale) as
+  // independent accusers join, where k is what can be expected: the members alive here, other
+  // than the suspect, that could confirm, at most suspicion_confirmations.
+  const std::uint64_t lo = cfg_.suspicion_timeout_ms;
+  const std::uint64_t hi = lo * cfg_.suspicion_max_mult;
+  std::uint32_t could_confirm = 0;
+  for (const auto& [id, o] : members_)
+    could_confirm += (id != m.id && o.status == member_status::alive) ? 1 : 0;
+  const std::uint32_t k = std::min(cfg_.suspicion_confirmations, could_confirm);
+  const std::uint32_t c =
+      m.accusers.empty() ? 0 : static_cast<std::uint32_t>(m.accusers.size() - 1);
+  std::uint64_t timeout = lo;
+  if (k > 0 && c < k) {
+    const double frac = std::log(c + 1.0) / std::log(k + 1.0);
+    timeout = std::max(lo, hi - static_cast<std::uint64_t>(static_cast<double>(hi - lo) * frac));
+  }
+  return m.changed_ms + timeout;
+}
+
 std::size_t membership::live_count() const {
   std::size_t n = leaving_ ? 0 : 1;
   for (const auto& [id, m] : members_)
@@ -92,6 +125,11 @@ membership_output membership::step(const membership_input& input, std::uint64_t 
     next_probe_ms_ = now_ms + cfg_.probe_interval_ms;
     next_reconnect_ms_ = now_ms + cfg_.reconnect_interval_ms;
   }
+  // Run late past the timer we asked for: the host did not run us (CPU starvation, a pause).
+  // Move every deadline on by the lateness before looking at anything, so the acks that are
+  // waiting to be read are not taken for silence.
+  if (expected_wake_ms_ != 0 && now_ms > expected_wake_ms_ + cfg_.stall_threshold_ms)
+    on_stall(now_ms - expected_wake_ms_);
   std::visit(
       [&](const auto& in) {
         using T = std::decay_t<decltype(in)>;
@@ -104,7 +142,35 @@ membership_output membership::step(const membership_input& input, std::uint64_t 
   // Anything due now (e.g. a receive that arrived after a deadline) is handled in the same step.
   if (!std::holds_alternative<membership_tick>(input)) on_tick(now_ms, out);
   out.timer_at_ms = next_timer();
+  expected_wake_ms_ = out.timer_at_ms.value_or(0);
   return out;
+}
+
+void membership::on_stall(std::uint64_t late_ms) {
+  ++counters_.stalls;
+  adjust_health(1);
+  next_probe_ms_ += late_ms;
+  probe_direct_deadline_ms_ += late_ms;
+  next_reconnect_ms_ += late_ms;
+  for (auto& [id, m] : members_)
+    m.changed_ms += late_ms;  // suspicion deadlines and tombstone ages alike
+  for (auto& [seq, r] : relays_) {
+    r.deadline_ms += late_ms;
+    r.nack_at_ms += late_ms;
+  }
+}
+
+void membership::adjust_health(int delta) {
+  const auto h = static_cast<int>(health_) + delta;
+  health_ = static_cast<std::uint32_t>(std::clamp(h, 0, static_cast<int>(cfg_.max_health)));
+}
+
+void membership::accuse(member_info& m, member_id accuser) {
+  if (accuser == no_member) return;
+  if (std::find(m.accusers.begin(), m.accusers.end(), accuser) != m.accusers.end()) return;
+  if (m.accusers.size() > cfg_.suspicion_confirmations) return;  // the minimum is reached
+  if (!m.accusers.empty()) ++counters_.confirmations;
+  m.accusers.push_back(accuser);
 }
 
 // ---- timers ----------------------------------------------------------------------------------
@@ -112,11 +178,19 @@ membership_output membership::step(const membership_input& input, std::uint64_t 
 void membership::on_tick(std::uint64_t now_ms, membership_output& out) {
   if (leaving_) return;
   expire(now_ms, out);
+  // Helpers whose target has not answered tell the requester so: it learns that they (and so
+  // its own path to them) are fine, and the silence is the target's.
+  for (auto& [seq, r] : relays_) {
+    if (r.nacked || now_ms < r.nack_at_ms) continue;
+    r.nacked = true;
+    ++counters_.nacks_sent;
+    out.messages.push_back(make(mtype::nack, r.requester, r.requester_seq, r.target));
+  }
   if (probe_phase_ == probe_phase::direct && now_ms >= probe_direct_deadline_ms_)
     send_indirect_probes(out);
   if (now_ms >= next_probe_ms_) {
     run_probe_round(now_ms, out);
-    next_probe_ms_ = now_ms + cfg_.probe_interval_ms;
+    next_probe_ms_ = now_ms + probe_interval_now();
   }
   if (now_ms >= next_reconnect_ms_) {
     reconnect(out);
@@ -134,18 +208,20 @@ std::optional<std::uint64_t> membership::next_timer() const {
   if (probe_phase_ == probe_phase::direct) t = std::min(t, probe_direct_deadline_ms_);
   if (!joined_ && !seeds_.empty()) t = std::min(t, next_join_ms_);
   for (const auto& [id, m] : members_) {
-    if (m.status == member_status::suspect) t = std::min(t, m.suspect_deadline_ms);
+    if (m.status == member_status::suspect) t = std::min(t, suspect_deadline(m));
     if (!is_live(m.status)) t = std::min(t, m.changed_ms + cfg_.tombstone_ms);
   }
-  for (const auto& [seq, r] : relays_)
+  for (const auto& [seq, r] : relays_) {
     t = std::min(t, r.deadline_ms);
+    if (!r.nacked) t = std::min(t, r.nack_at_ms);
+  }
   return t;
 }
 
 void membership::expire(std::uint64_t now_ms, membership_output& out) {
   for (auto it = members_.begin(); it != members_.end();) {
     member_info& m = it->second;
-    if (m.status == member_status::suspect && now_ms >= m.suspect_deadline_ms) {
+    if (m.status == member_status::suspect && now_ms >= suspect_deadline(m)) {
       set_status(m, member_status::dead, m.incarnation, now_ms, out);
       enqueue_gossip(update_of(m));
     }
@@ -162,11 +238,30 @@ void membership::expire(std::uint64_t now_ms, membership_output& out) {
 void membership::run_probe_round(std::uint64_t now_ms, membership_output& out) {
   // The previous round ended without an ack, direct or relayed: suspect the target.
   if (probe_phase_ != probe_phase::idle) {
+    // Lifeguard: helpers that neither relayed an ack nor sent a nack point at us (our sends or
+    // receives are slow); with every nack in, the silence is the target's alone.
+    if (probe_phase_ == probe_phase::indirect && nacks_expected_ > 0) {
+      const std::uint32_t missed = nacks_expected_ - std::min(nacks_heard_, nacks_expected_);
+      counters_.nacks_missed += missed;
+      adjust_health(static_cast<int>(missed));
+    } else {
+      adjust_health(1);
+    }
     auto it = members_.find(probe_target_);
     if (it != members_.end() && it->second.status == member_status::alive) {
       ++counters_.suspicions;
       set_status(it->second, member_status::suspect, it->second.incarnation, now_ms, out);
+      accuse(it->second, cfg_.self);
       enqueue_gossip(update_of(it->second));
+    } else if (it != members_.end() && it->second.status == member_status::suspect) {
+      // Our own probe failing is an independent confirmation of someone else's suspicion.
+      const auto before = it->second.accusers.size();
+      accuse(it->second, cfg_.self);
+      if (it->second.accusers.size() != before) {
+        member_update u = update_of(it->second);
+        u.origin = cfg_.self;  // spread our confirmation, not the first accuser's again
+        enqueue_gossip(u);
+      }
     }
     probe_phase_ = probe_phase::idle;
   }
@@ -175,7 +270,9 @@ void membership::run_probe_round(std::uint64_t now_ms, membership_output& out) {
   probe_target_ = target;
   probe_seq_ = next_seq_++;
   probe_phase_ = probe_phase::direct;
-  probe_direct_deadline_ms_ = now_ms + cfg_.probe_timeout_ms;
+  probe_direct_deadline_ms_ = now_ms + probe_timeout_now();
+  nacks_expected_ = 0;
+  nacks_heard_ = 0;
   out.messages.push_back(make(mtype::ping, target, probe_seq_, no_member));
 }
 
@@ -206,6 +303,7 @@ void membership::send_indirect_probes(membership_output& out) {
   for (std::size_t i = 0; i < helpers.size() && i < cfg_.indirect_probes; ++i) {
     std::swap(helpers[i], helpers[rng_.uniform(i, helpers.size())]);
     out.messages.push_back(make(mtype::ping_req, helpers[i], probe_seq_, probe_target_));
+    ++nacks_expected_;
   }
 }
 
@@ -263,7 +361,7 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
                             membership_output& out) {
   if (leaving_) return;
   const bool type_ok = msg.type >= static_cast<std::uint8_t>(mtype::ping) &&
-                       msg.type <= static_cast<std::uint8_t>(mtype::leave);
+                       msg.type <= static_cast<std::uint8_t>(mtype::nack);
   if (!type_ok || msg.to != cfg_.self || !valid(msg.sender) || msg.sender.id == cfg_.self ||
       (msg.type != static_cast<std::uint8_t>(mtype::join_ack) &&
        msg.updates.size() > cfg_.max_updates_per_message) ||
@@ -316,10 +414,16 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
         relays_.erase(r);
       } else if (probe_phase_ != probe_phase::idle && msg.seq == probe_seq_ &&
                  (from == probe_target_ || msg.target == probe_target_)) {
+        if (probe_phase_ == probe_phase::direct && from == probe_target_) adjust_health(-1);
         probe_phase_ = probe_phase::idle;
       }
       break;
     }
+    case mtype::nack:
+      if (probe_phase_ == probe_phase::indirect && msg.seq == probe_seq_ &&
+          msg.target == probe_target_)
+        ++nacks_heard_;
+      break;
     case mtype::ping_req: {
       if (msg.target == no_member || msg.target == cfg_.self) {
         ++counters_.malformed;
@@ -330,7 +434,14 @@ void membership::on_receive(const membership_message& msg, std::uint64_t now_ms,
         break;
       }
       const std::uint64_t seq = next_seq_++;
-      relays_[seq] = relay{from, msg.seq, msg.target, now_ms + cfg_.probe_interval_ms};
+      // Nack at 4/5 of our own probe timeout: early enough to reach the requester before its
+      // round ends (its indirect phase is at least probe_interval - probe_timeout long).
+      relays_[seq] = relay{from,
+                           msg.seq,
+                           msg.target,
+                           now_ms + cfg_.probe_interval_ms,
+                           now_ms + cfg_.probe_timeout_ms * 4 / 5,
+                           false};
       out.messages.push_back(make(mtype::ping, msg.target, seq, no_member));
       break;
     }
@@ -377,22 +488,37 @@ void membership::apply_update(const member_update& u, std::uint64_t now_ms,
     member_info& m = members_.at(u.id);
     if (is_live(status)) {
       out.events.push_back(member_event{m.id, member_status::alive, m.incarnation, m.address});
-      if (status == member_status::suspect)
+      if (status == member_status::suspect) {
         set_status(m, member_status::suspect, u.incarnation, now_ms, out);
-      enqueue_gossip(u);
+        accuse(m, u.origin);
+      }
+      enqueue_gossip(update_of(m));
     }
     return;
   }
   member_info& m = it->second;
+  // The same suspicion from another accuser: a Lifeguard confirmation; pass it on once.
+  if (status == member_status::suspect && m.status == member_status::suspect &&
+      u.incarnation == m.incarnation) {
+    const auto before = m.accusers.size();
+    accuse(m, u.origin);
+    if (m.accusers.size() != before) enqueue_gossip(u);
+    return;
+  }
   const bool newer = u.incarnation > m.incarnation ||
                      (u.incarnation == m.incarnation && rank(status) > rank(m.status));
   if (!newer) return;
   if (!u.address.empty()) m.address = u.address;
   if (status == m.status) {
     m.incarnation = u.incarnation;  // same status, newer incarnation: no event
+    if (status == member_status::suspect) {
+      m.accusers.clear();  // a new suspicion of the newer incarnation
+      m.changed_ms = now_ms;
+    }
   } else {
     set_status(m, status, u.incarnation, now_ms, out);
   }
+  if (status == member_status::suspect) accuse(m, u.origin);
   enqueue_gossip(update_of(m));
 }
 
@@ -428,13 +554,14 @@ void membership::set_status(member_info& m, member_status s, std::uint64_t incar
   m.status = s;
   m.incarnation = incarnation;
   m.changed_ms = now_ms;
-  if (s == member_status::suspect) m.suspect_deadline_ms = now_ms + cfg_.suspicion_timeout_ms;
+  m.accusers.clear();
   out.events.push_back(member_event{m.id, s, m.incarnation, m.address});
 }
 
 void membership::refute(std::uint64_t seen_incarnation) {
   if (leaving_) return;
   ++counters_.refutations;
+  adjust_health(1);  // Lifeguard: being suspected hints that we are the slow one
   incarnation_ = seen_incarnation + 1;
   enqueue_gossip(self_update());
 }
@@ -488,7 +615,9 @@ member_update membership::self_update() const {
 }
 
 member_update membership::update_of(const member_info& m) const {
-  return member_update{m.id, m.incarnation, static_cast<std::uint8_t>(m.status), m.address};
+  const member_id origin =
+      m.status == member_status::suspect && !m.accusers.empty() ? m.accusers.front() : no_member;
+  return member_update{m.id, m.incarnation, static_cast<std::uint8_t>(m.status), m.address, origin};
 }
 
 membership_message membership::make(membership_message_type type, member_id to, std::uint64_t seq,

@@ -26,8 +26,26 @@
 //
 // Probe round (every probe_interval_ms): ping one member (shuffled round robin over alive and
 // suspect members); no ack within probe_timeout_ms -> ping_req to indirect_probes others, which
-// ping the target on our behalf and relay its ack; no ack (direct or relayed) by the end of the
-// round -> the target becomes suspect.
+// ping the target on our behalf and relay its ack, or send a nack when the target has not
+// answered them within 4/5 of their own probe_timeout_ms; no ack (direct or relayed) by the end
+// of the round -> the target becomes suspect.
+//
+// Lifeguard (Dadgar et al., "Lifeguard: Local Health Awareness for More Accurate Failure
+// Detection", 2018), because a node starved of CPU is the likeliest source of false suspicion:
+//  - Local health: a score in [0, max_health] that rises when this node shows signs of being the
+//    slow one (a probe round failed without the helpers' nacks, it had to refute a suspicion of
+//    itself, it was run late) and falls with each direct ack. Probe interval and timeout are
+//    stretched by (1 + health).
+//  - Stalls: a step that comes more than stall_threshold_ms after the timer this machine asked
+//    for means the host did not run it; every pending deadline moves by the lateness, so the
+//    time it was absent is not counted against the peers it could not hear.
+//  - Dynamic suspicion: an unconfirmed suspicion lasts suspicion_max_mult x
+//    suspicion_timeout_ms; each other member that independently suspects the same incarnation
+//    shortens it (log scale) down to suspicion_timeout_ms at suspicion_confirmations (capped by
+//    the alive members that could confirm: with none, the minimum applies at once). A crashed
+//    member is confirmed by everyone at once; a member only one slow node cannot hear is not.
+//  - Buddy: a message to a member we hold suspect carries that suspicion first, so it refutes
+//    at once.
 #pragma once
 
 #include <cstddef>
@@ -56,7 +74,10 @@ struct member_update {
   std::uint64_t incarnation = 0;
   std::uint8_t status = 0;  ///< a member_status
   std::string address;
-  MSGPACK_DEFINE(id, incarnation, status, address);
+  /// For a suspect update: the member whose own probe accused it (Lifeguard confirmations count
+  /// distinct accusers); no_member otherwise. Last field: older encodings decode with none.
+  member_id origin = no_member;
+  MSGPACK_DEFINE(id, incarnation, status, address, origin);
 };
 
 /// Message kinds. Stable numbers: they travel on the wire.
@@ -67,6 +88,7 @@ enum class membership_message_type : std::uint8_t {
   join = 4,      ///< a new node asks a seed for the member list
   join_ack = 5,  ///< the seed's full member list (updates), bounded by max_members
   leave = 6,     ///< graceful leave, sent directly to every member at once
+  nack = 7,      ///< a ping_req helper's "the target has not answered me yet" (seq, target)
 };
 
 /// Every membership message. `sender` is the sender's own alive record (so an unknown sender is
@@ -107,6 +129,15 @@ struct membership_config {
   std::size_t max_updates_per_message = 8;  ///< piggyback entries per message
   std::size_t max_relays = 16;              ///< concurrent ping_req relays; beyond: refused
   std::size_t max_address_bytes = 255;      ///< longer addresses are malformed input
+  /// Lifeguard local health: probe interval and timeout are stretched by (1 + health), health
+  /// bounded by this.
+  std::uint32_t max_health = 8;
+  /// A step this much later than the timer asked for is a stall of this node (not its peers').
+  std::uint32_t stall_threshold_ms = 50;
+  /// An unconfirmed suspicion lasts suspicion_max_mult x suspicion_timeout_ms.
+  std::uint32_t suspicion_max_mult = 4;
+  /// Independent accusers that bring a suspicion down to suspicion_timeout_ms.
+  std::uint32_t suspicion_confirmations = 2;
 
   /// Checks the values are usable; the error names the bad field.
   [[nodiscard]] result<void> validate() const;
@@ -151,6 +182,10 @@ struct membership_counters {
   std::uint64_t malformed = 0;          ///< messages/updates rejected as malformed
   std::uint64_t suspicions = 0;         ///< members this node suspected
   std::uint64_t refutations = 0;        ///< times this node refuted gossip about itself
+  std::uint64_t stalls = 0;             ///< steps run late by more than stall_threshold_ms
+  std::uint64_t nacks_sent = 0;         ///< as a ping_req helper
+  std::uint64_t nacks_missed = 0;       ///< helpers that sent neither ack nor nack in time
+  std::uint64_t confirmations = 0;      ///< independent accusers heard of members held suspect
 };
 
 /// One member as seen by this node.
@@ -159,8 +194,10 @@ struct member_info {
   std::uint64_t incarnation = 0;
   member_status status = member_status::alive;
   std::string address;
-  std::uint64_t changed_ms = 0;           ///< when status last changed
-  std::uint64_t suspect_deadline_ms = 0;  ///< while suspect: when it becomes dead
+  std::uint64_t changed_ms = 0;  ///< when status last changed (moved on by stalls)
+  /// While suspect: who accused it (first the accuser, then independent confirmations), at
+  /// most suspicion_confirmations + 1 entries.
+  std::vector<member_id> accusers;
 };
 
 /// The SWIM membership state machine of one node. Deterministic: the same inputs at the same
@@ -183,6 +220,12 @@ class membership {
   [[nodiscard]] const membership_counters& counters() const { return counters_; }
   /// Number of members (self included) currently alive or suspect.
   [[nodiscard]] std::size_t live_count() const;
+  /// Lifeguard local health score (0 = healthy); see the header comment.
+  [[nodiscard]] std::uint32_t health() const { return health_; }
+  /// The probe interval in force: probe_interval_ms x (1 + health).
+  [[nodiscard]] std::uint32_t probe_interval_now() const;
+  /// While `m` is suspect: when it becomes dead, given its accusers and who could confirm.
+  [[nodiscard]] std::uint64_t suspect_deadline(const member_info& m) const;
 
  private:
   explicit membership(const membership_config& cfg, std::uint64_t incarnation);
@@ -196,6 +239,8 @@ class membership {
     std::uint64_t requester_seq = 0;
     member_id target = no_member;
     std::uint64_t deadline_ms = 0;
+    std::uint64_t nack_at_ms = 0;  ///< the target's ack has not come by then: nack the requester
+    bool nacked = false;
   };
   enum class probe_phase : std::uint8_t { idle, direct, indirect };
 
@@ -211,6 +256,10 @@ class membership {
   void reconnect(membership_output& out);
 
   void apply_update(const member_update& u, std::uint64_t now_ms, membership_output& out);
+  void on_stall(std::uint64_t late_ms);
+  void adjust_health(int delta);
+  void accuse(member_info& m, member_id accuser);
+  [[nodiscard]] std::uint32_t probe_timeout_now() const;
   void refute(std::uint64_t seen_incarnation);
   void set_status(member_info& m, member_status s, std::uint64_t incarnation, std::uint64_t now_ms,
                   membership_output& out);
@@ -242,6 +291,10 @@ class membership {
   std::uint64_t probe_seq_ = 0;
   std::uint64_t probe_direct_deadline_ms_ = 0;
   probe_phase probe_phase_ = probe_phase::idle;
+  std::uint32_t nacks_expected_ = 0;  // helpers asked in this round
+  std::uint32_t nacks_heard_ = 0;     // of them, nacks received
+  std::uint32_t health_ = 0;
+  std::uint64_t expected_wake_ms_ = 0;  // the timer the last step asked for (0: none)
   std::vector<member_update> seeds_;
   bool joined_ = false;
   std::uint64_t next_join_ms_ = 0;

@@ -549,6 +549,12 @@ void control_core::status_into(json& j, const std::string& self_endpoint) const 
   j["stats"]["stale"] = counters_.stale;
   j["stats"]["plans_refused"] = counters_.plans_refused;
   j["stats"]["leader_changes"] = counters_.leader_changes;
+  const auto& mc = members_->counters();
+  j["failure_detection"] = {
+      {"health", members_->health()},      {"probe_interval_ms", members_->probe_interval_now()},
+      {"suspicions", mc.suspicions},       {"refutations", mc.refutations},
+      {"confirmations", mc.confirmations}, {"stalls", mc.stalls},
+      {"nacks_sent", mc.nacks_sent},       {"nacks_missed", mc.nacks_missed}};
 }
 
 }  // namespace tessera::mesh::runtime

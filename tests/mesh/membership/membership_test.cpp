@@ -1,5 +1,7 @@
 // Membership (SWIM) state machine: bad input and bounds first, then join, suspect, refute, dead,
 // leave, on a tiny in-test message pump (instant delivery, per-link cut, 1 ms time steps).
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <vector>
@@ -20,7 +22,9 @@ membership_config config_for(member_id id) {
   return c;
 }
 
-// Delivers every message after one step of `latency_ms`; links in `cut` drop messages.
+// Delivers every message after one 1 ms step (plus the receiver's extra inbound delay, if set);
+// links in `cut` and messages matching `drop_if` are dropped; a paused node is neither ticked nor
+// handed messages, which wait for it (a process the host does not run).
 class pump {
  public:
   explicit pump(std::vector<member_id> ids, membership_config base = {}) {
@@ -44,13 +48,19 @@ class pump {
       ++now_;
       auto batch = std::move(in_flight_);
       in_flight_.clear();
-      for (auto& m : batch) {
-        if (cut_.contains({m.sender.id, m.to}) || down_.contains(m.to) || !nodes_.contains(m.to))
+      for (auto& [at, m] : batch) {
+        if (cut_.contains({m.sender.id, m.to}) || down_.contains(m.to) || !nodes_.contains(m.to) ||
+            (drop_if_ && drop_if_(m)))
           continue;
+        if (at > now_ || paused_.contains(m.to)) {
+          in_flight_.emplace_back(at, std::move(m));
+          continue;
+        }
         input(m.to, membership_receive{m});
       }
       for (auto& [id, t] : timers_)
-        if (!down_.contains(id) && t != 0 && now_ >= t) input(id, membership_tick{});
+        if (!down_.contains(id) && !paused_.contains(id) && t != 0 && now_ >= t)
+          input(id, membership_tick{});
     }
   }
 
@@ -60,6 +70,25 @@ class pump {
   }
   void heal() { cut_.clear(); }
   void kill(member_id id) { down_.insert(id); }
+  void pause(member_id id) { paused_.insert(id); }
+  /// The host runs `id` again: its timer fires first (the worst order for it), then the
+  /// messages that waited are delivered.
+  void resume(member_id id) {
+    paused_.erase(id);
+    input(id, membership_tick{});
+  }
+  void inbound_delay(member_id id, std::uint64_t ms) { delay_[id] = ms; }
+  /// Messages of `type` that `id` has sent so far.
+  std::uint64_t sent(member_id id, membership_message_type type) const {
+    auto it = sent_.find({id, static_cast<std::uint8_t>(type)});
+    return it == sent_.end() ? 0 : it->second;
+  }
+  void drop_if(std::function<bool(const membership_message&)> f) { drop_if_ = std::move(f); }
+  /// When each event of `id` was published.
+  std::vector<std::uint64_t> event_times_of(member_id id) const {
+    auto it = event_times_.find(id);
+    return it == event_times_.end() ? std::vector<std::uint64_t>{} : it->second;
+  }
 
   std::vector<member_event> events_of(member_id id) const {
     auto it = events_.find(id);
@@ -69,19 +98,30 @@ class pump {
 
  private:
   void apply(member_id id, membership_output out) {
-    for (auto& m : out.messages)
-      in_flight_.push_back(std::move(m));
-    for (auto& e : out.events)
+    for (auto& m : out.messages) {
+      ++sent_[{id, m.type}];
+      auto d = delay_.find(m.to);
+      const std::uint64_t at = now_ + 1 + (d == delay_.end() ? 0 : d->second);
+      in_flight_.emplace_back(at, std::move(m));
+    }
+    for (auto& e : out.events) {
       events_[id].push_back(e);
+      event_times_[id].push_back(now_);
+    }
     timers_[id] = out.timer_at_ms.value_or(0);
   }
 
   std::map<member_id, membership> nodes_;
   std::map<member_id, std::uint64_t> timers_;
   std::map<member_id, std::vector<member_event>> events_;
-  std::vector<membership_message> in_flight_;
+  std::map<member_id, std::vector<std::uint64_t>> event_times_;
+  std::vector<std::pair<std::uint64_t, membership_message>> in_flight_;  // (deliver at, message)
   std::set<std::pair<member_id, member_id>> cut_;
   std::set<member_id> down_;
+  std::set<member_id> paused_;
+  std::map<member_id, std::uint64_t> delay_;
+  std::function<bool(const membership_message&)> drop_if_;
+  std::map<std::pair<member_id, std::uint8_t>, std::uint64_t> sent_;
   std::uint64_t now_ = 1;
 };
 
@@ -227,6 +267,21 @@ TEST(Membership, MessagesRoundTripThroughMsgpack) {
   EXPECT_EQ(back.updates[0].incarnation, 2u);
 }
 
+// An update without the accuser (origin) field, as encoded before Lifeguard, still decodes.
+TEST(Membership, UpdatesWithoutAnAccuserStillDecode) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(4);
+  pk.pack(std::uint64_t{5});
+  pk.pack(std::uint64_t{2});
+  pk.pack(std::uint8_t{1});
+  pk.pack(std::string("x"));
+  auto back = msgpack::unpack(buf.data(), buf.size()).get().as<member_update>();
+  EXPECT_EQ(back.id, 5u);
+  EXPECT_EQ(back.status, 1u);
+  EXPECT_EQ(back.origin, no_member);
+}
+
 // ---- protocol ------------------------------------------------------------------------------
 
 TEST(Membership, JoinThroughASeedSpreadsToEveryone) {
@@ -368,6 +423,143 @@ TEST(Membership, RestartedMemberRejoinsPastItsTombstone) {
   stale.to = 9;
   (void)m.step(membership_receive{stale}, 6);
   EXPECT_EQ(m.status_of(3), member_status::dead);
+}
+
+// ---- Lifeguard -------------------------------------------------------------------------------
+
+std::size_t count_status(const std::vector<member_event>& evs, member_status s) {
+  return static_cast<std::size_t>(
+      std::count_if(evs.begin(), evs.end(), [&](const auto& e) { return e.status == s; }));
+}
+
+// A node the host did not run for 1.5 s (CPU starvation, SIGSTOP) wakes with every deadline
+// past and the acks it could not read still queued. It must not take its own absence for its
+// peers' silence: no suspicion of anyone, the stall counted, its health lowered.
+TEST(Lifeguard, ANodeRunLateDoesNotAccuseThePeersItCouldNotHear) {
+  auto run = [](std::uint32_t stall_threshold_ms) {
+    membership_config base;
+    base.stall_threshold_ms = stall_threshold_ms;
+    pump p({1, 2, 3}, base);
+    join_all(p, {2, 3});
+    p.run_for(1000);
+    const auto before = p.events_of(1).size();
+    // Stopped just after it sent a probe: the ack will wait, unread, with its deadlines.
+    const auto pings = p.sent(1, membership_message_type::ping);
+    while (p.sent(1, membership_message_type::ping) == pings)
+      p.run_for(1);
+    p.pause(1);
+    p.run_for(1500);
+    p.resume(1);
+    p.run_for(1000);
+    const auto evs = p.events_of(1);
+    const std::vector<member_event> since(evs.begin() + static_cast<std::ptrdiff_t>(before),
+                                          evs.end());
+    // Its peers saw it silent for 1.5 s, a real absence: they may have declared it dead; it
+    // refuted and is alive again everywhere.
+    EXPECT_EQ(p.at(2).status_of(1), member_status::alive);
+    EXPECT_EQ(p.at(3).status_of(1), member_status::alive);
+    return std::tuple{
+        count_status(since, member_status::suspect) + count_status(since, member_status::dead),
+        p.at(1).counters().stalls, p.at(1).status_of(2), p.at(1).status_of(3)};
+  };
+  const auto [accusations, stalls, of2, of3] = run(50);
+  EXPECT_EQ(accusations, 0u);
+  EXPECT_GE(stalls, 1u);
+  EXPECT_EQ(of2, member_status::alive);
+  EXPECT_EQ(of3, member_status::alive);
+  // The same without stall awareness: it accuses a peer on waking.
+  const auto [blind_accusations, blind_stalls, b2, b3] = run(1'000'000);
+  EXPECT_GE(blind_accusations, 1u);
+  EXPECT_EQ(blind_stalls, 0u);
+}
+
+// Node 1 cannot reach node 4 and its ping_reqs are lost, so only node 1 suspects 4, round after
+// round; 2 and 3 reach 4 fine. Unconfirmed, the suspicion lasts suspicion_max_mult times the
+// minimum, which leaves 4 the time to hear it (through 2 and 3) and refute: never declared dead.
+TEST(Lifeguard, ASuspicionNobodyConfirmsGivesTheSuspectTimeToRefute) {
+  auto run = [](std::uint32_t suspicion_max_mult) {
+    membership_config base;
+    base.suspicion_max_mult = suspicion_max_mult;
+    pump p({1, 2, 3, 4}, base);
+    join_all(p, {2, 3, 4});
+    p.run_for(1000);
+    p.cut(1, 4);
+    p.drop_if([](const membership_message& m) {
+      return m.sender.id == 1 &&
+             m.type == static_cast<std::uint8_t>(membership_message_type::ping_req);
+    });
+    p.run_for(20'000);
+    EXPECT_GE(p.at(1).counters().suspicions, 3u);  // the scenario happened, repeatedly
+    EXPECT_GE(p.at(4).counters().refutations, 3u);
+    std::ptrdiff_t deaths = 0;
+    for (member_id a : {1, 2, 3}) {
+      const auto seen = statuses_of(p.events_of(a), 4);
+      deaths += std::count(seen.begin(), seen.end(), member_status::dead);
+    }
+    return deaths;
+  };
+  EXPECT_EQ(run(4), 0) << "a live member was declared dead";
+  // With a fixed suspicion timeout the refutation loses the race now and then.
+  EXPECT_GT(run(1), 0);
+}
+
+// A crash is seen by everyone: the survivors' suspicions confirm each other, and each declares
+// the crashed member dead sooner than an unconfirmed suspicion would last.
+TEST(Lifeguard, ACrashIsConfirmedAndDeclaredDeadSoonerThanAnUnconfirmedSuspicion) {
+  membership_config base;
+  pump p({1, 2, 3, 4}, base);
+  join_all(p, {2, 3, 4});
+  p.run_for(1000);
+  p.kill(4);
+  p.run_for(4000);
+  std::uint64_t confirmations = 0;
+  for (member_id a : {1, 2, 3}) {
+    ASSERT_EQ(p.at(a).status_of(4), member_status::dead) << a;
+    const auto evs = p.events_of(a);
+    const auto at = p.event_times_of(a);
+    std::uint64_t suspected = 0, dead = 0;
+    for (std::size_t i = 0; i < evs.size(); ++i) {
+      if (evs[i].id != 4) continue;
+      if (evs[i].status == member_status::suspect && suspected == 0) suspected = at[i];
+      if (evs[i].status == member_status::dead) dead = at[i];
+    }
+    ASSERT_GT(suspected, 0u) << a;
+    EXPECT_LT(dead - suspected, std::uint64_t{base.suspicion_timeout_ms} * base.suspicion_max_mult)
+        << a << " waited out an unconfirmed suspicion";
+    confirmations += p.at(a).counters().confirmations;
+  }
+  EXPECT_GE(confirmations, 2u);
+  // The helpers nacked for the dead target, so the probers did not blame themselves.
+  for (member_id a : {1, 2, 3})
+    EXPECT_EQ(p.at(a).health(), 0u) << a;
+  EXPECT_GT(
+      p.at(1).counters().nacks_sent + p.at(2).counters().nacks_sent + p.at(3).counters().nacks_sent,
+      0u);
+}
+
+// Node 1 reads every message 120 ms late (a starved receive path): no ack, direct or relayed,
+// reaches it within its 100 ms probe round. Missed nacks raise its health, which stretches its
+// rounds past the delay; it stops suspecting healthy peers, while a node with health pinned at 0
+// keeps suspecting them.
+TEST(Lifeguard, ASlowNodeStretchesItsProbesInsteadOfAccusingItsPeers) {
+  auto run = [](std::uint32_t max_health) {
+    membership_config base;
+    base.max_health = max_health;
+    pump p({1, 2, 3, 4}, base);
+    join_all(p, {2, 3, 4});
+    p.run_for(1000);
+    p.inbound_delay(1, 120);
+    p.run_for(5000);  // adapt
+    const auto settled = p.at(1).counters().suspicions;
+    p.run_for(10'000);
+    return std::pair{p.at(1).counters().suspicions - settled, p.at(1).health()};
+  };
+  const auto [fixed_suspicions, fixed_health] = run(0);
+  const auto [aware_suspicions, aware_health] = run(8);
+  EXPECT_EQ(fixed_health, 0u);
+  EXPECT_GT(fixed_suspicions, 10u) << "the slow node should keep accusing without Lifeguard";
+  EXPECT_GE(aware_health, 1u);
+  EXPECT_EQ(aware_suspicions, 0u);
 }
 
 TEST(Membership, IsDeterministicForTheSameSeed) {
