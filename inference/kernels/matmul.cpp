@@ -98,7 +98,7 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
 
   const detail::gemm_args all{static_cast<const std::uint8_t*>(w.data), stride, w.rows, w.cols,
                               xq, x_stride, n_tokens, y, w.rows};
-  if (n_threads == 1) {
+  if (n_threads == 1 && !(pool != nullptr && pool->gated())) {
     gemm(all);
     return ok();
   }

@@ -69,6 +69,27 @@ void pin_to_nth_allowed_cpu(int n) noexcept {
 
 }  // namespace
 
+void compute_gate::enter() noexcept {
+  const std::uint32_t ticket = next_.fetch_add(1, std::memory_order_acq_rel);
+  auto mine = [&] { return serving_.load(std::memory_order_acquire) == ticket; };
+  if (mine()) return;
+  waits_.fetch_add(1, std::memory_order_relaxed);
+  if (spin_until(mine, 20)) return;
+  for (;;) {
+    // seq_cst pairs with leave(): either we see the new ticket or leave() sees us asleep.
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t now = serving_.load(std::memory_order_seq_cst);
+    if (now != ticket) futex_wait(serving_, now);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    if (mine()) return;
+  }
+}
+
+void compute_gate::leave() noexcept {
+  serving_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(serving_);
+}
+
 result<std::unique_ptr<thread_pool>> thread_pool::create(int n_threads,
                                                          thread_pool_options options) {
   if (n_threads < 1 || n_threads > max_threads) {
@@ -103,6 +124,7 @@ thread_pool::~thread_pool() {
 void thread_pool::run_erased(trampoline fn, void* obj) {
   TESSERA_ASSERT(!running_.exchange(true, std::memory_order_acquire),
                  "thread_pool::run called while another run is in progress");
+  if (options_.gate) options_.gate->enter();
   const auto n_workers = static_cast<std::uint32_t>(workers_.size());
   if (n_workers > 0) {
     task_fn_ = fn;
@@ -126,6 +148,7 @@ void thread_pool::run_erased(trampoline fn, void* obj) {
       caller_sleeping_.store(0, std::memory_order_relaxed);
     }
   }
+  if (options_.gate) options_.gate->leave();
   running_.store(false, std::memory_order_release);
 }
 

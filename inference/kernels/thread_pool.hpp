@@ -18,12 +18,37 @@
 
 namespace tessera::inference {
 
+/// A node's CPU budget for compute. Pools that share one gate run their tasks one at a time, in
+/// the order they asked (a ticket lock: a pool that runs task after task cannot shut the others
+/// out), so the compute threads running at any moment never exceed the largest pool's size — the
+/// cores given with --threads — however many split groups a node serves beside its own engine;
+/// the protocol threads keep the remaining cores. It is held for one task, never across a forward
+/// pass: a task is pure compute, while a pass waits on collectives, and a gate held there by two
+/// nodes' ranks of two groups would deadlock them.
+class compute_gate {
+ public:
+  void enter() noexcept;
+  void leave() noexcept;
+  /// Tasks that found the gate taken by another pool and waited.
+  [[nodiscard]] std::uint64_t waits() const noexcept {
+    return waits_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  alignas(64) std::atomic<std::uint32_t> next_{0};     // the next ticket to hand out
+  alignas(64) std::atomic<std::uint32_t> serving_{0};  // the ticket that may run
+  std::atomic<std::uint32_t> sleepers_{0};
+  std::atomic<std::uint64_t> waits_{0};
+};
+
 struct thread_pool_options {
   bool pin = true;            ///< pin worker i to the i-th CPU of the process's affinity set
   std::uint32_t spin_us = 50; ///< how long a waiting thread spins before it sleeps on the futex
   /// Workers' nice value (actors/base/thread.hpp: compute gives way to protocol threads); 0 keeps
   /// the creator's. The calling thread, worker 0, keeps its own.
   int nice = 0;
+  /// Shared with the node's other pools: one task at a time among them (see compute_gate).
+  std::shared_ptr<compute_gate> gate;
 };
 
 class thread_pool {
@@ -40,6 +65,9 @@ class thread_pool {
   thread_pool& operator=(const thread_pool&) = delete;
 
   [[nodiscard]] int size() const noexcept { return n_threads_; }
+  /// Shares a compute_gate: callers run even a one-thread pool's heavy work (mat-muls,
+  /// attention) through run(), so the gate counts it; light element-wise work may bypass.
+  [[nodiscard]] bool gated() const noexcept { return options_.gate != nullptr; }
 
   /// Runs task(index, size()) on every thread of the pool (the caller is index 0) and returns
   /// when every call has returned. One caller at a time (asserted); the task must not throw.

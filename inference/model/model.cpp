@@ -1023,7 +1023,7 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
         }
       }
     };
-    if (pool != nullptr && pool->size() > 1) {
+    if (pool != nullptr && (pool->size() > 1 || pool->gated())) {
       pool->run(work);
     } else {
       work(0, 1);

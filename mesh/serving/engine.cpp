@@ -193,6 +193,9 @@ struct engine::impl {
   std::vector<local_model> infos;
   std::vector<std::string> model_names;
   std::unique_ptr<inf::thread_pool> pool;
+  /// The node's compute budget, shared by this pool and every split group's (issue 31: compute
+  /// threads never exceed --threads, split groups included).
+  std::shared_ptr<inf::compute_gate> gate = std::make_shared<inf::compute_gate>();
 
   zmq::context_t zctx{1};
   zmq::socket_t sub{zctx, zmq::socket_type::sub};
@@ -1096,7 +1099,7 @@ struct engine::impl {
           unformed_since.erase(key);
           auto h = std::make_unique<group_host>(
               key, (*local)->info.path, g, me, opt.link_addresses(), std::move(caps), opt.bulk_caps,
-              std::move(sender), opt.threads, std::move(wrap), &registry, opt.compute_nice);
+              std::move(sender), opt.threads, std::move(wrap), &registry, opt.compute_nice, gate);
           if (auto e = early_links.find(key); e != early_links.end()) {
             for (const auto& m : e->second)
               h->on_link_message(m);
@@ -1373,8 +1376,9 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
   if (p->opt.max_active == 0 || p->opt.prefill_chunk == 0 || p->opt.max_batch_streams == 0)
     return make_error(errc::invalid_argument,
                       "serving: max_active, prefill_chunk and max_batch_streams must be > 0");
-  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)),
-                                       {.pin = false, .nice = p->opt.compute_nice});
+  auto pool =
+      inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)),
+                               {.pin = false, .nice = p->opt.compute_nice, .gate = p->gate});
   if (!pool) return pool.error();
   p->pool = std::move(*pool);
   auto send_share = p->opt.send_share;
@@ -1621,6 +1625,7 @@ json engine::status() const {
   j["completed"] = impl_->completed.load();
   j["rejected"] = impl_->rejected.load();
   j["superseded"] = impl_->superseded.load();
+  j["compute_gate_waits"] = impl_->gate->waits();
   j["duplicates"] = impl_->duplicates.load();
   j["cancelled"] = impl_->cancelled.load();
   j["resumed_first"] = impl_->resumed_first.load();

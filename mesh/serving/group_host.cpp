@@ -50,7 +50,8 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
                        std::uint32_t self_rank, bulk::link_addresses addresses,
                        std::map<member_id, bulk::local_capabilities> caps,
                        bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
-                       link_wrapper wrap, group_registry* registry, int compute_nice)
+                       link_wrapper wrap, group_registry* registry, int compute_nice,
+                       std::shared_ptr<inf::compute_gate> gate)
     : key_(std::move(key)),
       path_(std::move(model_path)),
       g_(std::move(g)),
@@ -62,7 +63,8 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
       wrap_(std::move(wrap)),
       threads_(threads),
       registry_(registry),
-      compute_nice_(compute_nice) {
+      compute_nice_(compute_nice),
+      gate_(std::move(gate)) {
   if (registry_ != nullptr) {
     std::lock_guard lock(registry_->mu_);
     registry_->hosts_.push_back(this);
@@ -235,7 +237,7 @@ result<void> group_host::form() {
   if (!m) return m.error();
   shard_ = std::move(*m);
   auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)),
-                                       {.pin = false, .nice = compute_nice_});
+                                       {.pin = false, .nice = compute_nice_, .gate = gate_});
   if (!pool) return pool.error();
   pool_ = std::move(*pool);
 

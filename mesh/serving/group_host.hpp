@@ -88,7 +88,8 @@ class group_host {
              std::uint32_t self_rank, transport::bulk::link_addresses addresses,
              std::map<member_id, transport::bulk::local_capabilities> caps,
              transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
-             link_wrapper wrap = {}, group_registry* registry = nullptr, int compute_nice = 0);
+             link_wrapper wrap = {}, group_registry* registry = nullptr, int compute_nice = 0,
+             std::shared_ptr<inference::compute_gate> gate = nullptr);
   ~group_host();  ///< closes the links (a follower's follow() fails) and joins
   group_host(const group_host&) = delete;
   group_host& operator=(const group_host&) = delete;
@@ -130,6 +131,7 @@ class group_host {
   std::uint32_t threads_;
   group_registry* registry_;
   int compute_nice_;  // of the forming/following thread and the group's compute pool
+  std::shared_ptr<inference::compute_gate> gate_;  // the node's compute budget (the engine's)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -202,8 +202,13 @@ void world::resume(member_id id) {
   slot& s = at(id);
   if (!s.paused) return;
   s.paused = false;
-  // Everything that arrived while stopped is handled now, in arrival order, then the late timer.
+  // Everything that arrived while stopped is handled now, in arrival order, and the late timer
+  // before or after it, by the seed: on a real node the timer thread and the socket reader race
+  // when SIGCONT comes, and timer-first is the order in which a node takes its own absence for
+  // its peers' silence (membership's stall rule is what copes with it).
   const std::uint64_t now = now_ms();
+  const bool timer_first = s.timer_pending && rng_.uniform(0, 2) == 0;
+  if (timer_first) queue_.push(event{now, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
   for (auto& e : s.backlog) {
     queue_.push(event{now, next_seq_++, id, s.epoch, 0, std::make_shared<envelope>(std::move(e))});
     ++in_flight_;
@@ -211,7 +216,7 @@ void world::resume(member_id id) {
   s.backlog.clear();
   if (s.timer_pending) {
     s.timer_pending = false;
-    queue_.push(event{now, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
+    if (!timer_first) queue_.push(event{now, next_seq_++, id, s.epoch, s.timer_gen, nullptr});
   }
   kick();
 }

@@ -3,6 +3,9 @@
 #include "inference/kernels/thread_pool.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -45,6 +48,59 @@ TEST(thread_pool, wakes_sleeping_workers) {
     (*pool)->run([&](int index, int) { sum.fetch_add(index + 1, std::memory_order_relaxed); });
   }
   EXPECT_EQ(sum.load(), 200 * (1 + 2 + 3));
+}
+
+// Two pools of `size` threads, `gate` shared or not: pool a runs `runs_a` tasks from this thread
+// while pool b runs `runs_b` from another. Every task sleeps a while (so tasks of the two pools
+// would overlap whatever the scheduler does, unless the gate keeps them apart). Returns the most
+// task bodies seen running at once, and how many of a's tasks had ended when b's last one did.
+struct overlap_result {
+  int most = 0;
+  int a_done_when_b_finished = 0;
+};
+overlap_result run_two_pools(std::shared_ptr<compute_gate> gate, int size, int runs_a, int runs_b) {
+  auto a = thread_pool::create(size, {.pin = false, .gate = gate});
+  auto b = thread_pool::create(size, {.pin = false, .gate = gate});
+  EXPECT_TRUE(a && b);
+  std::atomic<int> inside{0}, most{0}, a_done{0};
+  auto task = [&](int, int) {
+    const int now = inside.fetch_add(1) + 1;
+    int seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+    inside.fetch_sub(1);
+  };
+  overlap_result r;
+  std::thread tb([&] {
+    for (int i = 0; i < runs_b; ++i)
+      (*b)->run(task);
+    r.a_done_when_b_finished = a_done.load();
+  });
+  for (int i = 0; i < runs_a; ++i) {
+    (*a)->run(task);
+    a_done.fetch_add(1);
+  }
+  tb.join();
+  r.most = most.load();
+  return r;
+}
+
+// Pools sharing a compute_gate (a node's engine and its split groups) never run tasks at the same
+// time: at most the largest pool's threads compute at once. And the gate is fair: a pool that
+// runs task after task does not shut out another that asks in between.
+TEST(compute_gate, pools_sharing_a_gate_run_one_task_at_a_time_and_take_turns) {
+  auto gate = std::make_shared<compute_gate>();
+  const auto r = run_two_pools(gate, 2, 400, 50);
+  EXPECT_LE(r.most, 2) << "two pools' tasks overlapped";
+  // Taking turns, b's 50 tasks end while a is still far from its 400.
+  EXPECT_LT(r.a_done_when_b_finished, 300) << "pool b waited behind a's tasks";
+  EXPECT_GT(gate->waits(), 0u);
+}
+
+// Without a gate the same two pools overlap: the measure above can tell.
+TEST(compute_gate, pools_without_a_gate_overlap) {
+  EXPECT_GT(run_two_pools(nullptr, 1, 100, 100).most, 1);
 }
 
 TEST(thread_pool, threaded_matmul_is_race_free_and_matches) {
