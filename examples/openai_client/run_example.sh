@@ -81,7 +81,7 @@ echo "OpenAI API example: $DIR, gateways $H0 and $H1"
   || { echo "model synth failed:"; cat "$DIR/synth.log"; exit 1; }
 "$TESSERA" keygen -o "$DIR/cluster.key" >"$DIR/keygen.log" 2>&1 \
   || { echo "keygen failed:"; cat "$DIR/keygen.log"; exit 1; }
-echo "$KEY" >"$DIR/api.key"
+(umask 077 && echo "$KEY" >"$DIR/api.key")  # a key others can read is refused
 
 start_node() {  # start_node I PORT OTHER_PORT
   local i=$1 p=$2 other=$3

@@ -178,7 +178,36 @@ struct gateway::impl {
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
-  void api(api_kind kind, const httplib::Request& req, httplib::Response& res) {
+  /// Reads an API request's body through the route's content reader, stopping at max_body_bytes
+  /// whatever the framing: cpp-httplib's own limit does not hold for chunked bodies (a 1 GiB
+  /// chunked body was read whole), and it refuses form-encoded bodies above 8 KiB — what curl's
+  /// `-d` sends without `-H Content-Type` — while the body is JSON whatever the header says.
+  /// Nullopt: too large, answered 413 (the connection is closed, the rest never read).
+  std::optional<std::string> read_body(const httplib::ContentReader& reader,
+                                       httplib::Response& res) {
+    std::string body;
+    bool too_large = false;
+    const bool complete = reader([&](const char* data, std::size_t n) {
+      if (body.size() + n > opt.max_body_bytes) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (too_large || !complete) {
+      api_error e;
+      e.status = too_large ? 413 : 400;
+      e.message = too_large ? fmt::format("the request body is above {} bytes", opt.max_body_bytes)
+                            : "the request body ended early";
+      send_error(res, e);
+      res.set_header("Connection", "close");
+      return std::nullopt;
+    }
+    return body;
+  }
+
+  void api(api_kind kind, httplib::Response& res, const httplib::ContentReader& reader) {
     if (closing) {
       return send_error(
           res, error_of(error{errc::closed, "this peer is leaving the mesh; ask another peer"}));
@@ -194,7 +223,12 @@ struct gateway::impl {
     }
     std::uint64_t seed = 0;
     std::string id = new_id(kind, &seed);
-    auto parsed = parse_request(kind, req.body, std::move(id), seed);
+    auto body = read_body(reader, res);
+    if (!body) {
+      in_flight.fetch_sub(1);
+      return;
+    }
+    auto parsed = parse_request(kind, *body, std::move(id), seed);
     if (auto* e = std::get_if<api_error>(&parsed)) {
       in_flight.fetch_sub(1);
       send_error(res, *e);
@@ -348,15 +382,31 @@ struct gateway::impl {
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (authorized(req, res)) models(res);
     });
-    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      if (authorized(req, res)) api(api_kind::completion, req, res);
+    // With a content reader: the body is read by read_body(), bounded, whatever its framing.
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& reader) {
+      if (authorized(req, res)) api(api_kind::completion, res, reader);
     });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      if (authorized(req, res)) api(api_kind::chat, req, res);
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& reader) {
+      if (authorized(req, res)) api(api_kind::chat, res, reader);
+    });
+    // Ranges: every answer here is a small document; a Range header with thousands of ranges
+    // made an 8 KB request into a 14.7 MB multipart answer (cpp-httplib serves them all). One
+    // range is served, more are refused.
+    // The refusal has no body: cpp-httplib applies the ranges to whatever body an answer has,
+    // this one included (a JSON error would come back 2,700 times).
+    svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (req.ranges.size() <= 1) return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 416;
+      res.set_header("X-Tessera-Error",
+                     fmt::format("{} ranges requested; at most 1 is served", req.ranges.size()));
+      return httplib::Server::HandlerResponse::Handled;
     });
     // Errors httplib raises itself (no route, body too large, ...) get the API's error shape.
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler wrote its own error
+      if (res.status == 416) return;  // many ranges: no body to multiply (pre-routing handler)
       api_error e;
       e.status = res.status;
       e.code = res.status == 404 ? "not_found" : "";
@@ -407,7 +457,9 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  p->svr.set_read_timeout(30);
+  // A client that stops sending (a PUT without its body, a slow drip) holds a handler for at
+  // most this long per read.
+  p->svr.set_read_timeout(10);
   p->svr.set_write_timeout(30);
   p->svr.set_keep_alive_max_count(100);
   p->routes();

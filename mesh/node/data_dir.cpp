@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace tessera::mesh {
@@ -215,7 +216,8 @@ data_dir::data_dir(data_dir&& other) noexcept
     : path_(std::move(other.path_)),
       record_(std::move(other.record_)),
       lock_fd_(std::exchange(other.lock_fd_, -1)),
-      created_(other.created_) {}
+      created_(other.created_),
+      warning_(std::move(other.warning_)) {}
 
 data_dir& data_dir::operator=(data_dir&& other) noexcept {
   if (this != &other) {
@@ -224,6 +226,7 @@ data_dir& data_dir::operator=(data_dir&& other) noexcept {
     record_ = std::move(other.record_);
     lock_fd_ = std::exchange(other.lock_fd_, -1);
     created_ = other.created_;
+    warning_ = std::move(other.warning_);
   }
   return *this;
 }
@@ -302,6 +305,14 @@ result<data_dir> data_dir::open(const fs::path& dir, const data_dir_options& opt
 
   data_dir d;
   d.path_ = here->path;
+  if (!created) {
+    const auto perms = fs::status(dir, ec).permissions();
+    if (!ec && (perms & (fs::perms::group_write | fs::perms::others_write)) != fs::perms::none)
+      d.warning_ = fmt::format(
+          "data dir {} is writable by group or others (mode {:o}): they can replace this node's "
+          "identity and election state; run chmod 700 on it",
+          dir.string(), static_cast<unsigned>(perms) & 0777u);
+  }
   auto fd = take_lock(d.path_);
   if (!fd) return std::move(fd).error();
   d.lock_fd_ = *fd;  // from here on, d's destructor releases the lock on every error path

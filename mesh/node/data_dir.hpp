@@ -82,6 +82,10 @@ class data_dir {
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
   /// True when this open created node.id (first start or --reset-identity).
   [[nodiscard]] bool created_identity() const noexcept { return created_; }
+  /// Set when the directory existed and group or others may write it: whoever can may replace
+  /// the node's identity and election state. The node starts anyway (the operator chose the
+  /// directory) and says so in its log.
+  [[nodiscard]] const std::string& warning() const noexcept { return warning_; }
 
  private:
   data_dir() = default;
@@ -91,6 +95,7 @@ class data_dir {
   identity_record record_;
   int lock_fd_ = -1;
   bool created_ = false;
+  std::string warning_;
 };
 
 }  // namespace tessera::mesh

@@ -1110,8 +1110,16 @@ node_runtime::~node_runtime() {
 namespace {
 
 /// The bearer token in `path`: its first line, surrounding white space trimmed. The error names
-/// the file.
+/// the file. Like the cluster secret, a key others may read is refused: anyone on the host could
+/// then use the API.
 result<std::string> read_api_key(const std::string& path) {
+  std::error_code ec;
+  const auto perms = fs::status(path, ec).permissions();
+  if (!ec && (perms & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none)
+    return make_error(errc::unauthorized,
+                      "http.api_key_file {}: accessible by group or others (mode {:o}); run "
+                      "chmod 600",
+                      path, static_cast<unsigned>(perms) & 0777u);
   std::ifstream in(path);
   if (!in) return make_error(errc::io, "http.api_key_file {}: cannot read it", path);
   std::string line;
@@ -1172,6 +1180,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   auto dir = data_dir::open(cfg.data_dir, data_dir_options{cfg.reset_identity});
   if (!dir) return dir.error();
   p->dir.emplace(std::move(dir).value());
+  if (!p->dir->warning().empty()) spdlog::warn("{}", p->dir->warning());
   p->hex = p->dir->id().to_string();
   p->self = p->dir->id().lo;
 

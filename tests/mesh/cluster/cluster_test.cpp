@@ -540,6 +540,29 @@ TEST(ClusterBadInput, NodeWithoutSecretRefusesToStart) {
   EXPECT_NE(r.error().message.find("no cluster secret"), std::string::npos) << r.error().message;
 }
 
+// An HTTP API key that others on the host may read is refused like the cluster secret (it was
+// accepted at mode 0644); the same file at 0600 starts.
+TEST(ClusterBadInput, AnApiKeyOthersCanReadIsRefused) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 1);
+  ASSERT_TRUE(c.has_value());
+  const std::string key = c->dir() + "/api.key";
+  {
+    std::ofstream out(key);
+    out << "sk-test-key\n";
+  }
+  std::filesystem::permissions(
+      key, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+               std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+  auto r = run_command({TESSERA_BINARY, "node", "--data-dir", c->dir() + "/apikey", "--cluster-key",
+                        c->key_file(), "--listen", "127.0.0.1", "--control-port", "0", "--no-mdns",
+                        "--no-beacon", "--http-api-key-file", key},
+                       20s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("accessible by group or others (mode 644)"), std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find(key), std::string::npos) << r.error().message;
+}
+
 TEST(ClusterBadInput, WrongFlagIsAClearError) {
   auto r = run_command({TESSERA_BINARY, "node", "--no-such-flag"}, 20s);
   ASSERT_FALSE(r.has_value());

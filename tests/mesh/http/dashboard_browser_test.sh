@@ -51,7 +51,7 @@ for _ in $(seq 20); do block_free "$BASE" && break; BASE=$((BASE + 100)); done
 "$TESSERA" model synth --preset tiny --type q8_0 -o "$DIR/$MODEL.gguf" >"$DIR/synth.log" 2>&1 \
   || { echo "model synth failed:"; cat "$DIR/synth.log"; exit 1; }
 "$TESSERA" keygen -o "$DIR/cluster.key" >/dev/null 2>&1 || { echo "keygen failed"; exit 1; }
-echo "$KEY" >"$DIR/api.key"
+(umask 077 && echo "$KEY" >"$DIR/api.key")
 for i in 0 1 2; do
   p=$((BASE + 10 * i))
   seeds=()

@@ -4,6 +4,7 @@
 // metrics — and a stream survives the death of the peer that serves it, because the gateway goes
 // through the same pub-sub path as every other client.
 #include <chrono>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -86,6 +87,8 @@ class HttpGateway : public ::testing::Test {
     ASSERT_NE(f, nullptr);
     std::fprintf(f, "%s\n", kKey);
     std::fclose(f);
+    std::filesystem::permissions(
+        key_file_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     for (std::size_t i = 0; i < cluster_->size(); ++i) {
       auto r = cluster_->start(
           i, {"--model", model_, "--threads", "1", "--http-api-key-file", key_file_});

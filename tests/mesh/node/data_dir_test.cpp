@@ -39,6 +39,22 @@ TEST_F(data_dir_test, a_data_dir_path_that_is_a_file_is_refused) {
   EXPECT_TRUE(contains(d.error().message, "not a directory")) << d.error().message;
 }
 
+// A directory the node creates is 0700; an existing one keeps its mode, and one that group or
+// others may write (they could replace the identity) is used with a warning that says so.
+TEST_F(data_dir_test, an_existing_dir_others_can_write_is_used_with_a_warning) {
+  auto fresh = data_dir::open(dir("fresh"));
+  ASSERT_TRUE(fresh) << fresh.error().describe();
+  EXPECT_EQ(fs::status(dir("fresh")).permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(fresh->warning(), "");
+  fs::create_directories(dir("open"));
+  fs::permissions(dir("open"), fs::perms::all);
+  auto open = data_dir::open(dir("open"));
+  ASSERT_TRUE(open) << open.error().describe();
+  EXPECT_TRUE(contains(open->warning(), "writable by group or others (mode 777)"))
+      << open->warning();
+  EXPECT_TRUE(contains(open->warning(), dir("open").string())) << open->warning();
+}
+
 TEST_F(data_dir_test, an_empty_path_is_refused) {
   EXPECT_EQ(data_dir::open("").error().code, errc::invalid_argument);
 }
