@@ -38,6 +38,7 @@
 #include "cli/command.hpp"
 #include "mesh/runtime/runtime.hpp"
 #include "transport/bulk/link.hpp"
+#include "transport/control/cluster_key.hpp"
 #include "transport/control/fault_adapter.hpp"
 #include "transport/faults/fault_policy.hpp"
 
@@ -84,8 +85,8 @@ result<json> status_at(const options& o, const std::string& endpoint,
   }
 }
 
-void save_members(const std::vector<member>& ms);
-result<std::vector<member>> load_members();
+void save_members(const options& o, const std::vector<member>& ms);
+result<std::vector<member>> load_members(const options& o);
 
 /// The members as the first answering --connect node sees them (its view, plus itself).
 result<std::vector<member>> discover(const options& o) {
@@ -138,7 +139,7 @@ result<std::vector<member>> discover(const options& o) {
     }
     // A member that dropped out of the view (dead: e.g. paused) has no pid there any more; the
     // cache of earlier commands still knows it, so `resume` can find it.
-    if (auto cached = load_members()) {
+    if (auto cached = load_members(o)) {
       for (auto& m : out) {
         if (m.pid != 0) continue;
         for (const auto& c : *cached)
@@ -149,7 +150,7 @@ result<std::vector<member>> discover(const options& o) {
           }
       }
     }
-    save_members(out);
+    save_members(o, out);
     return out;
   }
   return make_error(errc::timeout,
@@ -158,18 +159,29 @@ result<std::vector<member>> discover(const options& o) {
 }
 
 // The member table of the last successful discovery, so that `resume` (or kill) still finds a
-// paused node when the only node the operator named is that one.
-std::string cache_path() {
+// paused node when the only node the operator named is that one. One table per cluster, named by
+// the cluster id (public, derived from the secret): a command given another cluster's key —
+// which every node refuses — finds no table to act on either (it paused a peer that way).
+// Empty when the key cannot be read.
+std::string cache_path(const options& o) {
+  auto secret = transport::control::load_cluster_secret(
+      o.key_file.empty() ? std::nullopt : std::optional<std::string>(o.key_file));
+  if (!secret) return {};
+  auto keys = transport::control::derive_cluster_keys(*secret);
+  if (!keys) return {};
   const char* dir = std::getenv("TMPDIR");
-  return fmt::format("{}/tessera-fault-members-{}.json", dir && *dir ? dir : "/tmp", ::getuid());
+  return fmt::format("{}/tessera-fault-members-{}-{}.json", dir && *dir ? dir : "/tmp", ::getuid(),
+                     keys->cluster_id);
 }
 
-void save_members(const std::vector<member>& fresh) {
+void save_members(const options& o, const std::vector<member>& fresh) {
+  const std::string path = cache_path(o);
+  if (path.empty()) return;
   // Fresh entries first, then what the cache knew of other members (other clusters on this
   // host, or members that dropped out of the view), up to a bound.
   constexpr std::size_t kMaxCached = 256;
   std::vector<member> ms = fresh;
-  if (auto old = load_members())
+  if (auto old = load_members(o))
     for (const auto& c : *old) {
       if (ms.size() >= kMaxCached) break;
       bool have = false;
@@ -184,23 +196,26 @@ void save_members(const std::vector<member>& fresh) {
                  {"hostname", m.hostname},
                  {"host_id", m.host_id},
                  {"pid", m.pid}});
-  const auto tmp = cache_path() + ".tmp";
+  const auto tmp = path + ".tmp";
   std::ofstream out(tmp, std::ios::trunc);
   out << j.dump();
   out.close();
-  if (out) std::filesystem::rename(tmp, cache_path());
+  if (out) std::filesystem::rename(tmp, path);
 }
 
-result<std::vector<member>> load_members() {
+result<std::vector<member>> load_members(const options& o) {
+  const std::string path = cache_path(o);
+  if (path.empty())
+    return make_error(errc::not_found, "no member table: the cluster key cannot be read");
   try {
-    const auto j = json::parse(read_text(cache_path()));
+    const auto j = json::parse(read_text(path));
     std::vector<member> ms;
     for (const auto& m : j)
       ms.push_back(member{m.at("id"), m.at("endpoint"), m.at("status"), m.at("hostname"),
                           m.at("host_id"), m.at("pid")});
     return ms;
   } catch (const std::exception& e) {
-    return make_error(errc::not_found, "no member table cached at {}: {}", cache_path(), e.what());
+    return make_error(errc::not_found, "no member table cached at {}: {}", path, e.what());
   }
 }
 
@@ -415,13 +430,13 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
   auto ms = discover(o);
   if (!ms) {
     // A paused node answers nobody: the table cached by an earlier command still has its pid.
-    auto cached = load_members();
+    auto cached = load_members(o);
     if (!cached) {
       std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
       return 1;
     }
     std::fprintf(stderr, "tessera fault: no node answered; using the member table cached at %s\n",
-                 cache_path().c_str());
+                 cache_path(o).c_str());
     ms = std::move(cached);
   }
   auto m = resolve(*ms, name);
