@@ -25,6 +25,12 @@ result<void> check_seed(std::string_view text) {
   return ok();
 }
 
+bool is_loopback_ipv4(const std::string& text) {
+  in_addr addr{};
+  if (::inet_pton(AF_INET, text.c_str(), &addr) != 1) return false;
+  return (ntohl(addr.s_addr) >> 24) == 127;
+}
+
 result<void> check_ipv4(std::string_view text) {
   in_addr addr{};
   if (::inet_pton(AF_INET, std::string(text).c_str(), &addr) != 1) {
@@ -101,6 +107,12 @@ const std::vector<key_spec> key_table = {
     {.key = "listen.client_response_port", .flag = "--client-response-port",
      .help = "client response (pub/sub) port", .kind = value_kind::port,
      .port = [](node_config& c) -> auto& { return c.listen.client_response_port; }},
+    {.key = "listen.client_address", .flag = "--client-address",
+     .help = "address the client endpoints bind (IPv4; default 127.0.0.1, or --listen's address "
+             "when that is given); off this host it needs --client-auth or --insecure-clients",
+     .kind = value_kind::text,
+     .text = [](node_config& c) -> auto& { return c.listen.client_address; },
+     .check = check_ipv4},
     {.key = "listen.http_port", .flag = "--http-port",
      .help = "HTTP port: OpenAI-compatible API, /metrics, dashboard (0 = any free port)",
      .kind = value_kind::port, .port = [](node_config& c) -> auto& { return c.listen.http_port; }},
@@ -191,6 +203,11 @@ const std::vector<key_spec> key_table = {
     {.key = "client_auth", .flag = "--client-auth",
      .help = "admit only clients holding the cluster's client access key (tessera keygen --client-key)",
      .kind = value_kind::boolean, .boolean = [](node_config& c) -> auto& { return c.client_auth; }},
+    {.key = "insecure_clients", .flag = "--insecure-clients",
+     .help = "serve the client endpoints to other hosts without --client-auth: anyone who reaches "
+             "them may submit, cancel and read requests (a warning in the log and status)",
+     .kind = value_kind::boolean,
+     .boolean = [](node_config& c) -> auto& { return c.insecure_clients; }},
     {.key = "log.level", .flag = "--log-level", .help = "trace, debug, info, warn, error or off",
      .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.log_level; },
      .choices = {"trace", "debug", "info", "warn", "error", "off"}},
@@ -515,6 +532,23 @@ result<void> validate(const resolved_config& rc) {
       }
     }
   }
+  // The client endpoints: off this host only with authentication, or on purpose.
+  const std::string& ca = c.listen.client_address;
+  if (!is_loopback_ipv4(ca) && !c.client_auth && !c.insecure_clients) {
+    const std::string why =
+        rc.origin.count("listen.client_address") &&
+                rc.origin.at("listen.client_address") != "default"
+            ? from("listen.client_address")
+            : fmt::format("listen.client_address, from {}", from("listen.address"));
+    return make_error(
+        errc::invalid_argument,
+        "the client endpoints would bind {} ({}), where anyone who reaches them could "
+        "submit requests and cancel or read others': add --client-auth (clients "
+        "then present the cluster's client key: tessera keygen --client-key), or "
+        "--insecure-clients to serve them openly on a trusted network, or "
+        "--client-address 127.0.0.1 to keep them on this host",
+        ca, why);
+  }
   const auto& t = c.timeouts;
   if (t.election_timeout_min_ms >= t.election_timeout_max_ms) {
     return make_error(errc::invalid_argument, "{} = {} must be less than {} = {}",
@@ -558,6 +592,12 @@ result<resolved_config> resolve_config(const config_layers& layers) {
   if (file && !file->empty()) TESSERA_TRY(apply_file(*file, out));
   TESSERA_TRY(apply_env(layers.environment, out));
   TESSERA_TRY(apply_flags(layers.flags, out));
+  // The client endpoints follow an explicit --listen; the default (every interface, for the
+  // control plane, which admits members only) leaves them on loopback.
+  if (out.config.listen.client_address.empty())
+    out.config.listen.client_address = out.origin["listen.address"] == "default"
+                                           ? std::string("127.0.0.1")
+                                           : out.config.listen.address;
   TESSERA_TRY(validate(out));
   return out;
 }

@@ -32,6 +32,11 @@ struct listen_config {
   std::uint16_t bulk_port = 7401;             ///< bulk plane (tcp fallback / RDMA CM)
   std::uint16_t client_request_port = 7402;   ///< clients publish requests here
   std::uint16_t client_response_port = 7403;  ///< clients subscribe to tokens here
+  /// Where the client endpoints bind. Empty: 127.0.0.1, unless listen.address was set (then that
+  /// address). Reachable from other hosts only with client_auth or insecure_clients: whoever
+  /// reaches an open client port may submit requests and cancel or read anyone's
+  /// (docs/design/014-threat-model.md). resolve_config fills it in.
+  std::string client_address;
   std::uint16_t http_port = 7480;             ///< HTTP API, metrics, dashboard (0 = any free)
   /// The HTTP API answers anyone who reaches it (with the key, when one is set): loopback only
   /// unless the operator opens it on purpose.
@@ -95,6 +100,9 @@ struct node_config {
   /// The client endpoints admit only clients holding the cluster's client access key (CURVE +
   /// ZAP; `tessera keygen --client-key`). Off: they are open to anyone who can reach the ports.
   bool client_auth = false;
+  /// Serve the client endpoints to other hosts without client_auth, on purpose (a trusted
+  /// network); the node warns in its log and status.
+  bool insecure_clients = false;
   std::string log_level = "info";
   std::string log_format = "text";
 };

@@ -228,7 +228,12 @@ void control_core::hand_to_engine() {
   if (const auto& v = topo_.current())
     for (const auto& m : v->members) {
       if (m.id == opt_.self || !topology::is_live_status(m.status)) continue;
-      if (!m.caps.client_endpoint.empty()) f.endpoints.push_back(m.caps.client_endpoint);
+      // A member whose client endpoints are on loopback can be reached by clients on its own
+      // host only: listed by the peers of that host, left out by the others (for a client of
+      // theirs, 127.0.0.1 would be some other process).
+      const bool loopback_only = m.caps.client_endpoint.rfind("127.", 0) == 0;
+      if (!m.caps.client_endpoint.empty() && (!loopback_only || m.caps.host_id == caps_.host_id))
+        f.endpoints.push_back(m.caps.client_endpoint);
       auto& pf = f.peers[m.id];
       pf = {m.caps.node_id, {m.caps.host_id, m.caps.has_rdma}, {}};
       for (const auto& s : m.caps.model_specs)

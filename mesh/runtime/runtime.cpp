@@ -180,6 +180,24 @@ std::int64_t steady_ns() {
       .count();
 }
 
+/// What a node whose client endpoints are open to other hosts says in its log and status.
+std::string insecure_clients_warning(const node_config& cfg) {
+  return fmt::format(
+      "the client endpoints on {} (ports {}, {}) serve anyone who reaches them, without "
+      "authentication (--insecure-clients): they may submit requests and cancel or read others'; "
+      "--client-auth admits only holders of the cluster's client key",
+      cfg.listen.client_address, cfg.listen.client_request_port, cfg.listen.client_response_port);
+}
+
+/// The host part of the client endpoint this node tells clients (in peer lists): the advertised
+/// address when the endpoints are bound where other hosts reach them, 127.0.0.1 when they are on
+/// loopback (only clients on this host can reach them; peers on other hosts leave them out of
+/// the lists they send, control_core::hand_to_engine).
+std::string client_host_for_peers(const node_config& cfg, const std::string& adv_host) {
+  const auto& ca = cfg.listen.client_address;
+  return ca.rfind("127.", 0) == 0 ? std::string("127.0.0.1") : adv_host;
+}
+
 }  // namespace
 
 struct node_runtime::impl final : control_port {
@@ -972,6 +990,16 @@ struct node_runtime::impl final : control_port {
                  {"hostname", caps.hostname},
                  {"host_id", caps.host_id},
                  {"link_dead_after_ms", link_dead_after_ms}};
+    {
+      const auto& cfg = opt.config;
+      const bool off_host = cfg.listen.client_address.rfind("127.", 0) != 0;
+      j["node"]["client_endpoints"] = {{"address", cfg.listen.client_address},
+                                       {"auth", cfg.client_auth},
+                                       {"reachable_from_other_hosts", off_host}};
+      json warnings = json::array();
+      if (off_host && !cfg.client_auth) warnings.push_back(insecure_clients_warning(cfg));
+      j["node"]["warnings"] = warnings;
+    }
     j["faults"] = faults_json();
     j["control"] = control_json();
     core->status_into(j, endpoint);
@@ -1147,7 +1175,8 @@ result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
     go.api_key = std::move(*key);
   }
   // Our own endpoints: where they are bound (an advertised address may be a NAT's).
-  const std::string host = cfg.listen.address == "0.0.0.0" ? "127.0.0.1" : cfg.listen.address;
+  const std::string host =
+      cfg.listen.client_address == "0.0.0.0" ? "127.0.0.1" : cfg.listen.client_address;
   go.peers.push_back({host, p.engine->request_port(), p.engine->response_port()});
   const node_runtime::impl* raw = &p;
   go.status = [raw] { return raw->status_snapshot(); };
@@ -1269,6 +1298,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.compute_nice = static_cast<int>(cfg.compute_nice);
     so.bind_address = cfg.listen.address;
     so.advertise_address = adv_host;
+    so.client_bind_address = cfg.listen.client_address;
     so.request_port = cfg.listen.client_request_port;
     so.response_port = cfg.listen.client_response_port;
     so.bulk_caps = p->bulk_caps;
@@ -1294,8 +1324,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     p->engine = std::move(*eng);
     for (const auto& m : p->engine->models())
       p->caps.model_specs.push_back(m.spec);
-    p->caps.client_endpoint =
-        fmt::format("{}:{}:{}", adv_host, p->engine->request_port(), p->engine->response_port());
+    p->caps.client_endpoint = fmt::format("{}:{}:{}", client_host_for_peers(cfg, adv_host),
+                                          p->engine->request_port(), p->engine->response_port());
   }
   if (cfg.http.enabled) {
     auto g = start_gateway(*p, *keys);
@@ -1362,6 +1392,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     spdlog::info("advertising {} to peers ({}); binding {}", adv_host, p->advertise.source,
                  cfg.listen.address);
   }
+  if (cfg.listen.client_address.rfind("127.", 0) != 0 && !cfg.client_auth)
+    spdlog::warn("{}", insecure_clients_warning(cfg));
   p->instance.id = p->dir->id();
   p->instance.control_endpoint = p->endpoint;
   p->instance.started_unix_ms = unix_ms();

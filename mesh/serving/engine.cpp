@@ -189,6 +189,9 @@ bool waits_for_weights(const session& s) {
 
 struct engine::impl {
   engine_options opt;
+  [[nodiscard]] const std::string& client_address() const {
+    return opt.client_bind_address.empty() ? opt.bind_address : opt.client_bind_address;
+  }
   std::vector<std::unique_ptr<loaded>> models;
   std::vector<local_model> infos;
   std::vector<std::string> model_names;
@@ -1418,7 +1421,7 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
     auto bind = [&](zmq::socket_t& s, std::uint16_t port) -> std::uint16_t {
       s.set(zmq::sockopt::linger, 200);
       s.bind(
-          fmt::format("tcp://{}:{}", p->opt.bind_address, port == 0 ? "*" : std::to_string(port)));
+          fmt::format("tcp://{}:{}", p->client_address(), port == 0 ? "*" : std::to_string(port)));
       const std::string ep = s.get(zmq::sockopt::last_endpoint);
       return static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
     };
@@ -1455,7 +1458,7 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
   } catch (const zmq::error_t& e) {
     return make_error(errc::io,
                       "serving: cannot bind the client endpoints on {} (ports {}, {}): {}",
-                      p->opt.bind_address, p->opt.request_port, p->opt.response_port, e.what());
+                      p->client_address(), p->opt.request_port, p->opt.response_port, e.what());
   }
   auto* raw = p.get();
   p->io_thread = std::thread([raw] { raw->io_loop(); });

@@ -46,6 +46,10 @@ struct engine_options {
   [[nodiscard]] transport::bulk::link_addresses link_addresses() const {
     return {bind_address, advertise_address};
   }
+  /// Where the client endpoints (request SUB, response XPUB) bind: the node's
+  /// listen.client_address, loopback unless configured (docs/design/014-threat-model.md). Empty:
+  /// bind_address.
+  std::string client_bind_address;
   std::uint16_t request_port = 7402;   ///< SUB; 0 = any free port
   std::uint16_t response_port = 7403;  ///< XPUB; 0 = any free port
   std::uint32_t max_active = 8;        ///< sessions generating at once (each holds a KV cache)

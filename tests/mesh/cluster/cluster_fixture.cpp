@@ -124,6 +124,9 @@ std::vector<std::string> cluster_fixture::node_argv(std::size_t i, const std::st
   if (listen) {
     argv.emplace_back("--listen");
     argv.push_back(n.host);
+    // In network namespaces the clients (this process) are on another host: the client endpoints
+    // are then open to it on purpose.
+    if (n.host.rfind("127.", 0) != 0) argv.emplace_back("--insecure-clients");
   }
   for (const auto& [flag, port] : {std::pair{"--control-port", 0},
                                    {"--bulk-port", 1},
@@ -164,12 +167,14 @@ result<void> cluster_fixture::start(std::size_t i, const std::vector<std::string
   return spawn(i, argv);
 }
 
-result<void> cluster_fixture::start_plain(std::size_t i, const std::vector<std::string>& seeds) {
+result<void> cluster_fixture::start_plain(std::size_t i, const std::vector<std::string>& seeds,
+                                          const std::vector<std::string>& extra) {
   auto argv = node_argv(i, "", /*listen=*/false);
   for (const auto& s : seeds) {
     argv.push_back("--seed");
     argv.push_back(s);
   }
+  argv.insert(argv.end(), extra.begin(), extra.end());
   return spawn(i, argv);
 }
 

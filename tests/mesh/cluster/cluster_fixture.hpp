@@ -43,7 +43,8 @@ class cluster_fixture {
                      const std::string& key = "");
   /// Starts node i as the README starts peers on one host: no --listen (the node picks the
   /// address it advertises), only the given seeds ("host:port"), the fixture's timeouts.
-  result<void> start_plain(std::size_t i, const std::vector<std::string>& seeds);
+  result<void> start_plain(std::size_t i, const std::vector<std::string>& seeds,
+                           const std::vector<std::string>& extra = {});
   /// Adds one more node slot (not started) and returns its index.
   std::size_t add_node(std::string host = "127.0.0.1", std::string ns = "");
   void kill9(std::size_t i);

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tests/mesh/cluster/cluster_fixture.hpp"
@@ -161,6 +162,53 @@ TEST(Cluster, ReadmeFlagsOnOneHostFormOneCluster) {
   std::printf("[cluster] README flags: peer 0 advertises %s (%s)\n",
               s0->at("node").at("advertise").at("address").get<std::string>().c_str(),
               s0->at("node").at("advertise").at("source").get<std::string>().c_str());
+  // With the README's flags the control plane is on every interface, the client endpoints on
+  // loopback only (docs/design/014-threat-model.md): the kernel's socket table says so.
+  const auto& ce = s0->at("node").at("client_endpoints");
+  EXPECT_EQ(ce.at("address"), "127.0.0.1");
+  EXPECT_FALSE(ce.at("reachable_from_other_hosts").get<bool>());
+  EXPECT_TRUE(s0->at("node").at("warnings").empty());
+  const auto tcp = read_file("/proc/net/tcp");
+  auto listening_on = [&](std::uint16_t port) {
+    // local_address is HEXIP:HEXPORT; state 0A is LISTEN.
+    const std::string suffix = fmt::format(":{:04X} 00000000:0000 0A", port);
+    std::string hosts;
+    for (std::size_t at = tcp.find(suffix); at != std::string::npos; at = tcp.find(suffix, at + 1))
+      hosts += tcp.substr(at - 8, 8) + " ";
+    return hosts;
+  };
+  const auto port = static_cast<std::uint16_t>(c->node(0).port);
+  EXPECT_EQ(listening_on(static_cast<std::uint16_t>(port + 2)), "0100007F ");  // requests
+  EXPECT_EQ(listening_on(static_cast<std::uint16_t>(port + 3)), "0100007F ");  // responses
+  EXPECT_EQ(listening_on(port), "00000000 ");                                  // control
+}
+
+// A node asked to open its client endpoints to other hosts without authenticating them refuses
+// to start, naming the ways out; with --insecure-clients it starts and says so in its status.
+TEST(ClusterBadInput, ClientEndpointsOffTheHostNeedAuthOrAnExplicitFlag) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 1);
+  ASSERT_TRUE(c.has_value());
+  auto r = run_command(
+      {TESSERA_BINARY, "node", "--data-dir", c->dir() + "/open", "--cluster-key", c->key_file(),
+       "--control-port", "0", "--no-mdns", "--no-beacon", "--client-address", "0.0.0.0"},
+      20s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("--insecure-clients"), std::string::npos) << r.error().message;
+  ASSERT_TRUE(
+      c->start_plain(0, {}, {"--client-address", "0.0.0.0", "--insecure-clients"}).has_value());
+  nlohmann::json st;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto s = c->status(0);
+        if (s) st = *s;
+        return s.has_value();
+      },
+      30s))
+      << c->logs();
+  EXPECT_TRUE(st.at("node").at("client_endpoints").at("reachable_from_other_hosts").get<bool>());
+  ASSERT_EQ(st.at("node").at("warnings").size(), 1u) << st.at("node").dump();
+  EXPECT_NE(st.at("node").at("warnings")[0].get<std::string>().find("without authentication"),
+            std::string::npos);
 }
 
 TEST(Cluster, FivePeersColdStartAndGracefulLeave) {
@@ -615,6 +663,33 @@ TEST(ClusterBadInput, PeerWithAnotherSecretCannotJoin) {
                         "--cluster-key", c->key_file(), "--timeout-ms", "1000"},
                        20s);
   EXPECT_FALSE(r.has_value());
+}
+
+// `tessera fault` with another cluster's key: every node refuses it, and the member table an
+// earlier (rightful) command cached on this host must not stand in for them — it used to, and
+// the stranger's `pause` stopped a member.
+TEST(ClusterBadInput, AFaultWithAnotherClustersKeyCannotUseTheCachedMembers) {
+  auto c = cluster_fixture::create(TESSERA_BINARY, 2);
+  ASSERT_TRUE(c.has_value());
+  for (std::size_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(c->start(i).has_value());
+  std::string why;
+  ASSERT_TRUE(wait_until([&] { return c->converged({0, 1}, nullptr, &why); }, 60s)) << why;
+  auto listed = fault(*c, 0, {"list"});  // the rightful operator: caches the member table
+  ASSERT_TRUE(listed.has_value()) << listed.error().message;
+  const std::string other_key = c->dir() + "/other.key";
+  ASSERT_TRUE(run_command({TESSERA_BINARY, "keygen", "-o", other_key}).has_value());
+  auto r = run_command({TESSERA_BINARY, "fault", "--connect", c->node(0).endpoint(),
+                        "--cluster-key", other_key, "--timeout-ms", "1000", "pause", c->node_id(1)},
+                       30s);
+  ASSERT_FALSE(r.has_value()) << "a stranger's pause succeeded";
+  const auto stat = read_file("/proc/" + std::to_string(c->node(1).proc->pid()) + "/stat");
+  const auto state = stat.substr(stat.rfind(')') + 2, 1);
+  EXPECT_NE(state, "T") << "member 1 was stopped: " << stat;
+  ::kill(c->node(1).proc->pid(), SIGCONT);  // whatever happened: the fixture stops it
+  // The rightful key still finds the cache when no node answers (what it is for).
+  auto ok = fault(*c, 0, {"list"});
+  EXPECT_TRUE(ok.has_value()) << ok.error().message;
 }
 
 }  // namespace

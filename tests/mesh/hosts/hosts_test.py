@@ -74,8 +74,10 @@ class Cluster:
         return os.path.join(self.h.host_dir(i), "node.log")
 
     def start(self, i, extra=()):
+        # The README's command line, plus what clients on other hosts need: the client endpoints
+        # off loopback, openly on this test network (a user would rather use --client-auth).
         argv = [self.a.tessera, "node", "--cluster-key", self.key, "--data-dir", self.data_dir(i),
-                *RELAXED, *extra]
+                "--client-address", "0.0.0.0", "--insecure-clients", *RELAXED, *extra]
         # Hosts without an avahi-daemon of their own must not reach the machine's (if any): its
         # answers would name the machine's addresses, not this host's.
         env = None if self.mdns else {"DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent"}

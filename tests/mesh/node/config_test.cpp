@@ -156,6 +156,42 @@ TEST_F(config_test, defaults_apply_when_nothing_is_given) {
   EXPECT_EQ(r->config_file, "");
 }
 
+// The client endpoints: loopback by default; an explicit --listen moves them; off this host only
+// with --client-auth or --insecure-clients, and the refusal says which flags and why.
+TEST_F(config_test, client_endpoints_stay_on_loopback_unless_guarded_or_opened_on_purpose) {
+  auto resolve = [](std::vector<std::pair<std::string, std::string>> flags) {
+    config_layers l;
+    l.flags = std::move(flags);
+    return resolve_config(l);
+  };
+  auto d = resolve({});
+  ASSERT_TRUE(d) << d.error().describe();
+  EXPECT_EQ(d->config.listen.address, "0.0.0.0");  // the control plane: every interface
+  EXPECT_EQ(d->config.listen.client_address, "127.0.0.1");
+  auto lo = resolve({{"listen.address", "127.0.0.1"}});
+  ASSERT_TRUE(lo) << lo.error().describe();
+  EXPECT_EQ(lo->config.listen.client_address, "127.0.0.1");
+
+  auto open = resolve({{"listen.address", "10.1.2.3"}});
+  ASSERT_FALSE(open);
+  for (const char* part : {"10.1.2.3", "--client-auth", "--insecure-clients", "--listen",
+                           "--client-address 127.0.0.1"})
+    EXPECT_TRUE(has(open.error().message, part)) << part << ": " << open.error().message;
+  auto wildcard = resolve({{"listen.client_address", "0.0.0.0"}});
+  ASSERT_FALSE(wildcard);
+  EXPECT_TRUE(has(wildcard.error().message, "--client-address")) << wildcard.error().message;
+
+  auto insecure = resolve({{"listen.address", "10.1.2.3"}, {"insecure_clients", "true"}});
+  ASSERT_TRUE(insecure) << insecure.error().describe();
+  EXPECT_EQ(insecure->config.listen.client_address, "10.1.2.3");
+  auto authed = resolve({{"listen.client_address", "0.0.0.0"}, {"client_auth", "true"}});
+  ASSERT_TRUE(authed) << authed.error().describe();
+  EXPECT_EQ(authed->config.listen.client_address, "0.0.0.0");
+  auto kept = resolve({{"listen.address", "10.1.2.3"}, {"listen.client_address", "127.0.0.1"}});
+  ASSERT_TRUE(kept) << kept.error().describe();
+  EXPECT_EQ(kept->config.listen.client_address, "127.0.0.1");
+}
+
 TEST_F(config_test, precedence_is_flags_over_env_over_file_over_defaults) {
   config_layers l;
   l.file = file(
