@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -113,8 +115,14 @@ struct gateway::impl {
   bool authorized(const httplib::Request& req, httplib::Response& res) {
     if (opt.api_key.empty()) return true;
     const auto header = req.get_header_value("Authorization");
-    constexpr std::string_view scheme = "Bearer ";
-    if (!header.starts_with(scheme)) {
+    // The scheme is case-insensitive (RFC 9110 11.1): "bearer KEY" is as good as "Bearer KEY".
+    constexpr std::string_view scheme = "bearer ";
+    const bool bearer =
+        header.size() > scheme.size() &&
+        std::equal(scheme.begin(), scheme.end(), header.begin(), [](char a, char b) {
+          return a == static_cast<char>(std::tolower(static_cast<unsigned char>(b)));
+        });
+    if (!bearer) {
       send_error(res, error_of(error{errc::unauthorized,
                                      "this peer requires an API key: send "
                                      "'Authorization: Bearer <key>'"}));

@@ -99,5 +99,29 @@ TEST_F(GatewayInput, ManyRangesAreRefusedAndOneIsServed) {
   EXPECT_EQ(one->body.size(), 100u);
 }
 
+// The Authorization scheme is case-insensitive: a lowercase "bearer" was refused.
+TEST(GatewayAuth, TheBearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
+  gateway_options o;
+  o.bind_address = "127.0.0.1";
+  o.port = 0;
+  o.api_key = "sk-Secret";
+  o.peers.push_back(serving::peer_endpoint{"127.0.0.1", 1, 2});
+  o.status = [] { return nlohmann::json::object(); };
+  auto g = gateway::start(o);
+  ASSERT_TRUE(g.has_value()) << g.error().describe();
+  auto status_with = [&](const std::string& auth) {
+    httplib::Client c("127.0.0.1", (*g)->port());
+    auto r = c.Get("/status", {{"Authorization", auth}});
+    return r ? r->status : -1;
+  };
+  EXPECT_EQ(status_with("Bearer sk-Secret"), 200);
+  EXPECT_EQ(status_with("bearer sk-Secret"), 200);
+  EXPECT_EQ(status_with("BEARER sk-Secret"), 200);
+  EXPECT_EQ(status_with("bearer sk-secret"), 401);
+  EXPECT_EQ(status_with("Basic sk-Secret"), 401);
+  EXPECT_EQ(status_with("Bearer"), 401);
+  (*g)->stop(0);
+}
+
 }  // namespace
 }  // namespace tessera::mesh::http
