@@ -780,12 +780,15 @@ void control_node::impl::read_monitor(zmq::socket_t& mon, bool inbound, const st
     bump(inbound ? ctr.handshake_failed_inbound : ctr.handshake_failed_outbound);
     std::uint64_t suppressed = 0;
     if (limiter.allow(inbound ? kLogHandshakeIn : kLogHandshakeOut, now_ms(), suppressed)) {
-      // `value` is a ZMQ_PROTOCOL_ERROR_* code (or the ZAP status code), not an errno.
-      spdlog::warn("control {}: {} handshake failed {} {} (zmq event 0x{:x}, detail 0x{:x}){}",
-                   cfg.node_id,
-                   inbound ? "inbound" : "outbound", inbound ? "from" : "to",
-                   inbound ? addr.to_string() : peer + " at " + addr.to_string(), event, value,
-                   suppressed ? fmt::format(" ({} similar suppressed)", suppressed) : "");
+      // `value` is a ZMQ_PROTOCOL_ERROR_* code (or the ZAP status code), not an errno. For an
+      // inbound failure libzmq's monitor names only our listening endpoint, not the caller (a
+      // caller that got as far as ZAP is named by the ZAP handler's own line).
+      spdlog::warn(
+          "control {}: {} handshake failed {} {} (zmq event 0x{:x}, detail 0x{:x}){}", cfg.node_id,
+          inbound ? "inbound" : "outbound", inbound ? "on our listening endpoint" : "to",
+          inbound ? addr.to_string() + " (caller unknown to libzmq's monitor)"
+                  : peer + " at " + addr.to_string(),
+          event, value, suppressed ? fmt::format(" ({} similar suppressed)", suppressed) : "");
     }
   }
 }
