@@ -432,6 +432,14 @@ std::size_t count_status(const std::vector<member_event>& evs, member_status s) 
       std::count_if(evs.begin(), evs.end(), [&](const auto& e) { return e.status == s; }));
 }
 
+// Four members joined through 1 and settled for a second, with `base` for every one of them.
+pump settled_four(const membership_config& base) {
+  pump p({1, 2, 3, 4}, base);
+  join_all(p, {2, 3, 4});
+  p.run_for(1000);
+  return p;
+}
+
 // A node the host did not run for 1.5 s (CPU starvation, SIGSTOP) wakes with every deadline
 // past and the acks it could not read still queued. It must not take its own absence for its
 // peers' silence: no suspicion of anyone, the stall counted, its health lowered.
@@ -480,9 +488,7 @@ TEST(Lifeguard, ASuspicionNobodyConfirmsGivesTheSuspectTimeToRefute) {
   auto run = [](std::uint32_t suspicion_max_mult) {
     membership_config base;
     base.suspicion_max_mult = suspicion_max_mult;
-    pump p({1, 2, 3, 4}, base);
-    join_all(p, {2, 3, 4});
-    p.run_for(1000);
+    pump p = settled_four(base);
     p.cut(1, 4);
     p.drop_if([](const membership_message& m) {
       return m.sender.id == 1 &&
@@ -507,9 +513,7 @@ TEST(Lifeguard, ASuspicionNobodyConfirmsGivesTheSuspectTimeToRefute) {
 // the crashed member dead sooner than an unconfirmed suspicion would last.
 TEST(Lifeguard, ACrashIsConfirmedAndDeclaredDeadSoonerThanAnUnconfirmedSuspicion) {
   membership_config base;
-  pump p({1, 2, 3, 4}, base);
-  join_all(p, {2, 3, 4});
-  p.run_for(1000);
+  pump p = settled_four(base);
   p.kill(4);
   p.run_for(4000);
   std::uint64_t confirmations = 0;
@@ -545,9 +549,7 @@ TEST(Lifeguard, ASlowNodeStretchesItsProbesInsteadOfAccusingItsPeers) {
   auto run = [](std::uint32_t max_health) {
     membership_config base;
     base.max_health = max_health;
-    pump p({1, 2, 3, 4}, base);
-    join_all(p, {2, 3, 4});
-    p.run_for(1000);
+    pump p = settled_four(base);
     p.inbound_delay(1, 120);
     p.run_for(5000);  // adapt
     const auto settled = p.at(1).counters().suspicions;
