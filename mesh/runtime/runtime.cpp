@@ -1189,6 +1189,11 @@ result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
 result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options options) {
   auto p = std::make_unique<impl>();
   p->opt = std::move(options);
+  // A config built in code rather than by resolve_config (tests, library users) may leave the
+  // client address empty: the endpoints then bind where the control plane does, as they did
+  // before the setting existed.
+  if (p->opt.config.listen.client_address.empty())
+    p->opt.config.listen.client_address = p->opt.config.listen.address;
   const node_config& cfg = p->opt.config;
 
   // The secret first: without it nothing else may happen (no identity file created either).
