@@ -181,6 +181,11 @@ result<advertised_address> choose_advertise_address(const advertise_inputs& in) 
   return advertised_address{"127.0.0.1", "loopback (no other interface is up)", true};
 }
 
+bool is_loopback_address(const std::string& host) {
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && is_loopback(a);
+}
+
 bool is_address_of_this_host(const std::string& host) {
   in_addr a{};
   if (::inet_pton(AF_INET, host.c_str(), &a) != 1) return false;

@@ -58,6 +58,10 @@ struct route_source {
 /// loopback when `name` is empty.
 [[nodiscard]] result<route_source> interface_address(const std::string& name);
 
+/// True when `host` is a numeric IPv4 loopback address (127.0.0.0/8): only this machine's
+/// processes reach what is bound there.
+[[nodiscard]] bool is_loopback_address(const std::string& host);
+
 /// True when numeric IPv4 `host` reaches this machine itself: a loopback address, or an address
 /// of one of its interfaces. Two such addresses with the same port reach one listener (bound to
 /// 0.0.0.0), so they name the same node.

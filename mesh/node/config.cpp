@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "mesh/discovery/peer_hint.hpp"
+#include "mesh/node/advertise.hpp"
 #include "mesh/node/config_keys.hpp"
 
 namespace tessera::mesh {
@@ -23,12 +24,6 @@ result<void> check_seed(std::string_view text) {
   auto e = parse_endpoint(text);
   if (!e) return std::move(e).error();
   return ok();
-}
-
-bool is_loopback_ipv4(const std::string& text) {
-  in_addr addr{};
-  if (::inet_pton(AF_INET, text.c_str(), &addr) != 1) return false;
-  return (ntohl(addr.s_addr) >> 24) == 127;
 }
 
 result<void> check_ipv4(std::string_view text) {
@@ -534,7 +529,7 @@ result<void> validate(const resolved_config& rc) {
   }
   // The client endpoints: off this host only with authentication, or on purpose.
   const std::string& ca = c.listen.client_address;
-  if (!is_loopback_ipv4(ca) && !c.client_auth && !c.insecure_clients) {
+  if (!is_loopback_address(ca) && !c.client_auth && !c.insecure_clients) {
     const std::string why =
         rc.origin.count("listen.client_address") &&
                 rc.origin.at("listen.client_address") != "default"

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "mesh/discovery/peer_hint.hpp"
+#include "mesh/node/advertise.hpp"
 #include "mesh/node/node_id.hpp"
 #include "mesh/serving/planning.hpp"
 
@@ -231,7 +232,8 @@ void control_core::hand_to_engine() {
       // A member whose client endpoints are on loopback can be reached by clients on its own
       // host only: listed by the peers of that host, left out by the others (for a client of
       // theirs, 127.0.0.1 would be some other process).
-      const bool loopback_only = m.caps.client_endpoint.rfind("127.", 0) == 0;
+      const std::string& ep = m.caps.client_endpoint;  // host:request-port:response-port
+      const bool loopback_only = is_loopback_address(ep.substr(0, ep.find(':')));
       if (!m.caps.client_endpoint.empty() && (!loopback_only || m.caps.host_id == caps_.host_id))
         f.endpoints.push_back(m.caps.client_endpoint);
       auto& pf = f.peers[m.id];

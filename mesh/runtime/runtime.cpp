@@ -180,8 +180,10 @@ std::int64_t steady_ns() {
       .count();
 }
 
-/// What a node whose client endpoints are open to other hosts says in its log and status.
-std::string insecure_clients_warning(const node_config& cfg) {
+/// What a node whose client endpoints other hosts reach without authentication
+/// (--insecure-clients) says in its log and status; nullopt when they are on loopback or guarded.
+std::optional<std::string> insecure_clients_warning(const node_config& cfg) {
+  if (is_loopback_address(cfg.listen.client_address) || cfg.client_auth) return std::nullopt;
   return fmt::format(
       "the client endpoints on {} (ports {}, {}) serve anyone who reaches them, without "
       "authentication (--insecure-clients): they may submit requests and cancel or read others'; "
@@ -194,8 +196,7 @@ std::string insecure_clients_warning(const node_config& cfg) {
 /// loopback (only clients on this host can reach them; peers on other hosts leave them out of
 /// the lists they send, control_core::hand_to_engine).
 std::string client_host_for_peers(const node_config& cfg, const std::string& adv_host) {
-  const auto& ca = cfg.listen.client_address;
-  return ca.rfind("127.", 0) == 0 ? std::string("127.0.0.1") : adv_host;
+  return is_loopback_address(cfg.listen.client_address) ? std::string("127.0.0.1") : adv_host;
 }
 
 }  // namespace
@@ -992,12 +993,12 @@ struct node_runtime::impl final : control_port {
                  {"link_dead_after_ms", link_dead_after_ms}};
     {
       const auto& cfg = opt.config;
-      const bool off_host = cfg.listen.client_address.rfind("127.", 0) != 0;
-      j["node"]["client_endpoints"] = {{"address", cfg.listen.client_address},
-                                       {"auth", cfg.client_auth},
-                                       {"reachable_from_other_hosts", off_host}};
+      j["node"]["client_endpoints"] = {
+          {"address", cfg.listen.client_address},
+          {"auth", cfg.client_auth},
+          {"reachable_from_other_hosts", !is_loopback_address(cfg.listen.client_address)}};
       json warnings = json::array();
-      if (off_host && !cfg.client_auth) warnings.push_back(insecure_clients_warning(cfg));
+      if (auto w = insecure_clients_warning(cfg)) warnings.push_back(*w);
       j["node"]["warnings"] = warnings;
     }
     j["faults"] = faults_json();
@@ -1397,8 +1398,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     spdlog::info("advertising {} to peers ({}); binding {}", adv_host, p->advertise.source,
                  cfg.listen.address);
   }
-  if (cfg.listen.client_address.rfind("127.", 0) != 0 && !cfg.client_auth)
-    spdlog::warn("{}", insecure_clients_warning(cfg));
+  if (auto w = insecure_clients_warning(cfg)) spdlog::warn("{}", *w);
   p->instance.id = p->dir->id();
   p->instance.control_endpoint = p->endpoint;
   p->instance.started_unix_ms = unix_ms();
