@@ -1139,20 +1139,12 @@ node_runtime::~node_runtime() {
 namespace {
 
 /// The bearer token in `path`: its first line, surrounding white space trimmed. The error names
-/// the file. Like the cluster secret, a key others may read is refused: anyone on the host could
-/// then use the API.
+/// the file. Read like the cluster secret: a key others may read is refused (anyone on the host
+/// could then use the API).
 result<std::string> read_api_key(const std::string& path) {
-  std::error_code ec;
-  const auto perms = fs::status(path, ec).permissions();
-  if (!ec && (perms & (fs::perms::group_all | fs::perms::others_all)) != fs::perms::none)
-    return make_error(errc::unauthorized,
-                      "http.api_key_file {}: accessible by group or others (mode {:o}); run "
-                      "chmod 600",
-                      path, static_cast<unsigned>(perms) & 0777u);
-  std::ifstream in(path);
-  if (!in) return make_error(errc::io, "http.api_key_file {}: cannot read it", path);
-  std::string line;
-  std::getline(in, line);
+  auto text = ctl::read_private_text_file(path, "http.api_key_file");
+  if (!text) return text.error();
+  const std::string line = text->substr(0, text->find('\n'));
   const auto first = line.find_first_not_of(" \t\r\n");
   const auto last = line.find_last_not_of(" \t\r\n");
   if (first == std::string::npos)

@@ -148,6 +148,15 @@ result<std::size_t> read_private_file(const std::string& path, std::string_view 
 }
 }  // namespace
 
+result<std::string> read_private_text_file(const std::string& path, std::string_view what,
+                                           std::size_t max_bytes) {
+  std::string text(max_bytes + 1, '\0');
+  auto len = read_private_file(path, what, text.data(), text.size());
+  if (!len) return len.error();
+  text.resize(*len);
+  return text;
+}
+
 result<cluster_secret> read_cluster_secret_file(const std::string& path) {
   char buf[256];
   auto len = read_private_file(path, "cluster key", buf, sizeof buf);

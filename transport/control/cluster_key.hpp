@@ -75,6 +75,13 @@ enum class secret_format { hex, z85 };
 /// Reads a secret file. Refuses files readable or writable by group or others (like ssh does).
 [[nodiscard]] result<cluster_secret> read_cluster_secret_file(const std::string& path);
 
+/// The text of another small secret file (`what` names it in errors; e.g. the HTTP API key),
+/// under the same rule as the cluster key: refused when group or others may read or write it;
+/// at most `max_bytes`.
+[[nodiscard]] result<std::string> read_private_text_file(const std::string& path,
+                                                         std::string_view what,
+                                                         std::size_t max_bytes = 64 * 1024);
+
 /// Writes `text` to a new file with mode 0600. Fails if the file exists unless `overwrite`.
 [[nodiscard]] result<void> write_secret_file(const std::string& path, std::string_view text,
                                              bool overwrite);
