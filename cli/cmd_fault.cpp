@@ -85,8 +85,9 @@ result<json> status_at(const options& o, const std::string& endpoint,
   }
 }
 
-void save_members(const options& o, const std::vector<member>& ms);
-result<std::vector<member>> load_members(const options& o);
+std::string cache_path(const options& o);
+void save_members(const std::string& path, const std::vector<member>& ms);
+result<std::vector<member>> load_members(const std::string& path);
 
 /// The members as the first answering --connect node sees them (its view, plus itself).
 result<std::vector<member>> discover(const options& o) {
@@ -139,7 +140,8 @@ result<std::vector<member>> discover(const options& o) {
     }
     // A member that dropped out of the view (dead: e.g. paused) has no pid there any more; the
     // cache of earlier commands still knows it, so `resume` can find it.
-    if (auto cached = load_members(o)) {
+    const std::string cache = cache_path(o);
+    if (auto cached = load_members(cache)) {
       for (auto& m : out) {
         if (m.pid != 0) continue;
         for (const auto& c : *cached)
@@ -150,7 +152,7 @@ result<std::vector<member>> discover(const options& o) {
           }
       }
     }
-    save_members(o, out);
+    save_members(cache, out);
     return out;
   }
   return make_error(errc::timeout,
@@ -174,14 +176,13 @@ std::string cache_path(const options& o) {
                      keys->cluster_id);
 }
 
-void save_members(const options& o, const std::vector<member>& fresh) {
-  const std::string path = cache_path(o);
+void save_members(const std::string& path, const std::vector<member>& fresh) {
   if (path.empty()) return;
   // Fresh entries first, then what the cache knew of other members (other clusters on this
   // host, or members that dropped out of the view), up to a bound.
   constexpr std::size_t kMaxCached = 256;
   std::vector<member> ms = fresh;
-  if (auto old = load_members(o))
+  if (auto old = load_members(path))
     for (const auto& c : *old) {
       if (ms.size() >= kMaxCached) break;
       bool have = false;
@@ -203,8 +204,7 @@ void save_members(const options& o, const std::vector<member>& fresh) {
   if (out) std::filesystem::rename(tmp, path);
 }
 
-result<std::vector<member>> load_members(const options& o) {
-  const std::string path = cache_path(o);
+result<std::vector<member>> load_members(const std::string& path) {
   if (path.empty())
     return make_error(errc::not_found, "no member table: the cluster key cannot be read");
   try {
@@ -430,13 +430,14 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
   auto ms = discover(o);
   if (!ms) {
     // A paused node answers nobody: the table cached by an earlier command still has its pid.
-    auto cached = load_members(o);
+    const std::string cache = cache_path(o);
+    auto cached = load_members(cache);
     if (!cached) {
       std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
       return 1;
     }
     std::fprintf(stderr, "tessera fault: no node answered; using the member table cached at %s\n",
-                 cache_path(o).c_str());
+                 cache.c_str());
     ms = std::move(cached);
   }
   auto m = resolve(*ms, name);
