@@ -220,6 +220,10 @@ struct gateway::impl {
       return send_error(
           res, error_of(error{errc::closed, "this peer is leaving the mesh; ask another peer"}));
     }
+    // The body first: a client still sending it (a slow drip) holds a handler thread, as it did
+    // when cpp-httplib read bodies before the handler, but none of the in-flight API slots.
+    auto body = read_body(reader, res);
+    if (!body) return;
     if (in_flight.fetch_add(1) >= opt.max_in_flight) {
       in_flight.fetch_sub(1);
       api_error e = error_of(
@@ -231,11 +235,6 @@ struct gateway::impl {
     }
     std::uint64_t seed = 0;
     std::string id = new_id(kind, &seed);
-    auto body = read_body(reader, res);
-    if (!body) {
-      in_flight.fetch_sub(1);
-      return;
-    }
     auto parsed = parse_request(kind, *body, std::move(id), seed);
     if (auto* e = std::get_if<api_error>(&parsed)) {
       in_flight.fetch_sub(1);
