@@ -92,7 +92,7 @@ result<void> actor::send_request(const actor_ref& to, std::unique_ptr<message_no
   actor_ref target = self_;
   actor_system* sys = sys_;
   timer_id timer = sys_->timers_.schedule(sys_->clock().now() + timeout, clock::duration::zero(),
-                                          [sys, target, id] {
+                                          [sys, target, id](timer_id) {
                                             auto* n = new typed_node<stop_request>({});
                                             n->kind = message_kind::request_timeout;
                                             n->lane_ = lane::control;
@@ -119,20 +119,19 @@ timer_id actor::start_timer_node(clock::duration delay, bool periodic,
                                  std::function<message_node*()> make) {
   actor_ref target = self_;
   actor_system* sys = sys_;
-  // The id is only known after schedule(); the closure reads it from a shared slot.
-  auto id_slot = std::make_shared<std::atomic<timer_id>>(0);
+  // The timer service hands the closure its id: a timer due at once can fire before schedule()
+  // returns, and a message carrying no id would be dropped as a cancelled timer's.
   timer_id id = sys_->timers_.schedule(
       sys_->clock().now() + delay, periodic ? delay : clock::duration::zero(),
-      [sys, target, make = std::move(make), id_slot] {
+      [sys, target, make = std::move(make)](timer_id fired) {
         message_node* n = make();
         n->kind = message_kind::timer;
         n->lane_ = lane::control;
-        n->request_id = id_slot->load(std::memory_order_acquire);
+        n->request_id = fired;
         if (auto r = sys->post(target, n); !r && r.error().code == errc::overloaded) {
           SPDLOG_WARN("timer message for {} refused: {}", target, r.error().message);
         }
       });
-  id_slot->store(id, std::memory_order_release);
   timers_.emplace(id, periodic);
   return id;
 }

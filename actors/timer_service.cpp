@@ -63,7 +63,7 @@ std::size_t timer_service::fire_due(clock::time_point now) {
   while (pop_due(now, id, e)) {
     fire_fn fn = e->fn;  // copy: the entry may be cancelled while fn runs
     lock.unlock();
-    fn();
+    fn(id);
     ++fired;
     lock.lock();
     after_fire(id);
@@ -89,7 +89,7 @@ void timer_service::thread_main() {
     while (!stopping_ && pop_due(clock_.now(), id, e)) {
       fire_fn fn = e->fn;
       lock.unlock();
-      fn();
+      fn(id);
       lock.lock();
       after_fire(id);
     }

@@ -26,7 +26,9 @@ using timer_id = std::uint64_t;
 
 class timer_service {
  public:
-  using fire_fn = std::function<void()>;
+  /// Called with the timer's own id: a timer due at once may fire before schedule() returns,
+  /// so the id must not be learnt from its return value.
+  using fire_fn = std::function<void(timer_id)>;
 
   /// `threaded`: run a timer thread on `clk` (a real clock); otherwise fire only in fire_due().
   timer_service(const clock& clk, bool threaded);

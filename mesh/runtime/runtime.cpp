@@ -1083,6 +1083,10 @@ class control_actor_t final : public actors::actor {
       in_ms = std::max<std::uint64_t>(1, p_.next_tick_in_ms());
     }
     const auto due = now() + std::chrono::milliseconds(in_ms);
+    // A tick a second overdue is not on its way (timers go on the control lane, served first):
+    // it was refused by a full lane (counted, logged). Without a new one, a node whose peers all
+    // fell silent would never tick again.
+    if (armed_ && armed_->first + std::chrono::seconds(1) < now()) armed_.reset();
     if (armed_ && armed_->first <= due) return;  // an earlier tick is on its way
     if (armed_) cancel_timer(armed_->second);
     armed_.emplace(due, after(std::chrono::milliseconds(in_ms), node_runtime::impl::node_tick{}));

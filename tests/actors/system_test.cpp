@@ -415,6 +415,35 @@ TEST(ActorSystem, CancelledTimerNeverFires) {
   ASSERT_TRUE(eventually([&] { return sys.active_timers() == 0; }));
 }
 
+// A timer that is due at once races its own scheduling: the timer thread may fire it before
+// after() has returned. Each must still reach its actor as that timer (not as a cancelled one):
+// an actor that re-arms one timer per turn, as the node's control actor does, must never lose
+// its only tick.
+TEST(ActorSystem, ATimerDueAtOnceIsNeverTakenForACancelledOne) {
+  actor_system sys(threaded());
+  constexpr std::uint32_t rounds = 20000;
+  std::promise<std::uint32_t> done;
+  struct rearm : actor {
+    explicit rearm(std::promise<std::uint32_t>& p) {
+      on<arm>([this](arm&) { after(0ms, fired{0}); });
+      on<fired>([this, &p](fired& f) {
+        if (f.which + 1 == rounds) {
+          p.set_value(f.which + 1);
+          return;
+        }
+        after(0ms, fired{f.which + 1});
+      });
+    }
+  };
+  auto t = sys.spawn<rearm>(done);
+  ASSERT_TRUE(sys.send(*t, arm{}));
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready)
+      << "a timer was lost; dropped as cancelled: " << sys.stats().cancelled_timer_drops;
+  EXPECT_EQ(f.get(), rounds);
+  EXPECT_EQ(sys.stats().cancelled_timer_drops, 0u);
+}
+
 TEST(ActorSystem, RegistryBindsLooksUpAndForgetsStoppedActors) {
   actor_system sys(threaded());
   spawn_options opts;
