@@ -67,7 +67,7 @@ int ask(const ask_args& a) {
   }
   std::random_device rd;
   sv::request r;
-  r.id = a.id.empty() ? fmt::format("ask-{:08x}{:08x}", rd(), rd()) : a.id;
+  r.id = a.id.empty() ? sv::random_request_id("ask-") : a.id;
   r.model = a.model;
   if (a.chat)
     r.messages.push_back({"user", a.prompt});

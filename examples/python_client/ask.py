@@ -370,7 +370,7 @@ def main(argv):
     a = parse_args(argv)
     req = {
         "v": PROTOCOL_VERSION,
-        "id": "py-" + secrets.token_hex(8),
+        "id": "py-" + secrets.token_hex(16),  # the id is the capability: 128 bits
         "model": a.model,
         "prompt": a.prompt,
         "max_tokens": a.max_tokens,

@@ -21,6 +21,7 @@
 #include "mesh/http/elastic_pool.hpp"
 #include "mesh/http/metrics.hpp"
 #include "mesh/http/openai.hpp"
+#include "mesh/serving/protocol.hpp"
 
 namespace tessera::mesh::http {
 namespace {
@@ -138,7 +139,7 @@ struct gateway::impl {
   std::string new_id(api_kind kind, std::uint64_t* seed) {
     std::lock_guard lock(mu);
     *seed = rng();
-    return fmt::format("{}-{:016x}", kind == api_kind::chat ? "chatcmpl" : "cmpl", rng());
+    return serving::random_request_id(kind == api_kind::chat ? "chatcmpl-" : "cmpl-");
   }
 
   json status_doc() const { return opt.status ? opt.status() : json(nullptr); }

@@ -40,6 +40,13 @@ namespace tessera::mesh::serving {
 /// every keyed client) and to each encrypted frame's overhead: 1 KiB covers both.
 inline constexpr std::size_t kMaxSubscriptionBytes = 1024;
 static_assert(kMaxSubscriptionBytes >= 2 + max_id_bytes);
+/// Response topics a peer honours subscriptions to at once (`:peers` aside): 8 streams and 64
+/// queued per peer leave this ample for every client's in-flight requests, while a flood of
+/// distinct topics is refused (counted) rather than grown into the peer's memory.
+inline constexpr std::size_t kMaxSubscribedTopics = 16384;
+/// A stream whose topic has had no subscriber on this peer for this long is cut (its client
+/// left or never listened): its slot goes to requests someone reads.
+inline constexpr auto kUnreadStreamCut = std::chrono::seconds(5);
 
 namespace inf = tessera::inference;
 namespace mdl = tessera::inference::model;
@@ -230,10 +237,17 @@ struct engine::impl {
   std::atomic<bool> peers_changed{false};
   std::deque<group_link_message> link_inbox;  // bounded by kMaxLinkMessages
   std::uint64_t dropped_inbox = 0;
+  // Request ids whose response topic lost its last subscriber here, and since when (the io
+  // thread adds and removes them; the engine cuts their streams after kUnreadStreamCut). At
+  // most kMaxSubscribedTopics entries: only a topic that was subscribed can lose its subscriber.
+  std::unordered_map<std::string, clock_type::time_point> unsubscribed_since;
   // counters, written by the engine / io threads
   std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
       tokens_out{0}, duplicates{0}, cancelled{0},
-      resumed_first{0};  // resumed streams queued ahead of new ones
+      resumed_first{0},  // resumed streams queued ahead of new ones
+      subscriptions_refused{0}, unread_requests{0}, unread_streams_cut{0};
+  // --- io thread only: subscribers per response topic (request id) on the XPUB ---
+  std::unordered_map<std::string, std::uint32_t> topic_subscribers;
   // Forward passes over local streams, and the stream-units they carried (their ratio is the mean
   // batch); written by the engine thread.
   std::atomic<std::uint64_t> passes{0}, pass_streams{0};
@@ -280,9 +294,11 @@ struct engine::impl {
       try {
         zmq::poll(items, zap ? 4 : 3, std::chrono::milliseconds(100));
         if (zap && (items[3].revents & ZMQ_POLLIN)) answer_zap();
+        // Subscriptions first: a client subscribes to a request's topic before it publishes the
+        // request, and the request must find that subscription here.
+        if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
         if (items[0].revents & ZMQ_POLLIN) on_request_frames();
         if (items[1].revents & ZMQ_POLLIN) forward_responses();
-        if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
         if (peers_changed.exchange(false) || clock_type::now() >= next_peers) {
           publish_peers();
           next_peers = clock_type::now() + std::chrono::seconds(2);
@@ -368,6 +384,7 @@ struct engine::impl {
         note_malformed(r.error().message);
         continue;
       }
+      r->has_subscriber = topic_subscribers.contains(r->id);
       {
         std::lock_guard lock(mu);
         if (inbox.size() >= opt.max_inbox) {
@@ -399,13 +416,55 @@ struct engine::impl {
 
   /// Reads the subscription messages; true when someone subscribed to the peer list (it gets
   /// the list at once instead of within 2 s).
+  ///
+  /// The XPUB is in manual mode: a subscription reaches clients only when we honour it here,
+  /// right after reading it (libzmq applies it to the connection it came from). We honour the
+  /// peer list and exact response topics `<id>:` only, so nobody can subscribe to a prefix (""
+  /// would be every stream on the port) and read other clients' request ids and tokens: a
+  /// request's id is the capability to read, cancel and resume it (docs/PROTOCOL.md).
   bool drain_subscriptions() {
     bool wants_peers = false;
     for (int n = 0; n < 1024; ++n) {
       zmq::message_t m;
       if (!xpub.recv(m, zmq::recv_flags::dontwait)) break;
       const auto v = m.to_string_view();
-      if (!v.empty() && v[0] == '\x01' && v.substr(1) == peers_topic) wants_peers = true;
+      if (v.empty() || (v[0] != '\x00' && v[0] != '\x01')) continue;
+      const bool subscribe = v[0] == '\x01';
+      const auto topic = v.substr(1);
+      if (topic == peers_topic) {
+        if (subscribe)
+          xpub.set(zmq::sockopt::subscribe, topic);
+        else
+          xpub.set(zmq::sockopt::unsubscribe, topic);
+        wants_peers = wants_peers || subscribe;
+        continue;
+      }
+      const bool response_topic =
+          topic.size() >= 2 && topic.back() == ':' && valid_id(topic.substr(0, topic.size() - 1));
+      const std::string id(response_topic ? topic.substr(0, topic.size() - 1) : "");
+      if (subscribe) {
+        if (!response_topic ||
+            (topic_subscribers.size() >= kMaxSubscribedTopics && !topic_subscribers.contains(id))) {
+          ++subscriptions_refused;
+          continue;
+        }
+        xpub.set(zmq::sockopt::subscribe, topic);
+        if (topic_subscribers[id]++ == 0) {
+          std::lock_guard lock(mu);
+          unsubscribed_since.erase(id);
+        }
+        continue;
+      }
+      // An unsubscription: the client's own, or libzmq's for each topic of a connection that
+      // closed (then no connection is current and the call below changes nothing).
+      auto it = response_topic ? topic_subscribers.find(id) : topic_subscribers.end();
+      if (it == topic_subscribers.end()) continue;  // one we refused
+      xpub.set(zmq::sockopt::unsubscribe, topic);
+      if (--it->second == 0) {
+        topic_subscribers.erase(it);
+        std::lock_guard lock(mu);
+        unsubscribed_since[id] = clock_type::now();
+      }
     }
     return wants_peers;
   }
@@ -462,6 +521,36 @@ struct engine::impl {
     return nullptr;
   }
 
+  /// Streams whose topic has had no subscriber here for kUnreadStreamCut end with `unavailable`
+  /// (remembered, so the client, if it comes back, resumes with a new attempt): nobody reads
+  /// them, and their slots belong to clients who do.
+  void cut_unread_streams(clock_type::time_point now) {
+    std::vector<std::string> cut;
+    {
+      std::lock_guard lock(mu);
+      for (auto it = unsubscribed_since.begin(); it != unsubscribed_since.end();) {
+        if (now - it->second < kUnreadStreamCut) {
+          ++it;
+          continue;
+        }
+        if (find_session(it->first) != nullptr) cut.push_back(it->first);
+        it = unsubscribed_since.erase(it);
+      }
+    }
+    for (const auto& id : cut) {
+      session* s = find_session(id);
+      if (s == nullptr) continue;
+      ++unread_streams_cut;
+      const request q = s->req;
+      drop_session(id);
+      send_error(
+          q, error_code::unavailable,
+          fmt::format("nobody subscribed to the stream on peer {} for {} s: cut; resume",
+                      opt.node_hex,
+                      std::chrono::duration_cast<std::chrono::seconds>(kUnreadStreamCut).count()));
+    }
+  }
+
   /// A cancel: the peer serving the id (any attempt up to the cancelled one) drops the stream and
   /// remembers it as finished, so a re-publication still in flight does not start it again. Every
   /// other peer has no session and does nothing.
@@ -486,6 +575,14 @@ struct engine::impl {
 
   void on_request(request q) {
     if (q.cancel) return on_cancel(q);
+    // Nobody subscribed to its answer here: serving it would only hold a slot (a flood of such
+    // requests would starve every client who reads). An honest client subscribes before it
+    // publishes and re-publishes until accepted, so a request that raced its subscription is
+    // served at the next re-publication.
+    if (!q.has_subscriber) {
+      ++unread_requests;
+      return;
+    }
     std::shared_ptr<const placement::plan> p;
     std::vector<member_id> members;
     {
@@ -1000,6 +1097,7 @@ struct engine::impl {
         active.erase(id);
       }
       const auto now = clock_type::now();
+      cut_unread_streams(now);
       for (auto& s : queued)
         if (now - s->last_sent > std::chrono::milliseconds(opt.keepalive_ms)) {
           send(base(s->req, "accepted"));
@@ -1446,6 +1544,8 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
     // Every subscription reaches us (not only a topic's first): each new client asking for the
     // peer list gets it at once.
     p->xpub.set(zmq::sockopt::xpub_verbose, 1);
+    // Manual: we decide which subscriptions take effect (drain_subscriptions()).
+    p->xpub.set(zmq::sockopt::xpub_manual, 1);
     // What a client sends to the response port is subscriptions: one byte and a topic of at most
     // max_id_bytes + 1. Anything longer closes the connection before it is buffered (without the
     // bound one frame of N bytes cost the peer ~2N of memory, before any authentication).
@@ -1634,6 +1734,9 @@ json engine::status() const {
   j["resumed_first"] = impl_->resumed_first.load();
   j["tokens"] = impl_->tokens_out.load();
   j["malformed"] = impl_->malformed.load();
+  j["unread"] = {{"subscriptions_refused", impl_->subscriptions_refused.load()},
+                 {"requests_ignored", impl_->unread_requests.load()},
+                 {"streams_cut", impl_->unread_streams_cut.load()}};
   j["passes"] = impl_->passes.load();
   j["pass_streams"] = impl_->pass_streams.load();
   return j;

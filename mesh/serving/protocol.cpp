@@ -1,6 +1,12 @@
 #include "mesh/serving/protocol.hpp"
 
+#include <sys/random.h>
+
+#include <array>
 #include <cmath>
+#include <cstdint>
+
+#include <fmt/format.h>
 
 #include "actors/base/msgpack_bounded.hpp"
 
@@ -24,6 +30,18 @@ std::string response_topic(std::string_view id) {
   std::string t(id);
   t.push_back(':');
   return t;
+}
+
+std::string random_request_id(std::string_view prefix) {
+  std::array<std::uint64_t, 2> words{};
+  auto* p = reinterpret_cast<char*>(words.data());
+  std::size_t got = 0;
+  while (got < sizeof(words)) {
+    const ssize_t n = ::getrandom(p + got, sizeof(words) - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+    // EINTR only: getrandom() on Linux >= 3.17 does not fail otherwise once the pool is ready.
+  }
+  return fmt::format("{}{:016x}{:016x}", prefix, words[0], words[1]);
 }
 
 bool valid_id(std::string_view id) noexcept {

@@ -73,6 +73,10 @@ struct request {
   /// With `cancel`: only the peer of this node id stops (a client cutting short a duplicate
   /// acceptance of its attempt keeps the first peer's stream). Empty: whichever peer serves it.
   std::string node;
+  /// Not on the wire: whether the topic `<id>:` had a subscriber on this peer's response port
+  /// when the request was read (set by the peer's I/O thread). Without one nobody would read the
+  /// answer, and the peer does not serve it.
+  bool has_subscriber = true;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node);
 };
@@ -122,6 +126,11 @@ struct response {
 
 /// Checks an id: 1..max_id_bytes of [A-Za-z0-9_.-].
 [[nodiscard]] bool valid_id(std::string_view id) noexcept;
+
+/// A fresh request id: `prefix` and 128 bits from the kernel's CSPRNG in hex. The id is the
+/// request's capability (whoever knows it can read, cancel and resume the stream), so it must
+/// be unguessable: never from a seeded PRNG whose outputs a client sees in its own ids.
+[[nodiscard]] std::string random_request_id(std::string_view prefix);
 
 /// Encodes to msgpack bytes.
 [[nodiscard]] std::string encode(const request& r);

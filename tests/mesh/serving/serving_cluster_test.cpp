@@ -5,12 +5,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -956,6 +958,140 @@ TEST_F(ServingCluster, OversizedFramesToTheResponsePortCostThePeerNothing) {
   auto out = (*c)->ask(greedy("after-big-frames", 16));
   ASSERT_TRUE(out) << out.error().describe();
   EXPECT_EQ(out->tokens, ref);
+}
+
+// A stranger on the open client ports subscribes to prefixes of every response topic ("", a
+// letter, the peer list's neighbour) to learn the request ids others are streaming — the key to
+// cancelling or forging their attempts (issue 32, items 1-2). The peers honour only exact topics
+// `<id>:` and `:peers`: the stranger hears nothing while a victim's stream runs to its end.
+TEST_F(ServingCluster, AStrangerCannotReadOtherClientsStreamsOrTheirIds) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  constexpr std::uint32_t n = 64;
+  const auto ref = reference(n);
+  zmq::context_t ctx;
+  zmq::socket_t spy(ctx, zmq::socket_type::sub);
+  for (std::size_t i = 0; i < cluster_->size(); ++i)
+    spy.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
+  for (const char* prefix : {"", "v", "victim", "victim-", "victim-stream", ":", ":p"})
+    spy.set(zmq::sockopt::subscribe, std::string(prefix));
+  std::this_thread::sleep_for(500ms);  // subscriptions reach the peers asynchronously
+  std::atomic<bool> done{false};
+  std::atomic<int> overheard{0};
+  std::string first_topic;
+  std::thread listen([&] {
+    while (!done.load()) {
+      zmq::pollitem_t item{spy.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 50ms);
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      zmq::message_t m;
+      (void)spy.recv(m);
+      if (overheard++ == 0) first_topic = m.to_string();
+    }
+  });
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  auto out = (*c)->ask(greedy("victim-stream", n));
+  std::this_thread::sleep_for(300ms);
+  done = true;
+  listen.join();
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  EXPECT_EQ(out->tokens, ref);
+  EXPECT_EQ(overheard.load(), 0) << "the stranger read frames, the first on topic '" << first_topic
+                                 << "'";
+  std::uint64_t refused = 0;
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st);
+    refused += (*st)["serving"]["unread"]["subscriptions_refused"].get<std::uint64_t>();
+  }
+  EXPECT_GE(refused, 7u * cluster_->size()) << "every prefix subscription is refused and counted";
+}
+
+// 150 requests of 4096 tokens whose answers nobody subscribes to (12 KB from a plain PUB socket)
+// once held every slot and queue place: every honest request got `overloaded` (issue 32, item
+// 3). A peer now serves only requests someone listens to: the honest client is answered at once.
+TEST_F(ServingCluster, UnreadRequestsDoNotStarveAClientWhoReads) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  const auto ref = reference(16);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE((*c)->ask(greedy("warm-up", 4)));  // the peers' weights are in
+  zmq::context_t ctx;
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  for (std::size_t i = 0; i < cluster_->size(); ++i)
+    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
+  std::this_thread::sleep_for(500ms);
+  for (int k = 0; k < 150; ++k) {
+    (void)pub.send(zmq::buffer(request_topic), zmq::send_flags::sndmore);
+    (void)pub.send(zmq::buffer(encode(greedy("unread-" + std::to_string(k), 4096))),
+                   zmq::send_flags::none);
+  }
+  std::this_thread::sleep_for(300ms);
+  for (int k = 0; k < 5; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = (*c)->ask(greedy("reader-" + std::to_string(k), 16));
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+    EXPECT_EQ(out->tokens, ref);
+    std::printf(
+        "[serving] with 150 unread 4096-token requests published: honest ask %d in %lld ms\n", k,
+        static_cast<long long>(ms));
+  }
+  std::uint64_t ignored = 0;
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    auto st = cluster_->status(i);
+    ASSERT_TRUE(st);
+    ignored += (*st)["serving"]["unread"]["requests_ignored"].get<std::uint64_t>();
+    EXPECT_LE((*st)["serving"]["streams"].size(), 1u) << st->dump();
+  }
+  EXPECT_GE(ignored, 150u * cluster_->size()) << "every peer read every unread request";
+}
+
+// A client that subscribes, publishes a long request and then goes away without a cancel (its
+// SUB socket closed): the stream nobody reads is cut after 5 s and counted, its slot freed.
+TEST_F(ServingCluster, AStreamWhoseReaderLeftIsCut) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  zmq::context_t ctx;
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  std::optional<zmq::socket_t> sub(std::in_place, ctx, zmq::socket_type::sub);
+  for (std::size_t i = 0; i < cluster_->size(); ++i) {
+    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
+    sub->connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
+  }
+  sub->set(zmq::sockopt::subscribe, response_topic("walked-away"));
+  std::this_thread::sleep_for(500ms);
+  auto req = greedy("walked-away", 4096);
+  std::string server;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (server.empty() && std::chrono::steady_clock::now() < until) {
+    (void)pub.send(zmq::buffer(request_topic), zmq::send_flags::sndmore);
+    (void)pub.send(zmq::buffer(encode(req)), zmq::send_flags::none);
+    zmq::pollitem_t item{sub->handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, 200ms);
+    if (!(item.revents & ZMQ_POLLIN)) continue;
+    zmq::message_t topic, body;
+    (void)sub->recv(topic);
+    (void)sub->recv(body);
+    if (auto r = decode_response(body.to_string_view()); r && r->kind == "accepted")
+      server = r->node;
+  }
+  ASSERT_FALSE(server.empty()) << cluster_->logs();
+  const std::size_t i = index_of(server);
+  ASSERT_LT(i, cluster_->size());
+  sub.reset();  // gone, without a cancel
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        auto st = cluster_->status(i);
+        return st && (*st)["serving"]["unread"]["streams_cut"].get<std::uint64_t>() == 1 &&
+               (*st)["serving"]["streams"].empty();
+      },
+      20s))
+      << cluster_->logs();
 }
 
 // A hostile peer that holds the cluster secret (it passes CURVE) sends every control message type
