@@ -183,6 +183,10 @@ constexpr std::uint32_t wanted_inline_bytes = 220;  // perftest's default for la
 // 6, not the IB maximum 7: rxe (and some HCAs) read retry_cnt 7 as "retry forever", which turns a
 // dead peer into a hang. The ack timeout scales the budget instead.
 constexpr std::uint8_t retry_cnt = 6;
+// The responder's HCA asks a sender to retry while its receive queue is empty (backpressure from
+// an owner that polls late). 7 retries without end at the HCA; the bound is the link's own
+// deadline on posted work (maybe_probe_locked), which is peer_timeout_ms as link.hpp promises:
+// a finite count (at most 7 x 655 ms) could not express a 10 s timeout.
 constexpr std::uint8_t rnr_retry_infinite = 7;
 constexpr std::uint32_t max_rq_depth = 64;  // receives kept posted (each max_send_bytes)
 
@@ -349,6 +353,13 @@ class endpoint {
   std::uint64_t activity_seen_ = 0;  // activity_ when idle_since_ was taken
   clock_type::time_point idle_since_{};
   std::uint32_t empty_polls_ = 0;
+  // The link's own deadline for posted work (link.hpp: backpressure never longer than
+  // peer_timeout_ms). Send-queue completions counted, and since when none came while work was
+  // posted: a peer that is alive but does not read answers RNR NAKs, retried without end at
+  // rnr_retry 7, and its HCA still acknowledges nothing else behind them (the queue is in order).
+  std::uint64_t send_completions_ = 0;
+  std::uint64_t send_completions_seen_ = 0;
+  clock_type::time_point stuck_since_{};
   // handshake
   bool hello_received_ = false;
   std::optional<ibv_wc_status> control_status_;
@@ -750,6 +761,7 @@ error endpoint::wc_error(const ibv_wc& wc, std::string_view what) const {
 
 void endpoint::on_send_wc(const ibv_wc& wc) {
   const auto slot = static_cast<std::uint32_t>(wc.wr_id);
+  ++send_completions_;
   if (slot == control_slot_) {
     --sq_used_;
     control_status_ = wc.status;
@@ -916,6 +928,26 @@ error endpoint::closed_error_locked() const {
 }
 
 void endpoint::maybe_probe_locked(clock_type::time_point now) {
+  // Work posted and not one send-queue completion for peer_timeout_ms: the peer is unreachable
+  // or alive and not reading (e.g. `tessera fault pause`). The link goes down, failing every
+  // pending operation, instead of retrying into the peer's empty receive queue forever.
+  if (state_ == link_state::up && sq_used_ > 0) {
+    if (send_completions_ != send_completions_seen_) {
+      send_completions_seen_ = send_completions_;
+      stuck_since_ = now;
+    } else if (now - stuck_since_ > options_.peer_timeout_ms) {
+      go_down_locked(make_error(
+          errc::timeout,
+          "rdma: peer QPN {} at {} completed none of {} posted operations for {} ms: it does not "
+          "read (its receive queue is empty, RNR) or cannot be reached",
+          remote_.qpn, rdma::format_gid(remote_.gid), sq_used_,
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - stuck_since_).count()));
+      return;
+    }
+  } else {
+    send_completions_seen_ = send_completions_;
+    stuck_since_ = now;
+  }
   if (activity_ != activity_seen_) {  // something moved since the last look: idle from now
     activity_seen_ = activity_;
     idle_since_ = now;

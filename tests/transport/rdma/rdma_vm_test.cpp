@@ -10,10 +10,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -559,6 +562,62 @@ TEST(rdma_vm_two_process, a_peer_killed_while_idle_is_detected_never_a_hang) {
   ASSERT_FALSE(down.ok());
   EXPECT_EQ(down.failure->code, errc::timeout) << down.failure->describe();
   EXPECT_FALSE(l->is_up());
+}
+
+// A peer alive but not reading (`tessera fault pause`: SIGSTOP; here also a process that never
+// polls): its HCA answers every send past its posted receives with RNR NAKs, which rnr_retry 7
+// retries without end, while it still acknowledges at link level. The link's own deadline ends
+// it: the stuck send fails and the link goes down within peer_timeout_ms, never a hang.
+TEST(rdma_vm_two_process, a_peer_that_stops_reading_fails_sends_within_the_peer_timeout) {
+  child c = spawn("idle");  // posts its receives, then never polls
+  ASSERT_GT(c.pid, 0);
+  link_options o = vm_options();
+  o.peer_timeout_ms = 1000ms;
+  auto l = connect_to_child(c, o);
+  ASSERT_TRUE(l);
+  ASSERT_EQ(read_line(c.from), "ready");
+  ASSERT_EQ(::kill(c.pid, SIGSTOP), 0);
+  // More sends than the peer has receives posted (64 at most): the first ones complete, the
+  // rest wait at the peer's empty receive queue.
+  int ok = 0, failed = 0;
+  std::optional<std::chrono::steady_clock::time_point> stuck_from;
+  auto t_down = std::chrono::steady_clock::now();
+  const std::string msg = "are you reading?";
+  int posted = 0;
+  for (;;) {
+    // Post while there is room (max_outstanding), up to 100 in all.
+    while (posted < 100 &&
+           l->send(std::as_bytes(std::span(msg)), static_cast<std::uint64_t>(posted)))
+      ++posted;
+    completion got = next(*l);
+    if (got.kind == completion_kind::link_down) {
+      t_down = std::chrono::steady_clock::now();
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.failure->code, errc::timeout) << got.failure->describe();
+      EXPECT_NE(got.failure->message.find("does not read"), std::string::npos)
+          << got.failure->describe();
+      break;
+    }
+    ASSERT_EQ(got.kind, completion_kind::send_done);
+    if (got.ok()) {
+      ++ok;
+      stuck_from = std::chrono::steady_clock::now();
+    } else {
+      ++failed;
+    }
+  }
+  ASSERT_TRUE(stuck_from.has_value()) << "no send completed before the peer's queue ran dry";
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t_down - *stuck_from).count();
+  std::printf(
+      "[rdma-vm] peer stopped reading: %d sends done, %d failed, link down %lld ms after "
+      "the last completion (peer_timeout 1000 ms)\n",
+      ok, failed, static_cast<long long>(ms));
+  EXPECT_GT(failed, 0);
+  EXPECT_LT(ms, 10'000) << "the deadline is peer_timeout_ms (1 s), plus the emulator's slowness";
+  EXPECT_FALSE(l->is_up());
+  ::kill(c.pid, SIGKILL);
+  (void)reap(c.pid);
 }
 
 TEST(rdma_vm_two_process, an_operation_towards_a_dead_peer_fails) {
