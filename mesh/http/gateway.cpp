@@ -80,6 +80,9 @@ struct relay {
   }
 };
 
+/// Connections the kernel completes and holds for the accept loop (capped by net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
 /// cpp-httplib's task queue on the elastic pool: one idle handler thread, up to `threads` while
 /// connections are open (elastic_pool.hpp says why).
 class pool_queue final : public httplib::TaskQueue {
@@ -461,14 +464,18 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   // cpp-httplib's default sets SO_REUSEPORT: a second process could then bind the same port and
   // take every other connection (even another cluster's node). SO_REUSEADDR only: a taken port
   // is refused with a clear error.
-  p->svr.set_socket_options([](int sock) {
+  int listen_fd = -1;
+  p->svr.set_socket_options([&listen_fd](int sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd = sock;
   });
   // A client that stops sending (a PUT without its body, a slow drip) holds a handler for at
   // most this long per read.
   p->svr.set_read_timeout(10);
   p->svr.set_write_timeout(30);
+  // An open connection that sends no request holds its handler this long.
+  p->svr.set_keep_alive_timeout(5);
   p->svr.set_keep_alive_max_count(100);
   p->routes();
   const auto& addr = p->opt.bind_address;
@@ -484,6 +491,10 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
                         addr, p->opt.port);
     p->port = p->opt.port;
   }
+  // cpp-httplib listens with a backlog of 5: a burst of connections (a stranger's, or many
+  // clients at once) overflowed it and every later connect, an honest one too, waited for SYN
+  // retries (1 s, 3 s, 7 s, ...). listen() again on the bound socket only raises the backlog.
+  if (listen_fd >= 0) (void)::listen(listen_fd, kListenBacklog);
   impl* raw = p.get();
   p->listener = std::thread([raw] {
     name_this_thread("http-accept");

@@ -39,8 +39,12 @@ struct gateway_options {
   std::function<nlohmann::json()> cluster_status;
   std::uint32_t cluster_cache_ms = 1000;
   std::uint32_t max_in_flight = 32;       ///< API requests at once; beyond: 429 overloaded
-  std::uint32_t threads =
-      40;  ///< handler threads at most (> max_in_flight: status stays up); 1 when idle
+  /// Handler threads at most (one per open connection; 1 when idle). cpp-httplib gives each
+  /// connection a thread for as long as it stays open, so this is how many idle, slow or
+  /// half-open connections a stranger must hold before an honest request waits in the queue:
+  /// each holds its thread for the keep-alive timeout (5 s) when it sends nothing, or one read
+  /// timeout per read when it drips. Threads are made only while connections are open.
+  std::uint32_t threads = 1024;
   std::uint32_t request_timeout_s = 300;  ///< one API request, start to end
   std::size_t max_body_bytes = 1 << 20;
   std::uint32_t stall_ms = 3000;  ///< serving client: resume elsewhere after this much silence

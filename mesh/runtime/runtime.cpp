@@ -1,6 +1,7 @@
 #include "mesh/runtime/runtime.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -191,6 +192,46 @@ std::optional<std::string> insecure_clients_warning(const node_config& cfg) {
       cfg.listen.client_address, cfg.listen.client_request_port, cfg.listen.client_response_port);
 }
 
+/// Descriptors below this leave too little room: every client, HTTP connection, peer link and
+/// model file holds one, and a stranger holding connections must not starve the control plane.
+constexpr rlim_t kWantedDescriptors = 65536;
+constexpr rlim_t kFewDescriptors = 4096;
+
+/// Raises the soft descriptor limit toward the hard one (at most kWantedDescriptors): Debian's
+/// default soft limit of 1024 let 300 idle connections make the control plane unreachable
+/// (issue 32). Returns the limit in force.
+rlim_t raise_descriptor_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  const rlim_t want = std::min<rlim_t>(lim.rlim_max, kWantedDescriptors);
+  if (lim.rlim_cur < want) {
+    rlimit raised = lim;
+    raised.rlim_cur = want;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return want;
+  }
+  return lim.rlim_cur;
+}
+
+/// The warning a node with few descriptors gives in its log and status, if any.
+std::optional<std::string> descriptor_warning(rlim_t limit) {
+  if (limit == 0 || limit >= kFewDescriptors) return std::nullopt;
+  return fmt::format(
+      "only {} file descriptors (hard limit): connections held open by clients or strangers "
+      "can exhaust them and cut this node off; raise it (ulimit -Hn, systemd LimitNOFILE) to "
+      "{} or more",
+      limit, kFewDescriptors);
+}
+
+/// Descriptors this process has open now (entries of /proc/self/fd), -1 when unreadable.
+long open_descriptors() {
+  std::error_code ec;
+  long n = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+       it.increment(ec))
+    ++n;
+  return ec ? -1 : n;
+}
+
 /// The host part of the client endpoint this node tells clients (in peer lists): the advertised
 /// address when the endpoints are bound where other hosts reach them, 127.0.0.1 when they are on
 /// loopback (only clients on this host can reach them; peers on other hosts leave them out of
@@ -205,6 +246,7 @@ struct node_runtime::impl final : control_port {
   // --- set at start, read-only afterwards ---
   runtime_options opt;
   std::optional<data_dir> dir;
+  rlim_t descriptor_limit = 0;  // RLIMIT_NOFILE in force (raised at start)
   std::string hex;  // our node id, 32 hex digits (control-plane id)
   member_id self = no_member;
   std::string endpoint;  // advertised control endpoint, tcp://address:port
@@ -999,7 +1041,10 @@ struct node_runtime::impl final : control_port {
           {"reachable_from_other_hosts", !is_loopback_address(cfg.listen.client_address)}};
       json warnings = json::array();
       if (auto w = insecure_clients_warning(cfg)) warnings.push_back(*w);
+      if (auto w = descriptor_warning(descriptor_limit)) warnings.push_back(*w);
       j["node"]["warnings"] = warnings;
+      j["node"]["descriptors"] = {{"limit", static_cast<std::uint64_t>(descriptor_limit)},
+                                  {"open", open_descriptors()}};
     }
     j["faults"] = faults_json();
     j["control"] = control_json();
@@ -1212,6 +1257,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   if (!dir) return dir.error();
   p->dir.emplace(std::move(dir).value());
   if (!p->dir->warning().empty()) spdlog::warn("{}", p->dir->warning());
+  p->descriptor_limit = raise_descriptor_limit();
+  if (auto w = descriptor_warning(p->descriptor_limit)) spdlog::warn("{}", *w);
   p->hex = p->dir->id().to_string();
   p->self = p->dir->id().lo;
 

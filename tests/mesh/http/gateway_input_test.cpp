@@ -2,7 +2,18 @@
 // bounded whatever its framing (chunked included) and read as JSON whatever its Content-Type; a
 // Range header cannot multiply a small page into megabytes. A real gateway on loopback, driven by
 // cpp-httplib's client; no serving peer is needed (every request here is refused before one is).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -121,6 +132,58 @@ TEST(GatewayAuth, TheBearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
   EXPECT_EQ(status_with("Basic sk-Secret"), 401);
   EXPECT_EQ(status_with("Bearer"), 401);
   (*g)->stop(0);
+}
+
+// 800 connections that never send a byte and 200 that stop in the middle of their request line
+// (slow clients, half-open sockets) each hold a handler thread: with 40 threads an honest request
+// waited behind them for tens of seconds (issue 32, item 6). Handler threads now scale with open
+// connections, so the honest request is answered while they are all held.
+TEST_F(GatewayInput, IdleAndStalledConnectionsDoNotDelayAnHonestRequest) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(gw_->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> held;
+  struct closer {
+    std::vector<int>& fds;
+    ~closer() {
+      for (int fd : fds)
+        ::close(fd);
+    }
+  } close_all{held};
+  // 1,000 connections and their 1,000 accepted ends live in this process.
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_cur < 4096 && lim.rlim_max > lim.rlim_cur) {
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 4096);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+  }
+  if (lim.rlim_cur < 2200) GTEST_SKIP() << "needs 2,200 descriptors, the limit is " << lim.rlim_cur;
+  for (int k = 0; k < 1000; ++k) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    held.push_back(fd);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << k;
+    if (k >= 800) {
+      const std::string part = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+      ASSERT_EQ(::send(fd, part.data(), part.size(), MSG_NOSIGNAL),
+                static_cast<ssize_t>(part.size()));
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all accepted and handed out
+  const auto t0 = std::chrono::steady_clock::now();
+  httplib::Client c("127.0.0.1", gw_->port());
+  c.set_connection_timeout(10);
+  c.set_read_timeout(10);
+  auto r = c.Get("/health");
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  ASSERT_TRUE(r) << "the honest request did not get through in 10 s: "
+                 << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  std::printf("[http] with 800 idle and 200 stalled connections held: /health in %lld ms\n",
+              static_cast<long long>(ms));
 }
 
 }  // namespace

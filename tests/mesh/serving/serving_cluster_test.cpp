@@ -3,6 +3,7 @@
 // stream whose peer dies (SIGKILL) or leaves (SIGTERM) mid-generation resumes on another peer with
 // every index exactly once and the same tokens.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1006,6 +1007,15 @@ TEST_F(ServingCluster, AStrangerCannotReadOtherClientsStreamsOrTheirIds) {
     refused += (*st)["serving"]["unread"]["subscriptions_refused"].get<std::uint64_t>();
   }
   EXPECT_GE(refused, 7u * cluster_->size()) << "every prefix subscription is refused and counted";
+  // Descriptor headroom: the node raised its soft limit to the hard one (at most 65536).
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  auto st = cluster_->status(0);
+  ASSERT_TRUE(st);
+  EXPECT_EQ((*st)["node"]["descriptors"]["limit"].get<std::uint64_t>(),
+            std::min<std::uint64_t>(lim.rlim_max, 65536))
+      << (*st)["node"].dump();
+  EXPECT_GT((*st)["node"]["descriptors"]["open"].get<std::int64_t>(), 10);
 }
 
 // 150 requests of 4096 tokens whose answers nobody subscribes to (12 KB from a plain PUB socket)
