@@ -94,7 +94,7 @@ const std::vector<key_spec> key_table = {
     {.key = "listen.control_port", .flag = "--control-port", .help = "control plane port",
      .kind = value_kind::port,
      .port = [](node_config& c) -> auto& { return c.listen.control_port; }},
-    {.key = "listen.bulk_port", .flag = "--bulk-port", .help = "bulk plane port",
+    {.key = "listen.bulk_port", .flag = "--bulk-port", .help = "bulk plane port: tcp bulk links listen here (0 = an ephemeral port per link)",
      .kind = value_kind::port, .port = [](node_config& c) -> auto& { return c.listen.bulk_port; }},
     {.key = "listen.client_request_port", .flag = "--client-request-port",
      .help = "client request (pub/sub) port", .kind = value_kind::port,

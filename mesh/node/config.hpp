@@ -29,7 +29,9 @@ struct listen_config {
   /// start (mesh/node/advertise.hpp says how); `tessera status` shows the choice.
   std::string advertise;
   std::uint16_t control_port = 7400;          ///< ZeroMQ ROUTER (0 = any free port)
-  std::uint16_t bulk_port = 7401;             ///< bulk plane (tcp fallback / RDMA CM)
+  /// Bulk plane: every tcp bulk link (split groups, model shares, bandwidth probes) listens
+  /// on this one port; 0 = an ephemeral port per link. RDMA and shared memory use no port.
+  std::uint16_t bulk_port = 7401;
   std::uint16_t client_request_port = 7402;   ///< clients publish requests here
   std::uint16_t client_response_port = 7403;  ///< clients subscribe to tokens here
   /// Where the client endpoints bind. Empty: 127.0.0.1, unless listen.address was set (then that

@@ -246,6 +246,7 @@ struct node_runtime::impl final : control_port {
   // --- set at start, read-only afterwards ---
   runtime_options opt;
   std::optional<data_dir> dir;
+  std::shared_ptr<void> bulk_port_hold;  // the shared bulk listener (listen.bulk_port), if any
   rlim_t descriptor_limit = 0;  // RLIMIT_NOFILE in force (raised at start)
   std::string hex;  // our node id, 32 hex digits (control-plane id)
   member_id self = no_member;
@@ -1323,10 +1324,18 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
   p->self_address = p->hex + "@" + p->endpoint;
 
   p->bulk_caps = transport::bulk::probe_capabilities();
+  // The bulk port: every tcp bulk link of this node (split groups, model shares, bandwidth
+  // probes) listens on it, so a firewall needs one known port. Bound now so that a taken port
+  // fails the start with a clear error; 0 keeps a port per link (ephemeral).
+  {
+    auto held = transport::bulk::reserve_bulk_port(cfg.listen.address, cfg.listen.bulk_port);
+    if (!held) return held.error();
+    p->bulk_port_hold = std::move(held).value();
+  }
   {
     ctl::control_node* cn = p->control.get();
     p->prober = std::make_unique<bandwidth_prober>(
-        transport::bulk::link_addresses{cfg.listen.address, adv_host},
+        transport::bulk::link_addresses{cfg.listen.address, adv_host, cfg.listen.bulk_port},
         [cn](const std::string& peer, std::uint16_t type, const std::string& body) {
           (void)cn->send(peer, type, bytes_of(body));
         },
@@ -1347,6 +1356,7 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.compute_nice = static_cast<int>(cfg.compute_nice);
     so.bind_address = cfg.listen.address;
     so.advertise_address = adv_host;
+    so.bulk_port = cfg.listen.bulk_port;
     so.client_bind_address = cfg.listen.client_address;
     so.request_port = cfg.listen.client_request_port;
     so.response_port = cfg.listen.client_response_port;

@@ -43,8 +43,11 @@ struct engine_options {
   /// The address peers reach us at (mesh/node/advertise.hpp): what bulk links (split groups, model
   /// share) tell the peer. Empty: bind_address, which must then not be the wildcard.
   std::string advertise_address;
+  /// The node's bulk port (listen.bulk_port): tcp links share one listener there; 0 = a port
+  /// per link.
+  std::uint16_t bulk_port = 0;
   [[nodiscard]] transport::bulk::link_addresses link_addresses() const {
-    return {bind_address, advertise_address};
+    return {bind_address, advertise_address, bulk_port};
   }
   /// Where the client endpoints (request SUB, response XPUB) bind: the node's
   /// listen.client_address, loopback unless configured (docs/design/014-threat-model.md). Empty:

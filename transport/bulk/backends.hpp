@@ -14,6 +14,9 @@
 namespace tessera::transport::bulk::detail {
 
 [[nodiscard]] result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options);
+/// Binds the shared tcp listener of (bind, port) now and keeps it while the result lives.
+[[nodiscard]] result<std::shared_ptr<void>> reserve_tcp_port(const std::string& bind,
+                                                             std::uint16_t port);
 [[nodiscard]] result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options);
 [[nodiscard]] result<std::unique_ptr<link_setup>> prepare_rdma_link(const link_options& options);
 /// True when an RDMA device with an active port is present (rdma.cpp).

@@ -118,6 +118,11 @@ backend_kind choose_backend(const local_capabilities& a, const local_capabilitie
   return backend_kind::tcp;
 }
 
+result<std::shared_ptr<void>> reserve_bulk_port(const std::string& bind, std::uint16_t port) {
+  if (port == 0) return std::shared_ptr<void>();
+  return detail::reserve_tcp_port(bind, port);
+}
+
 result<std::unique_ptr<link_setup>> prepare_link(backend_kind kind, const link_options& options) {
   const auto& l = options.limits;
   if (l.max_buffers == 0 || l.max_outstanding == 0 || l.max_send_bytes == 0 ||

@@ -137,6 +137,10 @@ struct link_options {
   std::uint32_t spin_us = 50;  ///< wait() spins this long before it blocks
   /// tcp: address to listen on (numeric; "0.0.0.0" = every interface). Empty: 127.0.0.1.
   std::string bind_address;
+  /// tcp: 0 = each link listens on an ephemeral port of its own; otherwise every link of this
+  /// process on bind_address shares one listener on this port (a firewall needs one known port;
+  /// the set-up hello says which link a connection is for). reserve_bulk_port() binds it early.
+  std::uint16_t listen_port = 0;
   /// The address the peer is told to connect to (tcp) and whose GID the link uses (rdma, when the
   /// device has one for it). Empty: bind_address, which must then not be the wildcard (a peer on
   /// another host cannot reach "127.0.0.1", so the node always sets it: mesh/node/advertise.hpp).
@@ -160,11 +164,19 @@ struct link_options {
 struct link_addresses {
   std::string bind = "127.0.0.1";
   std::string advertise;  ///< empty: bind
+  std::uint16_t port = 0;  ///< link_options::listen_port (0: a port per link)
   void apply_to(link_options& o) const {
     o.bind_address = bind;
     o.advertise_address = advertise;
+    o.listen_port = port;
   }
 };
+
+/// Binds the shared tcp listener for `bind`:`port` (link_options::listen_port) now, so that a
+/// port already taken fails at start with a clear error, not at the first link; the listener
+/// stays while the returned handle (or any link set-up on it) lives.
+[[nodiscard]] result<std::shared_ptr<void>> reserve_bulk_port(const std::string& bind,
+                                                              std::uint16_t port);
 
 enum class completion_kind : std::uint8_t {
   write_done = 1,     ///< local: our write_with_imm() finished (wr_id)

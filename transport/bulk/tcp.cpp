@@ -9,6 +9,9 @@
 // Set-up: both sides listen; the side with the smaller nonce connects to the other and sends a
 // hello carrying both nonces; the acceptor admits only a hello naming its own nonce and the
 // expected peer nonce (the nonces travelled over the authenticated control plane), and answers.
+// Each link listens on a port of its own (ephemeral), or, with link_options::listen_port, every
+// link of the process on that address shares one listener (shared_listener): a firewall then
+// needs one known port, and the hello says which waiting link a connection is for.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -23,9 +26,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -616,18 +624,130 @@ class tcp_link final : public link {
 
 // --- set-up ------------------------------------------------------------------------------------
 
+/// One listening socket shared by every link set up on the same address and
+/// link_options::listen_port. Each waiting set-up registers its nonce; whichever waiter accepts
+/// a connection reads its hello and hands it to the set-up it names (or closes it: a stranger,
+/// or a link that gave up). Lives while a set-up or a reservation (reserve_tcp_port) holds it.
+class shared_listener {
+ public:
+  static result<std::shared_ptr<shared_listener>> get(const std::string& bind, std::uint16_t port) {
+    static std::mutex registry_mu;
+    static std::map<std::pair<std::string, std::uint16_t>, std::weak_ptr<shared_listener>> registry;
+    std::lock_guard lock(registry_mu);
+    auto& slot = registry[{bind, port}];
+    if (auto live = slot.lock()) return live;
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+    TESSERA_TRY(make_address(bind, port, addr, len));
+    const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return tcp_error(errc::io, "socket");
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
+      auto err = tcp_error(errc::io, fmt::format("listen on the bulk port {}:{} (is another "
+                                                 "process using it? set listen.bulk_port)",
+                                                 bind, port));
+      ::close(fd);
+      return err;
+    }
+    auto l = std::shared_ptr<shared_listener>(new shared_listener(fd));
+    slot = l;
+    return l;
+  }
+  ~shared_listener() {
+    for (auto& [nonce, q] : arrived_)
+      for (auto& [fd, h] : q)
+        ::close(fd);
+    ::close(fd_);
+  }
+  shared_listener(const shared_listener&) = delete;
+  shared_listener& operator=(const shared_listener&) = delete;
+
+  void expect(std::uint64_t nonce) {
+    std::lock_guard lock(mu_);
+    waiting_.insert(nonce);
+  }
+  void forget(std::uint64_t nonce) {
+    std::lock_guard lock(mu_);
+    waiting_.erase(nonce);
+    if (auto it = arrived_.find(nonce); it != arrived_.end()) {
+      for (auto& [fd, h] : it->second)
+        ::close(fd);
+      arrived_.erase(it);
+    }
+  }
+
+  /// The next connection whose hello names `nonce`, accepting on the others' behalf meanwhile.
+  /// errc::timeout at the deadline (errc::unauthorized when only strangers came).
+  result<std::pair<int, hello>> take(std::uint64_t nonce, clock::time_point deadline) {
+    bool saw_stranger = false;
+    for (;;) {
+      {
+        std::lock_guard lock(mu_);
+        if (auto it = arrived_.find(nonce); it != arrived_.end() && !it->second.empty()) {
+          auto got = it->second.front();
+          it->second.pop_front();
+          return got;
+        }
+      }
+      // Short slices: a connection another waiter accepted for us shows up in arrived_.
+      const auto slice = std::min(deadline, clock::now() + std::chrono::milliseconds(20));
+      auto ready = wait_fd(fd_, POLLIN, slice);
+      if (!ready) return std::move(ready).error();
+      if (!*ready) {
+        if (clock::now() < deadline) continue;
+        if (saw_stranger)
+          return make_error(errc::unauthorized,
+                            "bulk tcp: only connections with a wrong handshake arrived");
+        return make_error(errc::timeout, "bulk tcp: peer did not connect within the set-up time");
+      }
+      const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) continue;  // another waiter took it
+      hello h;
+      // A stranger gets a short window to present its hello, so it cannot stall set-up.
+      auto got = read_all_until(fd, &h, sizeof h,
+                                std::min(deadline, clock::now() + std::chrono::seconds(2)));
+      if (got && h.magic == hello_magic && h.version == connect_params::current_version) {
+        if (h.to_nonce == nonce) return std::pair{fd, h};
+        std::lock_guard lock(mu_);
+        if (waiting_.contains(h.to_nonce)) {
+          arrived_[h.to_nonce].emplace_back(fd, h);
+          continue;
+        }
+      }
+      saw_stranger = true;
+      ::close(fd);
+    }
+  }
+
+ private:
+  explicit shared_listener(int fd) : fd_(fd) {}
+  int fd_;
+  std::mutex mu_;
+  std::set<std::uint64_t> waiting_;
+  std::map<std::uint64_t, std::deque<std::pair<int, hello>>> arrived_;
+};
+
 class tcp_setup final : public link_setup {
  public:
-  tcp_setup(int listen_fd, connect_params params, const link_options& options)
-      : listen_fd_(listen_fd), params_(std::move(params)), options_(options) {}
+  tcp_setup(int listen_fd, connect_params params, const link_options& options,
+            std::shared_ptr<shared_listener> shared = nullptr)
+      : listen_fd_(listen_fd),
+        params_(std::move(params)),
+        options_(options),
+        shared_(std::move(shared)) {
+    if (shared_) shared_->expect(params_.nonce);
+  }
   ~tcp_setup() override {
     if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (shared_) shared_->forget(params_.nonce);
   }
 
   const connect_params& local_params() const noexcept override { return params_; }
 
   result<std::unique_ptr<link>> connect(const connect_params& remote) override {
-    if (listen_fd_ < 0) return make_error(errc::invalid_argument, "bulk tcp: connect called twice");
+    if (used_) return make_error(errc::invalid_argument, "bulk tcp: connect called twice");
+    used_ = true;
     if (remote.backend != static_cast<std::uint8_t>(backend_kind::tcp)) {
       return make_error(errc::invalid_argument, "bulk tcp: peer params are for backend {}",
                         remote.backend);
@@ -637,8 +757,12 @@ class tcp_setup final : public link_setup {
     }
     const auto deadline = clock::now() + options_.connect_timeout_ms;
     auto fd = remote.nonce > params_.nonce ? dial(remote, deadline) : accept_peer(remote, deadline);
-    ::close(listen_fd_);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
     listen_fd_ = -1;
+    if (shared_) {
+      shared_->forget(params_.nonce);
+      shared_.reset();
+    }
     if (!fd) return std::move(fd).error();
     return std::unique_ptr<link>(new tcp_link(*fd, options_));
   }
@@ -695,7 +819,34 @@ class tcp_setup final : public link_setup {
     return ok();
   }
 
+  // The hello came: answer it when it names the expected peer.
+  result<int> answer_hello(int fd, const hello& h, const connect_params& remote) {
+    if (h.from_nonce != remote.nonce) {
+      ::close(fd);
+      return make_error(errc::unauthorized, "bulk tcp: a connection named another peer's nonce");
+    }
+    hello answer;
+    answer.to_nonce = remote.nonce;
+    answer.from_nonce = params_.nonce;
+    iovec iov{&answer, sizeof answer};
+    if (auto w = write_all(fd, &iov, 1, options_.connect_timeout_ms); !w) {
+      ::close(fd);
+      return std::move(w).error();
+    }
+    return fd;
+  }
+
+  result<int> accept_shared(const connect_params& remote, clock::time_point deadline) {
+    for (;;) {
+      auto got = shared_->take(params_.nonce, deadline);
+      if (!got) return std::move(got).error();
+      auto fd = answer_hello(got->first, got->second, remote);
+      if (fd || clock::now() >= deadline) return fd;
+    }
+  }
+
   result<int> accept_peer(const connect_params& remote, clock::time_point deadline) {
+    if (shared_) return accept_shared(remote, deadline);
     bool saw_stranger = false;
     for (;;) {
       auto ready = wait_fd(listen_fd_, POLLIN, deadline);
@@ -729,9 +880,11 @@ class tcp_setup final : public link_setup {
 
   friend result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options);
 
-  int listen_fd_;
+  int listen_fd_;  // -1 with a shared listener
   connect_params params_;
   link_options options_;
+  std::shared_ptr<shared_listener> shared_;
+  bool used_ = false;
 };
 
 }  // namespace
@@ -762,6 +915,13 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
   if (!make_address(bind, 0, addr, len))
     return make_error(errc::invalid_argument, "bulk tcp: bind address '{}' is not a numeric IP",
                       bind);
+  if (options.listen_port != 0) {
+    auto shared = shared_listener::get(bind, options.listen_port);
+    if (!shared) return std::move(shared).error();
+    params.port = options.listen_port;
+    return std::unique_ptr<link_setup>(
+        new tcp_setup(-1, std::move(params), options, std::move(shared).value()));
+  }
   const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return tcp_error(errc::io, "socket");
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0 ||
@@ -774,6 +934,12 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
       ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
                                       : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
   return std::unique_ptr<link_setup>(new tcp_setup(fd, std::move(params), options));
+}
+
+result<std::shared_ptr<void>> reserve_tcp_port(const std::string& bind, std::uint16_t port) {
+  auto l = shared_listener::get(bind.empty() ? "127.0.0.1" : bind, port);
+  if (!l) return std::move(l).error();
+  return std::shared_ptr<void>(std::move(l).value());
 }
 
 }  // namespace tessera::transport::bulk::detail

@@ -236,6 +236,15 @@ def check_hosts_and_links(c, nodes):
                 figures.append(round(l["bandwidth_mbps"]))
         return figures, ""
     bw = c.wait("bandwidth of every tcp link", all_measured, 60)
+    # Every tcp bulk link of a host goes through its one bulk port (listen.bulk_port, 7401):
+    # the port a firewall between hosts would open. Nothing else listens on the bulk plane.
+    for i in nodes:
+        r = c.h.run(i, ["ss", "-Htln"])
+        ports = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in r.stdout.splitlines()
+                        if line.strip()})
+        check(7401 in ports, f"{c.h.hostname(i)} does not listen on the bulk port 7401: {ports}")
+        stray = [p for p in ports if p not in (7400, 7401, 7402, 7403, 7480)]
+        check(not stray, f"{c.h.hostname(i)} listens on ports beyond its configured ones: {stray}")
     return bw
 
 

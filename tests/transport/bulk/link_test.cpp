@@ -1,14 +1,18 @@
 // Backend-independent parts of the bulk plane: params encoding, backend choice, shared buffers,
 // and backend-specific refusals that the conformance suite cannot phrase generically.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "transport/bulk/link.hpp"
 
@@ -175,6 +179,105 @@ TEST(tcp_backend, a_link_bound_to_every_interface_is_reached_at_its_advertised_a
       received |= got[k].kind == completion_kind::send_received && got[k].data.size() == 3;
   }
   EXPECT_TRUE(received);
+}
+
+/// A port free on 127.0.0.1 now (bound and released).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// listen.bulk_port: every tcp link of a process shares one listener, and the set-up hello routes
+// each connection to the link it names — four pairs set up at once, while a stranger's junk
+// connection arrives on the same port, each pair gets its own peer's bytes.
+TEST(tcp_backend, links_on_one_bulk_port_share_its_listener_and_never_cross) {
+  const std::uint16_t port = free_port();
+  auto hold = reserve_bulk_port("127.0.0.1", port);
+  ASSERT_TRUE(hold) << hold.error().describe();
+  auto taken = reserve_bulk_port("127.0.0.1", port);  // the same process: the same listener
+  ASSERT_TRUE(taken) << taken.error().describe();
+  link_options o;
+  link_addresses{"127.0.0.1", "", port}.apply_to(o);
+  constexpr int pairs = 4;
+  std::vector<std::unique_ptr<link_setup>> a, b;
+  for (int i = 0; i < pairs; ++i) {
+    auto x = prepare_link(backend_kind::tcp, o);
+    auto y = prepare_link(backend_kind::tcp, o);
+    ASSERT_TRUE(x && y);
+    EXPECT_EQ((*x)->local_params().port, port);
+    a.push_back(std::move(*x));
+    b.push_back(std::move(*y));
+  }
+  // A stranger: connects and sends junk where a hello belongs.
+  const int stranger = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(stranger, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  const std::array<char, 24> junk{};
+  ASSERT_EQ(::send(stranger, junk.data(), junk.size(), MSG_NOSIGNAL), 24);
+  std::vector<result<std::unique_ptr<bulk::link>>> la, lb;
+  for (int i = 0; i < pairs; ++i) {
+    la.emplace_back(make_error(errc::internal, "not run"));
+    lb.emplace_back(make_error(errc::internal, "not run"));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < pairs; ++i) {
+    threads.emplace_back([&, i] { la[i] = a[i]->connect(b[i]->local_params()); });
+    threads.emplace_back([&, i] { lb[i] = b[i]->connect(a[i]->local_params()); });
+  }
+  for (auto& t : threads)
+    t.join();
+  ::close(stranger);
+  for (int i = 0; i < pairs; ++i) {
+    ASSERT_TRUE(la[i]) << la[i].error().describe();
+    ASSERT_TRUE(lb[i]) << lb[i].error().describe();
+    const std::array<std::byte, 1> mark{static_cast<std::byte>(i + 1)};
+    ASSERT_TRUE((*la[i])->send(mark, 1));
+  }
+  for (int i = 0; i < pairs; ++i) {
+    std::array<completion, 4> got{};
+    bool received = false;
+    for (int k = 0; k < 100 && !received; ++k) {
+      auto n = (*lb[i])->wait(got, std::chrono::milliseconds(50));
+      ASSERT_TRUE(n) << n.error().describe();
+      for (std::size_t j = 0; j < *n; ++j) {
+        if (got[j].kind != completion_kind::send_received) continue;
+        ASSERT_EQ(got[j].data.size(), 1u);
+        EXPECT_EQ(got[j].data[0], static_cast<std::byte>(i + 1)) << "pair " << i << " crossed";
+        received = true;
+      }
+    }
+    EXPECT_TRUE(received) << "pair " << i;
+  }
+}
+
+// A bulk port another process holds is refused at once, naming the port and the setting.
+TEST(tcp_backend, a_taken_bulk_port_is_refused_naming_it) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const auto port = ntohs(a.sin_port);
+  auto r = reserve_bulk_port("127.0.0.1", port);
+  ::close(fd);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("bulk port 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find("listen.bulk_port"), std::string::npos) << r.error().message;
 }
 
 TEST(shm_backend, a_peer_on_another_host_is_refused) {
