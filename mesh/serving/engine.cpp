@@ -1,5 +1,7 @@
 #include "mesh/serving/engine.hpp"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -39,11 +41,17 @@ namespace tessera::mesh::serving {
 /// handshake under --client-auth (INITIATE with its vouch and metadata is ~300 bytes; 256 refused
 /// every keyed client) and to each encrypted frame's overhead: 1 KiB covers both.
 inline constexpr std::size_t kMaxSubscriptionBytes = 1024;
-static_assert(kMaxSubscriptionBytes >= 2 + max_id_bytes);
-/// Response topics a peer honours subscriptions to at once (`:peers` aside): 8 streams and 64
-/// queued per peer leave this ample for every client's in-flight requests, while a flood of
-/// distinct topics is refused (counted) rather than grown into the peer's memory.
-inline constexpr std::size_t kMaxSubscribedTopics = 16384;
+static_assert(kMaxSubscriptionBytes >= 2 + max_id_bytes && 128 >= 2 + max_id_bytes);
+/// Response topics a peer honours subscriptions to at once (`:peers` aside): the in-flight
+/// requests of every client connected to it (a peer runs 8 streams and queues 64; clients
+/// subscribe on every peer), while a flood of distinct topics is refused (counted).
+inline constexpr std::size_t kMaxSubscribedTopics = 512;
+/// Subscription bytes (topics + 1) libzmq may hold for the response port's connections. libzmq
+/// keeps every subscription a connection sends, honoured or refused, in a trie of one node per
+/// byte (~100-200x the topic bytes, measured: 10 MB of topics once cost the peer 860 MB, and a
+/// budget of 64 KiB bounded a flood to +6-8 MB of peak RSS). Honest clients hold `:peers` and
+/// their requests' topics (<= 66 bytes each): kMaxSubscribedTopics of them are 34 KB.
+inline constexpr std::size_t kMaxSubscriptionTrieBytes = 64 * 1024;
 /// A stream whose topic has had no subscriber on this peer for this long is cut (its client
 /// left or never listened): its slot goes to requests someone reads.
 inline constexpr auto kUnreadStreamCut = std::chrono::seconds(5);
@@ -246,8 +254,11 @@ struct engine::impl {
       tokens_out{0}, duplicates{0}, cancelled{0},
       resumed_first{0},  // resumed streams queued ahead of new ones
       subscriptions_refused{0}, unread_requests{0}, unread_streams_cut{0};
-  // --- io thread only: subscribers per response topic (request id) on the XPUB ---
+  // --- io thread only: subscribers per response topic (request id) on the XPUB, and the bytes
+  // of every subscription libzmq holds for its connections (kMaxSubscriptionTrieBytes) ---
   std::unordered_map<std::string, std::uint32_t> topic_subscribers;
+  std::size_t subscription_bytes = 0;
+  std::atomic<std::uint64_t> response_port_resets{0};
   // Forward passes over local streams, and the stream-units they carried (their ratio is the mean
   // batch); written by the engine thread.
   std::atomic<std::uint64_t> passes{0}, pass_streams{0};
@@ -292,6 +303,7 @@ struct engine::impl {
     auto next_peers = clock_type::now();
     while (!io_stopping.load()) {
       try {
+        items[2].socket = xpub.handle();  // a reset replaces the socket
         zmq::poll(items, zap ? 4 : 3, std::chrono::milliseconds(100));
         if (zap && (items[3].revents & ZMQ_POLLIN)) answer_zap();
         // Subscriptions first: a client subscribes to a request's topic before it publishes the
@@ -414,6 +426,75 @@ struct engine::impl {
     }
   }
 
+  /// The response port's options (at start, and when it is reset).
+  void configure_response_port() {
+    if (opt.client_auth) {
+      xpub.set(zmq::sockopt::curve_server, 1);
+      xpub.set(zmq::sockopt::curve_secretkey,
+               transport::control::z85_key(opt.client_auth->client_endpoint.secret_key));
+      xpub.set(zmq::sockopt::zap_domain, "tessera-clients");
+    }
+    xpub.set(zmq::sockopt::linger, 200);
+    xpub.set(zmq::sockopt::sndhwm, 100000);
+    // libzmq moves subscriptions from a connection into its trie as we read the socket; a small
+    // inbound bound makes it take them a batch at a time, so the budget check below sees them
+    // before libzmq holds much more than the budget.
+    xpub.set(zmq::sockopt::rcvhwm, 256);
+    // Every subscription reaches us (not only a topic's first): each new client asking for the
+    // peer list gets it at once.
+    xpub.set(zmq::sockopt::xpub_verbose, 1);
+    // Manual: we decide which subscriptions take effect (drain_subscriptions()).
+    xpub.set(zmq::sockopt::xpub_manual, 1);
+    // What a client sends to the response port is subscriptions: one byte and a topic of at most
+    // max_id_bytes + 1. Anything longer closes the connection before it is buffered (without the
+    // bound one frame of N bytes cost the peer ~2N of memory, before any authentication).
+    // Without CURVE nothing longer than a subscription needs to pass (the NULL handshake's
+    // READY is ~40 bytes): 128 keeps a refused topic's cost to the trie small as well.
+    xpub.set(zmq::sockopt::maxmsgsize,
+             static_cast<std::int64_t>(opt.client_auth ? kMaxSubscriptionBytes : 128));
+  }
+
+  /// The subscriptions libzmq holds exceeded their budget: close the response port and bind it
+  /// again, which drops every connection and with it every subscription libzmq kept (refused
+  /// ones too: there is no way to drop one connection's). Clients reconnect by themselves and
+  /// send their subscriptions again (ZeroMQ does both); a stream's tokens published meanwhile
+  /// are a gap its client resumes over. The flooder's subscriptions come back only to be
+  /// dropped again: the peer's memory stays bounded.
+  void reset_response_port() {
+    ++response_port_resets;
+    spdlog::warn(
+        "serving {}: the response port held {} bytes of subscriptions (budget {}): reset, every "
+        "client reconnects (reset #{})",
+        opt.node_hex, subscription_bytes, kMaxSubscriptionTrieBytes, response_port_resets.load());
+    const auto now = clock_type::now();
+    {
+      std::lock_guard lock(mu);
+      for (const auto& [id, n] : topic_subscribers)
+        unsubscribed_since.try_emplace(id, now);
+    }
+    topic_subscribers.clear();
+    subscription_bytes = 0;
+    xpub.close();
+    xpub = zmq::socket_t(zctx, zmq::socket_type::xpub);
+    configure_response_port();
+    // The old listener closes asynchronously (libzmq's reaper): the port frees within moments.
+    const std::string ep = fmt::format("tcp://{}:{}", client_address(), resp_port);
+    for (int tries = 0;; ++tries) {
+      try {
+        xpub.bind(ep);
+        break;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EADDRINUSE || tries >= 250) {
+          spdlog::error("serving {}: cannot bind the response port {} again: {}", opt.node_hex, ep,
+                        e.what());
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    ::malloc_trim(0);  // give the dropped tries' pages back
+  }
+
   /// Reads the subscription messages; true when someone subscribed to the peer list (it gets
   /// the list at once instead of within 2 s).
   ///
@@ -431,6 +512,12 @@ struct engine::impl {
       if (v.empty() || (v[0] != '\x00' && v[0] != '\x01')) continue;
       const bool subscribe = v[0] == '\x01';
       const auto topic = v.substr(1);
+      // What libzmq keeps of it: every subscription, honoured or not, until an unsubscription
+      // or the connection's end (which sends us one per topic).
+      if (subscribe)
+        subscription_bytes += topic.size() + 1;
+      else
+        subscription_bytes -= std::min(subscription_bytes, topic.size() + 1);
       if (topic == peers_topic) {
         if (subscribe)
           xpub.set(zmq::sockopt::subscribe, topic);
@@ -466,6 +553,7 @@ struct engine::impl {
         unsubscribed_since[id] = clock_type::now();
       }
     }
+    if (subscription_bytes > kMaxSubscriptionTrieBytes) reset_response_port();
     return wants_peers;
   }
 
@@ -1530,26 +1618,15 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
       p->zap->bind("inproc://zeromq.zap.01");
       const std::string secret =
           transport::control::z85_key(p->opt.client_auth->client_endpoint.secret_key);
-      for (zmq::socket_t* s : {&p->sub, &p->xpub}) {
-        s->set(zmq::sockopt::curve_server, 1);
-        s->set(zmq::sockopt::curve_secretkey, secret);
-        s->set(zmq::sockopt::zap_domain, "tessera-clients");
-      }
+      p->sub.set(zmq::sockopt::curve_server, 1);
+      p->sub.set(zmq::sockopt::curve_secretkey, secret);
+      p->sub.set(zmq::sockopt::zap_domain, "tessera-clients");
     }
     p->sub.set(zmq::sockopt::rcvhwm, 10000);
     p->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_message_bytes + 1024));
     p->sub.set(zmq::sockopt::subscribe, request_topic);
     p->req_port = bind(p->sub, p->opt.request_port);
-    p->xpub.set(zmq::sockopt::sndhwm, 100000);
-    // Every subscription reaches us (not only a topic's first): each new client asking for the
-    // peer list gets it at once.
-    p->xpub.set(zmq::sockopt::xpub_verbose, 1);
-    // Manual: we decide which subscriptions take effect (drain_subscriptions()).
-    p->xpub.set(zmq::sockopt::xpub_manual, 1);
-    // What a client sends to the response port is subscriptions: one byte and a topic of at most
-    // max_id_bytes + 1. Anything longer closes the connection before it is buffered (without the
-    // bound one frame of N bytes cost the peer ~2N of memory, before any authentication).
-    p->xpub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxSubscriptionBytes));
+    p->configure_response_port();
     p->resp_port = bind(p->xpub, p->opt.response_port);
     const std::string inproc = fmt::format("inproc://serving-{}", static_cast<void*>(p.get()));
     p->pull.bind(inproc);
@@ -1735,6 +1812,7 @@ json engine::status() const {
   j["tokens"] = impl_->tokens_out.load();
   j["malformed"] = impl_->malformed.load();
   j["unread"] = {{"subscriptions_refused", impl_->subscriptions_refused.load()},
+                 {"response_port_resets", impl_->response_port_resets.load()},
                  {"requests_ignored", impl_->unread_requests.load()},
                  {"streams_cut", impl_->unread_streams_cut.load()}};
   j["passes"] = impl_->passes.load();

@@ -1018,6 +1018,61 @@ TEST_F(ServingCluster, AStrangerCannotReadOtherClientsStreamsOrTheirIds) {
   EXPECT_GT((*st)["node"]["descriptors"]["open"].get<std::int64_t>(), 10);
 }
 
+// A stranger floods a peer's response port with subscriptions: 30,000 distinct topics, refused
+// (prefixes) and valid-looking alike. libzmq keeps each in a trie of one node per byte (10 MB of
+// topics once cost 860 MB, kept after the client left). Past its budget the peer resets the port:
+// every connection is dropped with what libzmq held for it, honest clients reconnect and resume.
+// The peer's memory stays within 50 MB of where it was, and honest requests are answered.
+TEST_F(ServingCluster, ASubscriptionFloodCostsThePeerBoundedMemory) {
+  start_all();
+  wait_plan({0, 1, 2}, 3);
+  const auto ref = reference(16);
+  auto c = client::connect(options());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE((*c)->ask(greedy("sub-flood-warm-up", 4)));  // weights in: the peak is the flood's
+  const pid_t pid = cluster_->node(0).proc->pid();
+  const auto before = peak_rss_mib(pid);
+  zmq::context_t ctx;
+  {
+    // XSUB, unbounded: a SUB drops subscriptions past its send high-water mark.
+    zmq::socket_t flood(ctx, zmq::socket_type::xsub);
+    flood.set(zmq::sockopt::linger, 0);
+    flood.set(zmq::sockopt::sndhwm, 0);
+    flood.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(0).port + 3));
+    std::this_thread::sleep_for(300ms);
+    std::mt19937_64 rng(11);
+    const std::string alphabet =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+    for (int k = 0; k < 30'000; ++k) {
+      std::string topic(64, 'x');
+      for (auto& ch : topic)
+        ch = alphabet[rng() % alphabet.size()];
+      if (k % 2 == 0) topic += ':';  // a valid response topic; the others are prefixes
+      (void)flood.send(zmq::buffer("\x01" + topic), zmq::send_flags::none);
+    }
+    std::this_thread::sleep_for(2s);
+    for (int k = 0; k < 3; ++k) {
+      auto out = (*c)->ask(greedy("during-sub-flood-" + std::to_string(k), 16));
+      ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+      EXPECT_EQ(out->tokens, ref);
+    }
+  }
+  const auto after = peak_rss_mib(pid);
+  auto st = cluster_->status(0);
+  ASSERT_TRUE(st);
+  const auto resets = (*st)["serving"]["unread"]["response_port_resets"].get<std::uint64_t>();
+  std::printf(
+      "[serving] 30,000 subscriptions of 64-65 bytes: peer peak RSS %llu -> %llu MiB, "
+      "%llu response-port resets\n",
+      static_cast<unsigned long long>(before), static_cast<unsigned long long>(after),
+      static_cast<unsigned long long>(resets));
+  EXPECT_LT(after, before + 50) << "the peer kept the subscriptions\n" << cluster_->logs();
+  EXPECT_GE(resets, 1u);
+  auto out = (*c)->ask(greedy("after-sub-flood", 16));
+  ASSERT_TRUE(out) << out.error().describe();
+  EXPECT_EQ(out->tokens, ref);
+}
+
 // 150 requests of 4096 tokens whose answers nobody subscribes to (12 KB from a plain PUB socket)
 // once held every slot and queue place: every honest request got `overloaded` (issue 32, item
 // 3). A peer now serves only requests someone listens to: the honest client is answered at once.
