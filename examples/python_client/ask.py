@@ -346,6 +346,12 @@ class Client:
                     resume(f"done after {m.get('tokens', 0)} tokens, {len(tokens)} received")
                     continue
                 stop = m.get("stop", "")
+                if stop == "max_tokens" and len(tokens) < req.get("max_tokens", 128):
+                    # Another publication under our id (someone who knows it) was served.
+                    raise AskError("protocol", f"request {rid}: the stream ended at max_tokens "
+                                   f"after {len(tokens)} of the {req.get('max_tokens', 128)} "
+                                   "tokens asked for: another request under this id replaced "
+                                   "it", node)
                 prompt_tokens = m.get("prompt_tokens", 0)
                 break
             elif kind == "error":

@@ -168,6 +168,16 @@ follower_step stream_follower::on_response(const response& m, std::uint64_t now_
     if (m.tokens != out_.tokens.size())
       return resume(fmt::format("done after {} tokens, {} received", m.tokens, out_.tokens.size()),
                     now_us);
+    // "max_tokens" short of ours: the stream served was not this client's request but another
+    // publication under its id (a stranger who learnt or guessed the id superseded it). Never
+    // reported as a success.
+    if (m.stop == "max_tokens" && m.tokens < req_.max_tokens)
+      return finish(make_error(
+          errc::protocol,
+          "request {}: peer {} ended the stream at max_tokens after {} of the {} tokens asked "
+          "for: another request under this id replaced it (request ids are capabilities: use an "
+          "unguessable one)",
+          req_.id, m.node, m.tokens, req_.max_tokens));
     out_.stop = m.stop;
     out_.prompt_tokens = m.prompt_tokens;
     out_.attempts = req_.attempt + 1;

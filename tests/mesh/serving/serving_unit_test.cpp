@@ -448,7 +448,7 @@ TEST(StreamFollower, TokensInOrderOnceAndGapsResumeWithWhatArrived) {
   EXPECT_TRUE(f.on_response(tok(1, 2, 7, "b"), 7 * ms).token);
   auto d = msg("done", 1, "b");
   d.tokens = 3;
-  d.stop = "max_tokens";
+  d.stop = "end_of_generation";
   auto e = f.on_response(d, 8 * ms);
   ASSERT_TRUE(e.done);
   ASSERT_TRUE(*e.done) << e.done->error().describe();
@@ -527,6 +527,24 @@ TEST(StreamFollower, ASecondPeerServingTheSameAttemptIsCancelledByName) {
   auto e = f.on_response(d, 6 * ms);
   ASSERT_TRUE(e.done && *e.done);
   EXPECT_EQ((*e.done)->nodes, (std::vector<std::string>{"a"}));
+}
+
+// A stranger who knows the id cancels the attempt and publishes attempt + 1 with max_tokens 2:
+// the peer streams that forged request to the victim's topic and ends it at "max_tokens". The
+// victim asked for 8: it fails, naming what happened, instead of exiting 0 with 2 tokens.
+TEST(StreamFollower, AStreamEndedAtSomeoneElsesMaxTokensIsAnErrorNotASuccess) {
+  stream_follower f(valid_request(), {}, 0);
+  EXPECT_TRUE(f.on_response(tok(0, 0, 5), ms).token);
+  EXPECT_TRUE(f.on_response(tok(0, 1, 6), 2 * ms).token);
+  auto d = msg("done", 0);
+  d.tokens = 2;
+  d.stop = "max_tokens";
+  auto e = f.on_response(d, 3 * ms);
+  ASSERT_TRUE(e.done);
+  ASSERT_FALSE(*e.done);
+  EXPECT_EQ(e.done->error().code, errc::protocol);
+  EXPECT_NE(e.done->error().message.find("after 2 of the 8 tokens"), std::string::npos)
+      << e.done->error().message;
 }
 
 TEST(StreamFollower, SilenceShortDoneAndUnavailableResumeOtherErrorsEnd) {
