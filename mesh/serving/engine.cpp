@@ -52,6 +52,11 @@ inline constexpr std::size_t kMaxSubscribedTopics = 512;
 /// budget of 64 KiB bounded a flood to +6-8 MB of peak RSS). Honest clients hold `:peers` and
 /// their requests' topics (<= 66 bytes each): kMaxSubscribedTopics of them are 34 KB.
 inline constexpr std::size_t kMaxSubscriptionTrieBytes = 64 * 1024;
+/// A request read before its topic's subscription waits this long for it (the two travel on
+/// different connections), at most this many at once (the oldest make way: a flood of requests
+/// nobody subscribes to only ever costs this much).
+inline constexpr auto kAwaitSubscriber = std::chrono::milliseconds(250);
+inline constexpr std::size_t kMaxAwaitingSubscriber = 256;
 /// A stream whose topic has had no subscriber on this peer for this long is cut (its client
 /// left or never listened): its slot goes to requests someone reads.
 inline constexpr auto kUnreadStreamCut = std::chrono::seconds(5);
@@ -258,6 +263,12 @@ struct engine::impl {
   // of every subscription libzmq holds for its connections (kMaxSubscriptionTrieBytes) ---
   std::unordered_map<std::string, std::uint32_t> topic_subscribers;
   std::size_t subscription_bytes = 0;
+  // Requests read before their topic's subscription, oldest first (kMaxAwaitingSubscriber).
+  struct awaiting {
+    clock_type::time_point until;
+    request req;
+  };
+  std::deque<awaiting> awaiting_subscriber;
   std::atomic<std::uint64_t> response_port_resets{0};
   // Forward passes over local streams, and the stream-units they carried (their ratio is the mean
   // batch); written by the engine thread.
@@ -310,6 +321,7 @@ struct engine::impl {
         // request, and the request must find that subscription here.
         if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
         if (items[0].revents & ZMQ_POLLIN) on_request_frames();
+        expire_awaiting();
         if (items[1].revents & ZMQ_POLLIN) forward_responses();
         if (peers_changed.exchange(false) || clock_type::now() >= next_peers) {
           publish_peers();
@@ -396,7 +408,18 @@ struct engine::impl {
         note_malformed(r.error().message);
         continue;
       }
-      r->has_subscriber = topic_subscribers.contains(r->id);
+      r->has_subscriber = r->cancel || topic_subscribers.contains(r->id);
+      if (!r->has_subscriber) {
+        // Its subscription is on its way (a client subscribes, then publishes, over two
+        // connections): held here briefly rather than served to nobody or made to wait for the
+        // client's re-publication.
+        if (awaiting_subscriber.size() >= kMaxAwaitingSubscriber) {
+          awaiting_subscriber.pop_front();
+          ++unread_requests;
+        }
+        awaiting_subscriber.push_back({clock_type::now() + kAwaitSubscriber, std::move(*r)});
+        continue;
+      }
       {
         std::lock_guard lock(mu);
         if (inbox.size() >= opt.max_inbox) {
@@ -406,6 +429,15 @@ struct engine::impl {
         inbox.push_back(std::move(*r));
       }
       cv.notify_all();
+    }
+  }
+
+  /// Requests whose subscription did not come within kAwaitSubscriber: nobody reads them.
+  void expire_awaiting() {
+    const auto now = clock_type::now();
+    while (!awaiting_subscriber.empty() && awaiting_subscriber.front().until <= now) {
+      awaiting_subscriber.pop_front();
+      ++unread_requests;
     }
   }
 
@@ -539,6 +571,20 @@ struct engine::impl {
         if (topic_subscribers[id]++ == 0) {
           std::lock_guard lock(mu);
           unsubscribed_since.erase(id);
+          // Requests that arrived before their subscription go ahead now.
+          for (auto it = awaiting_subscriber.begin(); it != awaiting_subscriber.end();) {
+            if (it->req.id != id) {
+              ++it;
+              continue;
+            }
+            it->req.has_subscriber = true;
+            if (inbox.size() < opt.max_inbox)
+              inbox.push_back(std::move(it->req));
+            else
+              ++dropped_inbox;
+            it = awaiting_subscriber.erase(it);
+            cv.notify_all();
+          }
         }
         continue;
       }
@@ -664,9 +710,8 @@ struct engine::impl {
   void on_request(request q) {
     if (q.cancel) return on_cancel(q);
     // Nobody subscribed to its answer here: serving it would only hold a slot (a flood of such
-    // requests would starve every client who reads). An honest client subscribes before it
-    // publishes and re-publishes until accepted, so a request that raced its subscription is
-    // served at the next re-publication.
+    // requests would starve every client who reads). The io thread holds such requests until
+    // their subscription comes (kAwaitSubscriber) and never hands one on without it.
     if (!q.has_subscriber) {
       ++unread_requests;
       return;
