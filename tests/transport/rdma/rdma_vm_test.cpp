@@ -520,6 +520,19 @@ std::unique_ptr<link> connect_to_child(child& c, const link_options& o) {
   return l ? std::move(*l) : nullptr;
 }
 
+/// An "idle" child (it posts its receives, says "ready" and never polls) linked with a 1 s
+/// peer timeout; null after a failed expectation.
+std::unique_ptr<link> connect_idle_child(child& c) {
+  EXPECT_GT(c.pid, 0);
+  if (c.pid <= 0) return nullptr;
+  link_options o = vm_options();
+  o.peer_timeout_ms = 1000ms;  // keepalive probe every 250 ms, ~1 s of retries
+  auto l = connect_to_child(c, o);
+  if (!l) return nullptr;
+  EXPECT_EQ(read_line(c.from), "ready");
+  return l;
+}
+
 TEST(rdma_vm_two_process, a_peer_process_writes_and_sends_over_rxe) {
   child c = spawn("writer");
   ASSERT_GT(c.pid, 0);
@@ -548,12 +561,8 @@ TEST(rdma_vm_two_process, a_peer_process_writes_and_sends_over_rxe) {
 
 TEST(rdma_vm_two_process, a_peer_killed_while_idle_is_detected_never_a_hang) {
   child c = spawn("idle");
-  ASSERT_GT(c.pid, 0);
-  link_options o = vm_options();
-  o.peer_timeout_ms = 1000ms;  // keepalive probe every 250 ms, ~1 s of retries
-  auto l = connect_to_child(c, o);
+  auto l = connect_idle_child(c);
   ASSERT_TRUE(l);
-  ASSERT_EQ(read_line(c.from), "ready");
   ::kill(c.pid, SIGKILL);
   EXPECT_EQ(reap(c.pid), 128 + SIGKILL);
   // Nothing is posted: only the keepalive probe can notice.
@@ -570,12 +579,8 @@ TEST(rdma_vm_two_process, a_peer_killed_while_idle_is_detected_never_a_hang) {
 // it: the stuck send fails and the link goes down within peer_timeout_ms, never a hang.
 TEST(rdma_vm_two_process, a_peer_that_stops_reading_fails_sends_within_the_peer_timeout) {
   child c = spawn("idle");  // posts its receives, then never polls
-  ASSERT_GT(c.pid, 0);
-  link_options o = vm_options();
-  o.peer_timeout_ms = 1000ms;
-  auto l = connect_to_child(c, o);
+  auto l = connect_idle_child(c);
   ASSERT_TRUE(l);
-  ASSERT_EQ(read_line(c.from), "ready");
   ASSERT_EQ(::kill(c.pid, SIGSTOP), 0);
   // More sends than the peer has receives posted (64 at most): the first ones complete, the
   // rest wait at the peer's empty receive queue.
@@ -622,12 +627,8 @@ TEST(rdma_vm_two_process, a_peer_that_stops_reading_fails_sends_within_the_peer_
 
 TEST(rdma_vm_two_process, an_operation_towards_a_dead_peer_fails) {
   child c = spawn("idle");
-  ASSERT_GT(c.pid, 0);
-  link_options o = vm_options();
-  o.peer_timeout_ms = 1000ms;
-  auto l = connect_to_child(c, o);
+  auto l = connect_idle_child(c);
   ASSERT_TRUE(l);
-  ASSERT_EQ(read_line(c.from), "ready");
   ::kill(c.pid, SIGKILL);
   reap(c.pid);
   const std::string msg = "anyone there?";
