@@ -48,7 +48,15 @@ std::string route_of(const std::string& path) {
   for (const char* r : {"/", "/health", "/status", "/cluster", "/metrics", "/v1/models",
                         "/v1/completions", "/v1/chat/completions"})
     if (path == r) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
+}
+
+/// The methods a known path takes (for 405 and its Allow header); empty for an unknown path.
+std::string methods_of(const std::string& path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (route_of(path) != "other" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  return "";
 }
 
 void send_json(httplib::Response& res, int status, const json& body) {
@@ -168,8 +176,29 @@ struct gateway::impl {
 
   // ------------------------------------------------------------------ routes
   void models(httplib::Response& res) {
-    // The models the cluster serves (the plan's) and those loaded here; a model that the plan
-    // cannot place still shows, with its reason, so "why is my model missing" has an answer.
+    send_json(res, 200, {{"object", "list"}, {"data", model_list()}});
+  }
+
+  /// GET /v1/models/{id}: the model object, or 404 model_not_found naming what is served.
+  void model(const std::string& id, httplib::Response& res) {
+    const json list = model_list();
+    std::string names;
+    for (const auto& m : list) {
+      if (m["id"] == id) return send_json(res, 200, m);
+      names += (names.empty() ? "" : ", ") + m["id"].get<std::string>();
+    }
+    api_error e;
+    e.status = 404;
+    e.code = "model_not_found";
+    e.param = "model";
+    e.message = fmt::format("the model '{}' does not exist in this cluster (served: {})", id,
+                            names.empty() ? "none yet" : names);
+    send_error(res, e);
+  }
+
+  /// The models the cluster serves (the plan's) and those loaded here; a model that the plan
+  /// cannot place still shows, with its reason, so "why is my model missing" has an answer.
+  json model_list() {
     const json s = status_doc();
     json data = json::array();
     std::set<std::string> seen;
@@ -187,7 +216,7 @@ struct gateway::impl {
     if (s.contains("serving") && s["serving"].is_object())
       for (const auto& m : s["serving"]["models"])
         add(m.value("name", ""), {{"groups", 0}, {"no_capacity", "no plan yet"}});
-    send_json(res, 200, {{"object", "list"}, {"data", data}});
+    return data;
   }
 
   /// Reads an API request's body through the route's content reader, stopping at max_body_bytes
@@ -393,6 +422,9 @@ struct gateway::impl {
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (authorized(req, res)) models(res);
     });
+    svr.Get(R"(/v1/models/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) model(req.matches[1].str(), res);
+    });
     // With a content reader: the body is read by read_body(), bounded, whatever its framing.
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& reader) {
@@ -418,6 +450,17 @@ struct gateway::impl {
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler wrote its own error
       if (res.status == 416) return;  // many ranges: no body to multiply (pre-routing handler)
+      // A known path asked with another method: 405 and what it allows, not "no route".
+      if (const auto allow = methods_of(req.path); res.status == 404 && !allow.empty()) {
+        res.status = 405;
+        res.set_header("Allow", allow);
+        api_error e;
+        e.status = 405;
+        e.code = "method_not_allowed";
+        e.message = fmt::format("{} {}: this route takes {}", req.method, req.path, allow);
+        res.set_content(dump(e.to_json()), "application/json");
+        return;
+      }
       api_error e;
       e.status = res.status;
       e.code = res.status == 404 ? "not_found" : "";

@@ -110,6 +110,48 @@ TEST_F(GatewayInput, ManyRangesAreRefusedAndOneIsServed) {
   EXPECT_EQ(one->body.size(), 100u);
 }
 
+// GET /v1/models/{id} answers the model object, or 404 model_not_found naming the field and what
+// is served; a known route asked with the wrong method is 405 with an Allow header (was 404 "no
+// route"); an unknown route stays 404.
+TEST(GatewayRoutes, AModelByIdAndAWrongMethodAreAnsweredAsOpenAiDoes) {
+  gateway_options o;
+  o.bind_address = "127.0.0.1";
+  o.port = 0;
+  o.peers.push_back(serving::peer_endpoint{"127.0.0.1", 1, 2});
+  o.status = [] {
+    return nlohmann::json{{"plan", {{"models", {{{"name", "tiny"}, {"groups", {{"a"}}}}}}}}};
+  };
+  auto g = gateway::start(o);
+  ASSERT_TRUE(g.has_value()) << g.error().describe();
+  httplib::Client c("127.0.0.1", (*g)->port());
+  auto one = c.Get("/v1/models/tiny");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200) << one->body;
+  auto m = nlohmann::json::parse(one->body);
+  EXPECT_EQ(m["id"], "tiny");
+  EXPECT_EQ(m["object"], "model");
+  auto none = c.Get("/v1/models/llama-70b");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  auto e = nlohmann::json::parse(none->body)["error"];
+  EXPECT_EQ(e["code"], "model_not_found");
+  EXPECT_EQ(e["param"], "model");
+  EXPECT_NE(e["message"].get<std::string>().find("tiny"), std::string::npos) << e.dump();
+  auto post = c.Post("/v1/models", "{}", "application/json");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(post->get_header_value("Allow"), "GET");
+  auto get = c.Get("/v1/chat/completions");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_EQ(get->get_header_value("Allow"), "POST");
+  EXPECT_EQ(nlohmann::json::parse(get->body)["error"]["code"], "method_not_allowed");
+  auto unknown = c.Get("/v2/nothing");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  (*g)->stop(0);
+}
+
 // The Authorization scheme is case-insensitive: a lowercase "bearer" was refused.
 TEST(GatewayAuth, TheBearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
   gateway_options o;
