@@ -74,7 +74,7 @@ void send_error(httplib::Response& res, const api_error& e) {
 struct relay {
   std::mutex mu;
   std::condition_variable cv;
-  std::string pending;  // token bytes not written yet
+  std::deque<std::string> pieces;  // each token's bytes not written yet, one per token
   std::uint32_t tokens = 0;
   std::optional<result<serving::outcome>> end;  // set once: the outcome or the error
   std::atomic<bool> cancel{false};
@@ -306,7 +306,7 @@ struct gateway::impl {
                                              r->request,
                                              [&](const serving::token_event& t) {
                                                std::lock_guard lock(rl->mu);
-                                               rl->pending.append(t.text);
+                                               rl->pieces.emplace_back(t.text);
                                                ++rl->tokens;
                                                rl->cv.notify_all();
                                              },
@@ -352,28 +352,36 @@ struct gateway::impl {
     };
     if (r.kind == api_kind::chat && !write(sse(chunk(r, "", true, "", created)))) return false;
     std::uint32_t written_tokens = 0;
-    std::size_t held = 0;  // bytes of an unfinished UTF-8 character left in pending last round
+    // A token's bytes that end inside a UTF-8 character wait here for the next token's.
+    std::string carry;
     for (;;) {
-      std::string text;
+      std::deque<std::string> pieces;
       std::optional<result<serving::outcome>> end;
       std::uint32_t tokens = 0;
       {
         std::unique_lock lock(rl.mu);
-        // Wake for new bytes, not for the held ones (or this would spin until the next token).
         rl.cv.wait_for(lock, std::chrono::milliseconds(200),
-                       [&] { return rl.pending.size() > held || rl.end.has_value() || stopping; });
+                       [&] { return !rl.pieces.empty() || rl.end.has_value() || stopping; });
         if (stopping && !rl.end) {
           rl.cancel = true;
           return false;  // closes the connection: the client sees the stream cut
         }
-        const std::size_t n = rl.end ? rl.pending.size() : utf8_complete_prefix(rl.pending);
-        text = rl.pending.substr(0, n);
-        rl.pending.erase(0, n);
-        held = rl.pending.size();
+        pieces.swap(rl.pieces);
         tokens = rl.tokens;
-        if (rl.end && rl.pending.empty()) end = std::move(rl.end);
+        if (rl.end) end = std::move(rl.end);
       }
-      if (!text.empty() && !write(sse(chunk(r, text, false, "", created)))) return false;
+      // One event per token (docs/HTTP.md), however many arrived since the last round.
+      for (auto& piece : pieces) {
+        carry += piece;
+        const std::size_t n = utf8_complete_prefix(carry);
+        if (n == 0) continue;
+        if (!write(sse(chunk(r, carry.substr(0, n), false, "", created)))) return false;
+        carry.erase(0, n);
+      }
+      if (end && !carry.empty()) {
+        if (!write(sse(chunk(r, carry, false, "", created)))) return false;
+        carry.clear();
+      }
       {
         std::lock_guard lock(mu);
         counters.streamed_tokens += tokens - written_tokens;
