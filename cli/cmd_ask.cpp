@@ -67,7 +67,13 @@ int ask(const ask_args& a) {
   }
   std::random_device rd;
   sv::request r;
-  r.id = a.id.empty() ? sv::random_request_id("ask-") : a.id;
+  if (a.id.empty()) {
+    auto id = sv::random_request_id("ask-");
+    if (!id) return fail(id.error().describe(), 1);
+    r.id = std::move(*id);
+  } else {
+    r.id = a.id;
+  }
   r.model = a.model;
   if (a.chat)
     r.messages.push_back({"user", a.prompt});

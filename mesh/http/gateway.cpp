@@ -147,9 +147,13 @@ struct gateway::impl {
     return true;
   }
 
-  std::string new_id(api_kind kind, std::uint64_t* seed) {
-    std::lock_guard lock(mu);
-    *seed = rng();
+  /// The request's id (its capability: from the kernel's CSPRNG) and the seed it samples with
+  /// when the body names none.
+  result<std::string> new_id(api_kind kind, std::uint64_t* seed) {
+    {
+      std::lock_guard lock(mu);
+      *seed = rng();
+    }
     return serving::random_request_id(kind == api_kind::chat ? "chatcmpl-" : "cmpl-");
   }
 
@@ -267,8 +271,13 @@ struct gateway::impl {
       return;
     }
     std::uint64_t seed = 0;
-    std::string id = new_id(kind, &seed);
-    auto parsed = parse_request(kind, *body, std::move(id), seed);
+    auto id = new_id(kind, &seed);
+    if (!id) {
+      in_flight.fetch_sub(1);
+      send_error(res, error_of(id.error()));
+      return;
+    }
+    auto parsed = parse_request(kind, *body, std::move(*id), seed);
     if (auto* e = std::get_if<api_error>(&parsed)) {
       in_flight.fetch_sub(1);
       send_error(res, *e);

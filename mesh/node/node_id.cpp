@@ -1,9 +1,8 @@
 #include "mesh/node/node_id.hpp"
 
-#include <sys/random.h>
+#include <span>
 
-#include <cerrno>
-#include <cstring>
+#include "actors/base/random.hpp"
 
 namespace tessera::mesh {
 
@@ -37,16 +36,7 @@ result<node_id> node_id::parse(std::string_view text) {
 result<node_id> node_id::random() {
   for (int attempt = 0; attempt < 4; ++attempt) {
     std::uint64_t words[2] = {0, 0};
-    auto* p = reinterpret_cast<unsigned char*>(words);
-    std::size_t got = 0;
-    while (got < sizeof(words)) {
-      ssize_t n = ::getrandom(p + got, sizeof(words) - got, 0);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return make_error(errc::io, "getrandom: {}", std::strerror(errno));
-      }
-      got += static_cast<std::size_t>(n);
-    }
+    TESSERA_TRY(fill_random(std::as_writable_bytes(std::span(words))));
     node_id id{words[0], words[1]};
     if (!id.is_zero()) return id;
   }

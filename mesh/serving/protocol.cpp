@@ -1,14 +1,13 @@
 #include "mesh/serving/protocol.hpp"
 
-#include <sys/random.h>
-
-#include <array>
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include <fmt/format.h>
 
 #include "actors/base/msgpack_bounded.hpp"
+#include "actors/base/random.hpp"
 
 namespace tessera::mesh::serving {
 
@@ -32,15 +31,9 @@ std::string response_topic(std::string_view id) {
   return t;
 }
 
-std::string random_request_id(std::string_view prefix) {
-  std::array<std::uint64_t, 2> words{};
-  auto* p = reinterpret_cast<char*>(words.data());
-  std::size_t got = 0;
-  while (got < sizeof(words)) {
-    const ssize_t n = ::getrandom(p + got, sizeof(words) - got, 0);
-    if (n > 0) got += static_cast<std::size_t>(n);
-    // EINTR only: getrandom() on Linux >= 3.17 does not fail otherwise once the pool is ready.
-  }
+result<std::string> random_request_id(std::string_view prefix) {
+  std::uint64_t words[2] = {0, 0};
+  TESSERA_TRY(fill_random(std::as_writable_bytes(std::span(words))));
   return fmt::format("{}{:016x}{:016x}", prefix, words[0], words[1]);
 }
 

@@ -130,7 +130,7 @@ struct response {
 /// A fresh request id: `prefix` and 128 bits from the kernel's CSPRNG in hex. The id is the
 /// request's capability (whoever knows it can read, cancel and resume the stream), so it must
 /// be unguessable: never from a seeded PRNG whose outputs a client sees in its own ids.
-[[nodiscard]] std::string random_request_id(std::string_view prefix);
+[[nodiscard]] result<std::string> random_request_id(std::string_view prefix);
 
 /// Encodes to msgpack bytes.
 [[nodiscard]] std::string encode(const request& r);

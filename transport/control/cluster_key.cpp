@@ -1,17 +1,19 @@
 #include "transport/control/cluster_key.hpp"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 
 #include <fmt/format.h>
 #include <sodium.h>
 #include <zmq.h>
+
+#include "actors/base/random.hpp"
 
 namespace tessera::transport::control {
 namespace {
@@ -59,15 +61,7 @@ result<curve_keypair> derive_keypair(std::uint64_t id, const char (&ctx)[9],
 
 result<cluster_secret> generate_cluster_secret() {
   cluster_secret s;
-  std::size_t got = 0;
-  while (got < s.bytes.size()) {
-    ssize_t n = ::getrandom(s.bytes.data() + got, s.bytes.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return make_error(errc::io, "getrandom: {}", std::strerror(errno));
-    }
-    got += static_cast<std::size_t>(n);
-  }
+  TESSERA_TRY(fill_random(std::as_writable_bytes(std::span(s.bytes))));
   return s;
 }
 
