@@ -408,11 +408,11 @@ struct engine::impl {
         note_malformed(r.error().message);
         continue;
       }
-      r->has_subscriber = r->cancel || topic_subscribers.contains(r->id);
-      if (!r->has_subscriber) {
-        // Its subscription is on its way (a client subscribes, then publishes, over two
-        // connections): held here briefly rather than served to nobody or made to wait for the
-        // client's re-publication.
+      // Only a request whose answer someone subscribed to reaches the engine: serving one nobody
+      // reads would only hold a slot (a flood of them starved every client who reads). Its
+      // subscription may still be on its way (a client subscribes, then publishes, over two
+      // connections): held here briefly rather than dropped to wait for a re-publication.
+      if (!r->cancel && !topic_subscribers.contains(r->id)) {
         if (awaiting_subscriber.size() >= kMaxAwaitingSubscriber) {
           awaiting_subscriber.pop_front();
           ++unread_requests;
@@ -422,14 +422,20 @@ struct engine::impl {
       }
       {
         std::lock_guard lock(mu);
-        if (inbox.size() >= opt.max_inbox) {
-          ++dropped_inbox;  // the client re-publishes: loss, not a wrong answer
-          continue;
-        }
-        inbox.push_back(std::move(*r));
+        to_inbox_locked(std::move(*r));
       }
       cv.notify_all();
     }
+  }
+
+  /// Queues a request for the engine thread (under mu), or drops and counts it at the bound: the
+  /// client re-publishes, so this is a loss, never a wrong answer.
+  void to_inbox_locked(request&& r) {
+    if (inbox.size() >= opt.max_inbox) {
+      ++dropped_inbox;
+      return;
+    }
+    inbox.push_back(std::move(r));
   }
 
   /// Requests whose subscription did not come within kAwaitSubscriber: nobody reads them.
@@ -577,11 +583,7 @@ struct engine::impl {
               ++it;
               continue;
             }
-            it->req.has_subscriber = true;
-            if (inbox.size() < opt.max_inbox)
-              inbox.push_back(std::move(it->req));
-            else
-              ++dropped_inbox;
+            to_inbox_locked(std::move(it->req));
             it = awaiting_subscriber.erase(it);
             cv.notify_all();
           }
@@ -709,13 +711,6 @@ struct engine::impl {
 
   void on_request(request q) {
     if (q.cancel) return on_cancel(q);
-    // Nobody subscribed to its answer here: serving it would only hold a slot (a flood of such
-    // requests would starve every client who reads). The io thread holds such requests until
-    // their subscription comes (kAwaitSubscriber) and never hands one on without it.
-    if (!q.has_subscriber) {
-      ++unread_requests;
-      return;
-    }
     std::shared_ptr<const placement::plan> p;
     std::vector<member_id> members;
     {

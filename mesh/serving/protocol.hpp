@@ -73,10 +73,6 @@ struct request {
   /// With `cancel`: only the peer of this node id stops (a client cutting short a duplicate
   /// acceptance of its attempt keeps the first peer's stream). Empty: whichever peer serves it.
   std::string node;
-  /// Not on the wire: whether the topic `<id>:` had a subscriber on this peer's response port
-  /// when the request was read (set by the peer's I/O thread). Without one nobody would read the
-  /// answer, and the peer does not serve it.
-  bool has_subscriber = true;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node);
 };
