@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -624,36 +625,51 @@ class tcp_link final : public link {
 
 // --- set-up ------------------------------------------------------------------------------------
 
-/// One listening socket shared by every link set up on the same address and
-/// link_options::listen_port. Each waiting set-up registers its nonce; whichever waiter accepts
-/// a connection reads its hello and hands it to the set-up it names (or closes it: a stranger,
-/// or a link that gave up). Lives while a set-up or a reservation (reserve_tcp_port) holds it.
+/// Where a link's set-up waits for its peer's connection. With link_options::listen_port, one
+/// listener serves every link of the process on that address (get(): a firewall needs one known
+/// port); otherwise each link has a private one on an ephemeral port (open()). Either way each
+/// waiting set-up registers its nonce; whichever waiter accepts a connection reads its hello and
+/// hands it to the set-up it names, or closes it (a stranger, or a link that gave up).
 class shared_listener {
  public:
+  /// The process's listener on `bind`:`port`, bound now if no set-up or reservation holds it.
   static result<std::shared_ptr<shared_listener>> get(const std::string& bind, std::uint16_t port) {
     static std::mutex registry_mu;
     static std::map<std::pair<std::string, std::uint16_t>, std::weak_ptr<shared_listener>> registry;
     std::lock_guard lock(registry_mu);
     auto& slot = registry[{bind, port}];
     if (auto live = slot.lock()) return live;
+    auto l = open(bind, port);
+    if (l) slot = *l;
+    return l;
+  }
+
+  /// A listener of its own on `bind`:`port` (0: an ephemeral port).
+  static result<std::shared_ptr<shared_listener>> open(const std::string& bind,
+                                                       std::uint16_t port) {
     sockaddr_storage addr{};
     socklen_t len = 0;
     TESSERA_TRY(make_address(bind, port, addr, len));
     const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return tcp_error(errc::io, "socket");
     int yes = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
-      auto err = tcp_error(errc::io, fmt::format("listen on the bulk port {}:{} (is another "
-                                                 "process using it? set listen.bulk_port)",
-                                                 bind, port));
+    if (port != 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      auto err = tcp_error(errc::io, port == 0 ? fmt::format("listen on {}", bind)
+                                               : fmt::format("listen on the bulk port {}:{} (is "
+                                                             "another process using it? set "
+                                                             "listen.bulk_port)",
+                                                             bind, port));
       ::close(fd);
       return err;
     }
-    auto l = std::shared_ptr<shared_listener>(new shared_listener(fd));
-    slot = l;
-    return l;
+    const auto bound =
+        ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
+                                        : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    return std::shared_ptr<shared_listener>(new shared_listener(fd, bound));
   }
+
   ~shared_listener() {
     for (auto& [nonce, q] : arrived_)
       for (auto& [fd, h] : q)
@@ -662,6 +678,8 @@ class shared_listener {
   }
   shared_listener(const shared_listener&) = delete;
   shared_listener& operator=(const shared_listener&) = delete;
+
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
   void expect(std::uint64_t nonce) {
     std::lock_guard lock(mu_);
@@ -677,52 +695,70 @@ class shared_listener {
     }
   }
 
-  /// The next connection whose hello names `nonce`, accepting on the others' behalf meanwhile.
-  /// errc::timeout at the deadline (errc::unauthorized when only strangers came).
-  result<std::pair<int, hello>> take(std::uint64_t nonce, clock::time_point deadline) {
+  /// The connection whose hello names `nonce` and comes from `from` (the peer's nonce, learnt
+  /// over the control plane), accepting on the other waiters' behalf meanwhile. errc::timeout at
+  /// the deadline (`timeout` says how long that was), errc::unauthorized when only connections
+  /// with a wrong handshake came.
+  result<int> take(std::uint64_t nonce, std::uint64_t from, clock::time_point deadline,
+                   std::chrono::milliseconds timeout) {
     bool saw_stranger = false;
     for (;;) {
+      std::optional<std::pair<int, hello>> got;
       {
         std::lock_guard lock(mu_);
         if (auto it = arrived_.find(nonce); it != arrived_.end() && !it->second.empty()) {
-          auto got = it->second.front();
+          got = it->second.front();
           it->second.pop_front();
-          return got;
         }
       }
-      // Short slices: a connection another waiter accepted for us shows up in arrived_.
-      const auto slice = std::min(deadline, clock::now() + std::chrono::milliseconds(20));
-      auto ready = wait_fd(fd_, POLLIN, slice);
-      if (!ready) return std::move(ready).error();
-      if (!*ready) {
-        if (clock::now() < deadline) continue;
-        if (saw_stranger)
-          return make_error(errc::unauthorized,
-                            "bulk tcp: only connections with a wrong handshake arrived");
-        return make_error(errc::timeout, "bulk tcp: peer did not connect within the set-up time");
+      if (!got)
+        got = accept_one(nonce, std::min(deadline, clock::now() + std::chrono::milliseconds(20)),
+                         saw_stranger);
+      if (got) {
+        if (got->second.from_nonce == from) return got->first;
+        saw_stranger = true;  // our nonce, but not the peer we expect
+        ::close(got->first);
+        continue;
       }
-      const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;  // another waiter took it
-      hello h;
-      // A stranger gets a short window to present its hello, so it cannot stall set-up.
-      auto got = read_all_until(fd, &h, sizeof h,
-                                std::min(deadline, clock::now() + std::chrono::seconds(2)));
-      if (got && h.magic == hello_magic && h.version == connect_params::current_version) {
-        if (h.to_nonce == nonce) return std::pair{fd, h};
-        std::lock_guard lock(mu_);
-        if (waiting_.contains(h.to_nonce)) {
-          arrived_[h.to_nonce].emplace_back(fd, h);
-          continue;
-        }
-      }
-      saw_stranger = true;
-      ::close(fd);
+      if (clock::now() < deadline) continue;
+      if (saw_stranger)
+        return make_error(errc::unauthorized,
+                          "bulk tcp: only connections with a wrong handshake arrived");
+      return make_error(errc::timeout, "bulk tcp: peer did not connect within {} ms",
+                        timeout.count());
     }
   }
 
  private:
-  explicit shared_listener(int fd) : fd_(fd) {}
+  shared_listener(int fd, std::uint16_t port) : fd_(fd), port_(port) {}
+
+  /// Accepts one connection before `until` and reads its hello: ours is returned, another
+  /// waiting set-up's is queued for it (short slices: it finds it in arrived_), anything else is
+  /// closed (`saw_stranger`).
+  std::optional<std::pair<int, hello>> accept_one(std::uint64_t nonce, clock::time_point until,
+                                                  bool& saw_stranger) {
+    auto ready = wait_fd(fd_, POLLIN, until);
+    if (!ready || !*ready) return std::nullopt;
+    const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return std::nullopt;  // another waiter took it
+    hello h;
+    // A stranger gets a short window to present its hello, so it cannot stall set-up.
+    auto got = read_all_until(fd, &h, sizeof h, clock::now() + std::chrono::seconds(2));
+    if (got && h.magic == hello_magic && h.version == connect_params::current_version) {
+      if (h.to_nonce == nonce) return std::pair{fd, h};
+      std::lock_guard lock(mu_);
+      if (waiting_.contains(h.to_nonce)) {
+        arrived_[h.to_nonce].emplace_back(fd, h);
+        return std::nullopt;
+      }
+    }
+    saw_stranger = true;
+    ::close(fd);
+    return std::nullopt;
+  }
+
   int fd_;
+  std::uint16_t port_;
   std::mutex mu_;
   std::set<std::uint64_t> waiting_;
   std::map<std::uint64_t, std::deque<std::pair<int, hello>>> arrived_;
@@ -730,17 +766,13 @@ class shared_listener {
 
 class tcp_setup final : public link_setup {
  public:
-  tcp_setup(int listen_fd, connect_params params, const link_options& options,
-            std::shared_ptr<shared_listener> shared = nullptr)
-      : listen_fd_(listen_fd),
-        params_(std::move(params)),
-        options_(options),
-        shared_(std::move(shared)) {
-    if (shared_) shared_->expect(params_.nonce);
+  tcp_setup(std::shared_ptr<shared_listener> listener, connect_params params,
+            const link_options& options)
+      : listener_(std::move(listener)), params_(std::move(params)), options_(options) {
+    listener_->expect(params_.nonce);
   }
   ~tcp_setup() override {
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    if (shared_) shared_->forget(params_.nonce);
+    if (listener_) listener_->forget(params_.nonce);
   }
 
   const connect_params& local_params() const noexcept override { return params_; }
@@ -757,12 +789,8 @@ class tcp_setup final : public link_setup {
     }
     const auto deadline = clock::now() + options_.connect_timeout_ms;
     auto fd = remote.nonce > params_.nonce ? dial(remote, deadline) : accept_peer(remote, deadline);
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    listen_fd_ = -1;
-    if (shared_) {
-      shared_->forget(params_.nonce);
-      shared_.reset();
-    }
+    listener_->forget(params_.nonce);
+    listener_.reset();  // a private listener closes now
     if (!fd) return std::move(fd).error();
     return std::unique_ptr<link>(new tcp_link(*fd, options_));
   }
@@ -819,71 +847,25 @@ class tcp_setup final : public link_setup {
     return ok();
   }
 
-  // The hello came: answer it when it names the expected peer.
-  result<int> answer_hello(int fd, const hello& h, const connect_params& remote) {
-    if (h.from_nonce != remote.nonce) {
-      ::close(fd);
-      return make_error(errc::unauthorized, "bulk tcp: a connection named another peer's nonce");
-    }
+  result<int> accept_peer(const connect_params& remote, clock::time_point deadline) {
+    auto fd = listener_->take(params_.nonce, remote.nonce, deadline, options_.connect_timeout_ms);
+    if (!fd) return fd;
     hello answer;
     answer.to_nonce = remote.nonce;
     answer.from_nonce = params_.nonce;
     iovec iov{&answer, sizeof answer};
-    if (auto w = write_all(fd, &iov, 1, options_.connect_timeout_ms); !w) {
-      ::close(fd);
+    if (auto w = write_all(*fd, &iov, 1, options_.connect_timeout_ms); !w) {
+      ::close(*fd);
       return std::move(w).error();
     }
     return fd;
   }
 
-  result<int> accept_shared(const connect_params& remote, clock::time_point deadline) {
-    for (;;) {
-      auto got = shared_->take(params_.nonce, deadline);
-      if (!got) return std::move(got).error();
-      auto fd = answer_hello(got->first, got->second, remote);
-      if (fd || clock::now() >= deadline) return fd;
-    }
-  }
-
-  result<int> accept_peer(const connect_params& remote, clock::time_point deadline) {
-    if (shared_) return accept_shared(remote, deadline);
-    bool saw_stranger = false;
-    for (;;) {
-      auto ready = wait_fd(listen_fd_, POLLIN, deadline);
-      if (!ready) return std::move(ready).error();
-      if (!*ready) {
-        if (saw_stranger) {
-          return make_error(errc::unauthorized,
-                            "bulk tcp: only connections with a wrong handshake arrived");
-        }
-        return make_error(errc::timeout, "bulk tcp: peer did not connect within {} ms",
-                          options_.connect_timeout_ms.count());
-      }
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
-      // A stranger gets at most a short window to present its hello, so it cannot stall set-up.
-      hello h;
-      auto got = read_all_until(fd, &h, sizeof h,
-                                std::min(deadline, clock::now() + std::chrono::seconds(2)));
-      if (got && h.magic == hello_magic && h.version == connect_params::current_version &&
-          h.to_nonce == params_.nonce && h.from_nonce == remote.nonce) {
-        hello answer;
-        answer.to_nonce = remote.nonce;
-        answer.from_nonce = params_.nonce;
-        iovec iov{&answer, sizeof answer};
-        if (write_all(fd, &iov, 1, options_.connect_timeout_ms)) return fd;
-      }
-      saw_stranger = true;
-      ::close(fd);
-    }
-  }
-
   friend result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options);
 
-  int listen_fd_;  // -1 with a shared listener
+  std::shared_ptr<shared_listener> listener_;  // until connect(): the link is up or failed
   connect_params params_;
   link_options options_;
-  std::shared_ptr<shared_listener> shared_;
   bool used_ = false;
 };
 
@@ -915,25 +897,12 @@ result<std::unique_ptr<link_setup>> prepare_tcp_link(const link_options& options
   if (!make_address(bind, 0, addr, len))
     return make_error(errc::invalid_argument, "bulk tcp: bind address '{}' is not a numeric IP",
                       bind);
-  if (options.listen_port != 0) {
-    auto shared = shared_listener::get(bind, options.listen_port);
-    if (!shared) return std::move(shared).error();
-    params.port = options.listen_port;
-    return std::unique_ptr<link_setup>(
-        new tcp_setup(-1, std::move(params), options, std::move(shared).value()));
-  }
-  const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return tcp_error(errc::io, "socket");
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    auto err = tcp_error(errc::io, fmt::format("listen on {}", bind));
-    ::close(fd);
-    return err;
-  }
-  params.port =
-      ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
-                                      : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-  return std::unique_ptr<link_setup>(new tcp_setup(fd, std::move(params), options));
+  auto listener = options.listen_port != 0 ? shared_listener::get(bind, options.listen_port)
+                                           : shared_listener::open(bind, 0);
+  if (!listener) return std::move(listener).error();
+  params.port = (*listener)->port();
+  return std::unique_ptr<link_setup>(
+      new tcp_setup(std::move(listener).value(), std::move(params), options));
 }
 
 result<std::shared_ptr<void>> reserve_tcp_port(const std::string& bind, std::uint16_t port) {
