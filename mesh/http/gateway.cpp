@@ -55,7 +55,7 @@ std::string route_of(const std::string& path) {
 /// The methods a known path takes (for 405 and its Allow header); empty for an unknown path.
 std::string methods_of(const std::string& path) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
-  if (route_of(path) != "other" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  if (route_of(path) != "other") return "GET";
   return "";
 }
 
@@ -111,6 +111,7 @@ struct gateway::impl {
   httplib::Server svr;
   std::thread listener;
   std::uint16_t port = 0;
+  int listen_fd = -1;  // cpp-httplib's listening socket, seen through its socket-options hook
   std::atomic<bool> closing{false};   // no new API requests
   std::atomic<bool> stopping{false};  // running streams end now
   std::atomic<std::uint32_t> in_flight{0};
@@ -191,13 +192,10 @@ struct gateway::impl {
       if (m["id"] == id) return send_json(res, 200, m);
       names += (names.empty() ? "" : ", ") + m["id"].get<std::string>();
     }
-    api_error e;
-    e.status = 404;
-    e.code = "model_not_found";
-    e.param = "model";
-    e.message = fmt::format("the model '{}' does not exist in this cluster (served: {})", id,
-                            names.empty() ? "none yet" : names);
-    send_error(res, e);
+    send_error(res,
+               error_of(make_error(errc::not_found,
+                                   "the model '{}' does not exist in this cluster (served: {})", id,
+                                   names.empty() ? "none yet" : names)));
   }
 
   /// The models the cluster serves (the plan's) and those loaded here; a model that the plan
@@ -524,11 +522,11 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   // cpp-httplib's default sets SO_REUSEPORT: a second process could then bind the same port and
   // take every other connection (even another cluster's node). SO_REUSEADDR only: a taken port
   // is refused with a clear error.
-  int listen_fd = -1;
-  p->svr.set_socket_options([&listen_fd](int sock) {
+  impl* raw = p.get();
+  p->svr.set_socket_options([raw](int sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    listen_fd = sock;
+    raw->listen_fd = sock;
   });
   // A client that stops sending (a PUT without its body, a slow drip) holds a handler for at
   // most this long per read.
@@ -554,8 +552,7 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   // cpp-httplib listens with a backlog of 5: a burst of connections (a stranger's, or many
   // clients at once) overflowed it and every later connect, an honest one too, waited for SYN
   // retries (1 s, 3 s, 7 s, ...). listen() again on the bound socket only raises the backlog.
-  if (listen_fd >= 0) (void)::listen(listen_fd, kListenBacklog);
-  impl* raw = p.get();
+  if (p->listen_fd >= 0) (void)::listen(p->listen_fd, kListenBacklog);
   p->listener = std::thread([raw] {
     name_this_thread("http-accept");
     raw->svr.listen_after_bind();
