@@ -152,6 +152,17 @@ class ServingCluster : public ::testing::Test {
     return {};
   }
 
+  /// Connects a raw socket to every peer's client request port (a PUB) or response port (a SUB
+  /// or XSUB), as a hand-written or hostile client does.
+  void connect_requests(zmq::socket_t& s) {
+    for (std::size_t i = 0; i < cluster_->size(); ++i)
+      s.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
+  }
+  void connect_responses(zmq::socket_t& s) {
+    for (std::size_t i = 0; i < cluster_->size(); ++i)
+      s.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
+  }
+
   std::size_t index_of(const std::string& node_hex) const {
     for (std::size_t i = 0; i < cluster_->size(); ++i)
       if (cluster_->node_id(i) == node_hex) return i;
@@ -326,10 +337,8 @@ TEST_F(ServingCluster, ReplicasAnswerLikeOnePeerAndErrorsAreExplicit) {
   // before sending, so it cannot send one).
   zmq::context_t ctx;
   zmq::socket_t pub(ctx, zmq::socket_type::pub), sub(ctx, zmq::socket_type::sub);
-  for (std::size_t i = 0; i < cluster_->size(); ++i) {
-    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
-    sub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
-  }
+  connect_requests(pub);
+  connect_responses(sub);
   sub.set(zmq::sockopt::subscribe, response_topic("bad-temp"));
   std::this_thread::sleep_for(500ms);  // PUB/SUB connect asynchronously
   const std::string garbage = "\xc1\xff not msgpack";
@@ -836,8 +845,7 @@ TEST_F(ServingCluster, AFloodOfHostileRequestsDoesNotStopHonestClients) {
   zmq::context_t ctx;
   zmq::socket_t pub(ctx, zmq::socket_type::pub);
   pub.set(zmq::sockopt::sndhwm, 0);  // the flood leaves this process whole
-  for (std::size_t i = 0; i < cluster_->size(); ++i)
-    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
+  connect_requests(pub);
   std::this_thread::sleep_for(500ms);  // PUB/SUB connect asynchronously
   constexpr int kFlood = 10'000;
   std::thread flood([&] {
@@ -973,8 +981,7 @@ TEST_F(ServingCluster, AStrangerCannotReadOtherClientsStreamsOrTheirIds) {
   const auto ref = reference(n);
   zmq::context_t ctx;
   zmq::socket_t spy(ctx, zmq::socket_type::sub);
-  for (std::size_t i = 0; i < cluster_->size(); ++i)
-    spy.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
+  connect_responses(spy);
   for (const char* prefix : {"", "v", "victim", "victim-", "victim-stream", ":", ":p"})
     spy.set(zmq::sockopt::subscribe, std::string(prefix));
   std::this_thread::sleep_for(500ms);  // subscriptions reach the peers asynchronously
@@ -1095,8 +1102,7 @@ TEST_F(ServingCluster, UnreadRequestsDoNotStarveAClientWhoReads) {
   ASSERT_TRUE((*c)->ask(greedy("warm-up", 4)));  // the peers' weights are in
   zmq::context_t ctx;
   zmq::socket_t pub(ctx, zmq::socket_type::pub);
-  for (std::size_t i = 0; i < cluster_->size(); ++i)
-    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
+  connect_requests(pub);
   std::this_thread::sleep_for(500ms);
   for (int k = 0; k < 150; ++k) {
     (void)pub.send(zmq::buffer(request_topic), zmq::send_flags::sndmore);
@@ -1134,10 +1140,8 @@ TEST_F(ServingCluster, AStreamWhoseReaderLeftIsCut) {
   zmq::context_t ctx;
   zmq::socket_t pub(ctx, zmq::socket_type::pub);
   std::optional<zmq::socket_t> sub(std::in_place, ctx, zmq::socket_type::sub);
-  for (std::size_t i = 0; i < cluster_->size(); ++i) {
-    pub.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 2));
-    sub->connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
-  }
+  connect_requests(pub);
+  connect_responses(*sub);
   sub->set(zmq::sockopt::subscribe, response_topic("walked-away"));
   std::this_thread::sleep_for(500ms);
   auto req = greedy("walked-away", 4096);
