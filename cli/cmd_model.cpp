@@ -1,13 +1,14 @@
 // `tessera model synth` (synthetic llama/qwen3 GGUF with a working tokenizer) and
 // `tessera model info` (summary of any GGUF file) and `tessera model tokenize` (token ids of a
 // text). Errors go to stderr with a non-zero exit.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -24,6 +25,7 @@ struct synth_args {
   std::string arch = "llama";
   std::string preset = "tiny";
   std::optional<std::uint32_t> dim, layers, heads, kv_heads, ffn, vocab, context;
+  std::optional<std::uint32_t> experts, experts_used, expert_ffn;
   std::string type = "f16";
   std::uint64_t seed = 1;
   bool tied = false;
@@ -42,6 +44,11 @@ int run_synth(const synth_args& a) {
   if (a.heads) cfg->heads = *a.heads;
   if (a.kv_heads) cfg->kv_heads = *a.kv_heads;
   if (a.ffn) cfg->ffn = *a.ffn;
+  if (a.experts) cfg->experts = *a.experts;
+  if (a.experts_used) cfg->experts_used = *a.experts_used;
+  if (a.expert_ffn) cfg->expert_ffn = *a.expert_ffn;
+  if (cfg->experts > 0 && cfg->experts_used == 0) cfg->experts_used = std::min(2u, cfg->experts);
+  if (cfg->experts > 0 && cfg->expert_ffn == 0) cfg->expert_ffn = cfg->ffn;
   if (a.vocab) cfg->vocab = *a.vocab;
   if (a.context) cfg->context = *a.context;
   cfg->seed = a.seed;
@@ -133,15 +140,23 @@ void register_model(CLI::App& root, int& exit_code) {
   cmd->require_subcommand(1);
 
   auto args = std::make_shared<synth_args>();
-  auto* synth = cmd->add_subcommand("synth", "write a synthetic llama/qwen3 model with random weights");
-  synth->add_option("--arch", args->arch, "llama or qwen3")->check(CLI::IsMember({"llama", "qwen3"}));
-  synth->add_option("--preset", args->preset, "tiny (56M params) or large (336M)")
-      ->check(CLI::IsMember({"tiny", "large"}));
+  auto* synth = cmd->add_subcommand(
+      "synth", "write a synthetic llama/qwen3/qwen3moe model with random weights");
+  synth->add_option("--arch", args->arch, "llama, qwen3 or qwen3moe (mixture of experts)")
+      ->check(CLI::IsMember({"llama", "qwen3", "qwen3moe"}));
+  synth
+      ->add_option("--preset", args->preset,
+                   "tiny (56M params), large (336M) or moe (1.3B, 48 experts, 4 used per token)")
+      ->check(CLI::IsMember({"tiny", "large", "moe"}));
   synth->add_option("--dim", args->dim, "embedding width");
   synth->add_option("--layers", args->layers, "transformer blocks");
   synth->add_option("--heads", args->heads, "attention heads");
   synth->add_option("--kv-heads", args->kv_heads, "key/value heads (GQA)");
   synth->add_option("--ffn", args->ffn, "feed-forward width");
+  synth->add_option("--experts", args->experts,
+                    "experts per layer (a mixture of experts; llama then has Mixtral's layout)");
+  synth->add_option("--experts-used", args->experts_used, "experts per token (default 2)");
+  synth->add_option("--expert-ffn", args->expert_ffn, "one expert's FFN width (default --ffn)");
   synth->add_option("--vocab", args->vocab, "vocabulary size");
   synth->add_option("--context", args->context, "context length written to the metadata");
   synth->add_option("--type", args->type, "f32|f16|bf16|q8_0|q4_0|q4_k|q6_k (default f16)");

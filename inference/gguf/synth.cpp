@@ -59,6 +59,7 @@ struct tensor_plan {
   std::string name;
   tensor_type type;
   std::uint64_t cols, rows;  // dims {cols, rows}; rows == 0 for 1-D
+  std::uint64_t depth = 0;   // dims {cols, rows, depth} (stacked experts); 0 for 1-D and 2-D
   init how;
   float scale;
 };
@@ -77,7 +78,7 @@ std::uint32_t file_type_of(tensor_type t) {
 }
 
 result<void> fill_tensor(const tensor_plan& p, std::uint64_t seed, std::span<std::byte> out) {
-  const std::uint64_t rows = p.rows ? p.rows : 1;
+  const std::uint64_t rows = (p.rows ? p.rows : 1) * (p.depth ? p.depth : 1);
   const std::uint64_t base = splitmix(seed ^ fnv1a(p.name));
   const std::size_t row_size = out.size() / rows;
   auto work = [&](std::uint64_t r0, std::uint64_t r1, result<void>* status) {
@@ -118,17 +119,42 @@ result<synth_config> synth_preset(std::string_view preset, std::string_view arch
   c.arch = std::string(arch);
   if (preset == "tiny") {
     c.dim = 512, c.layers = 8, c.heads = 8, c.kv_heads = 4, c.ffn = 1408, c.vocab = 32000;
+    if (c.arch == "qwen3moe") c.experts = 8, c.experts_used = 2, c.expert_ffn = 512;
   } else if (preset == "large") {
     c.dim = 1024, c.layers = 24, c.heads = 16, c.kv_heads = 4, c.ffn = 2816, c.vocab = 32000;
+    if (c.arch == "qwen3moe") c.experts = 8, c.experts_used = 2, c.expert_ffn = 1024;
+  } else if (preset == "moe") {
+    // Shaped like Qwen3-30B-A3B scaled down (128 experts of 768, 8 used, ~11% active): 48
+    // experts of 512, 4 used.
+    if (c.arch == "qwen3") c.arch = "qwen3moe";
+    c.dim = 1024, c.layers = 16, c.heads = 16, c.kv_heads = 4, c.ffn = 512, c.vocab = 32000;
+    c.experts = 48, c.experts_used = 4, c.expert_ffn = 512;
   } else {
-    return make_error(errc::invalid_argument, "unknown preset '{}' (tiny, large)", preset);
+    return make_error(errc::invalid_argument, "unknown preset '{}' (tiny, large, moe)", preset);
   }
   return c;
 }
 
 result<void> validate(const synth_config& c) {
-  if (c.arch != "llama" && c.arch != "qwen3")
-    return make_error(errc::invalid_argument, "unknown architecture '{}' (llama, qwen3)", c.arch);
+  if (c.arch != "llama" && c.arch != "qwen3" && c.arch != "qwen3moe")
+    return make_error(errc::invalid_argument, "unknown architecture '{}' (llama, qwen3, qwen3moe)",
+                      c.arch);
+  if (c.arch == "qwen3moe" && c.experts == 0)
+    return make_error(errc::invalid_argument, "qwen3moe is a mixture of experts: give --experts");
+  if (c.arch == "qwen3" && c.experts > 0)
+    return make_error(errc::invalid_argument,
+                      "qwen3 has a dense FFN; experts need --arch qwen3moe (or llama, Mixtral's "
+                      "layout)");
+  if (c.experts > 0) {
+    if (c.experts > 256)
+      return make_error(errc::invalid_argument, "--experts {} is outside [1, 256]", c.experts);
+    if (c.experts_used < 1 || c.experts_used > c.experts)
+      return make_error(errc::invalid_argument, "--experts-used {} is outside [1, --experts {}]",
+                        c.experts_used, c.experts);
+    if (c.expert_ffn < 32 || c.expert_ffn > 65536)
+      return make_error(errc::invalid_argument, "--expert-ffn {} is outside [32, 65536]",
+                        c.expert_ffn);
+  }
   auto bound = [](std::string_view what, std::uint64_t v, std::uint64_t lo,
                   std::uint64_t hi) -> result<void> {
     if (v < lo || v > hi)
@@ -153,7 +179,7 @@ result<void> validate(const synth_config& c) {
   const auto be = static_cast<std::uint32_t>(geometry(c.type).block_elems);
   // K-quant rows that do not fit fall back to q8_0, whose block (32) must still divide them.
   const std::uint32_t need = be == 256 ? 32 : be;
-  for (auto [what, v] : {std::pair{"--dim", c.dim}, {"--ffn", c.ffn}}) {
+  for (auto [what, v] : {std::pair{"--dim", c.dim}, {"--ffn", c.experts ? c.expert_ffn : c.ffn}}) {
     if (v % need != 0)
       return make_error(errc::invalid_argument, "{} {} is not a multiple of {} ({} blocks)", what, v,
                         need, to_string(c.type));
@@ -167,7 +193,8 @@ result<void> validate(const synth_config& c) {
 
 result<synth_summary> write_synthetic_model(const synth_config& c, const std::string& path) {
   TESSERA_TRY(validate(c));
-  const bool qwen = c.arch == "qwen3";
+  const bool qwen = c.arch == "qwen3" || c.arch == "qwen3moe";
+  const bool moe = c.experts > 0;
   const std::string a = c.arch;
   const std::uint32_t head_dim = c.dim / c.heads;
   const std::uint64_t q_dim = std::uint64_t{c.heads} * head_dim;
@@ -188,7 +215,12 @@ result<synth_summary> write_synthetic_model(const synth_config& c, const std::st
   w.set(a + ".context_length", value::u32(c.context));
   w.set(a + ".embedding_length", value::u32(c.dim));
   w.set(a + ".block_count", value::u32(c.layers));
-  w.set(a + ".feed_forward_length", value::u32(c.ffn));
+  w.set(a + ".feed_forward_length", value::u32(moe ? c.expert_ffn : c.ffn));
+  if (moe) {
+    w.set(a + ".expert_count", value::u32(c.experts));
+    w.set(a + ".expert_used_count", value::u32(c.experts_used));
+    if (a == "qwen3moe") w.set(a + ".expert_feed_forward_length", value::u32(c.expert_ffn));
+  }
   w.set(a + ".attention.head_count", value::u32(c.heads));
   w.set(a + ".attention.head_count_kv", value::u32(c.kv_heads));
   w.set(a + ".attention.layer_norm_rms_epsilon", value::f32(qwen ? 1e-6f : 1e-5f));
@@ -227,10 +259,15 @@ result<synth_summary> write_synthetic_model(const synth_config& c, const std::st
   auto weight = [&](std::string name, std::uint64_t cols, std::uint64_t rows, float scale) {
     tensor_type t = c.type;
     if (geometry(t).block_elems == 256 && cols % 256 != 0) t = tensor_type::q8_0;
-    plan.push_back({std::move(name), t, cols, rows, init::normal, scale});
+    plan.push_back({std::move(name), t, cols, rows, 0, init::normal, scale});
+  };
+  auto experts = [&](std::string name, std::uint64_t cols, std::uint64_t rows, float scale) {
+    tensor_type t = c.type;
+    if (geometry(t).block_elems == 256 && cols % 256 != 0) t = tensor_type::q8_0;
+    plan.push_back({std::move(name), t, cols, rows, c.experts, init::normal, scale});
   };
   auto norm = [&](std::string name, std::uint64_t n) {
-    plan.push_back({std::move(name), tensor_type::f32, n, 0, init::norm_weight, 1.0f});
+    plan.push_back({std::move(name), tensor_type::f32, n, 0, 0, init::norm_weight, 1.0f});
   };
   auto inv_sqrt = [](std::uint64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); };
   weight("token_embd.weight", c.dim, c.vocab, 1.0f);
@@ -246,9 +283,19 @@ result<synth_summary> write_synthetic_model(const synth_config& c, const std::st
       norm(p + "attn_k_norm.weight", head_dim);
     }
     norm(p + "ffn_norm.weight", c.dim);
-    weight(p + "ffn_gate.weight", c.dim, c.ffn, inv_sqrt(c.dim));
-    weight(p + "ffn_up.weight", c.dim, c.ffn, inv_sqrt(c.dim));
-    weight(p + "ffn_down.weight", c.ffn, c.dim, inv_sqrt(c.ffn));
+    if (moe) {
+      // The router stays F32, as llama.cpp's quantizer leaves ffn_gate_inp: it is small and its
+      // rounding would move tokens between experts.
+      plan.push_back({p + "ffn_gate_inp.weight", tensor_type::f32, c.dim, c.experts, 0,
+                      init::normal, inv_sqrt(c.dim)});
+      experts(p + "ffn_gate_exps.weight", c.dim, c.expert_ffn, inv_sqrt(c.dim));
+      experts(p + "ffn_up_exps.weight", c.dim, c.expert_ffn, inv_sqrt(c.dim));
+      experts(p + "ffn_down_exps.weight", c.expert_ffn, c.dim, inv_sqrt(c.expert_ffn));
+    } else {
+      weight(p + "ffn_gate.weight", c.dim, c.ffn, inv_sqrt(c.dim));
+      weight(p + "ffn_up.weight", c.dim, c.ffn, inv_sqrt(c.dim));
+      weight(p + "ffn_down.weight", c.ffn, c.dim, inv_sqrt(c.ffn));
+    }
   }
   norm("output_norm.weight", c.dim);
   if (!c.tied_embeddings) weight("output.weight", c.dim, c.vocab, inv_sqrt(c.dim));
@@ -257,7 +304,8 @@ result<synth_summary> write_synthetic_model(const synth_config& c, const std::st
   for (const auto& p : plan) {
     std::vector<std::uint64_t> dims = {p.cols};
     if (p.rows) dims.push_back(p.rows);
-    s.params += p.cols * (p.rows ? p.rows : 1);
+    if (p.depth) dims.push_back(p.depth);
+    s.params += p.cols * (p.rows ? p.rows : 1) * (p.depth ? p.depth : 1);
     const std::uint64_t seed = c.seed;
     tensor_plan copy = p;
     TESSERA_TRY(w.add_tensor(p.name, p.type, std::move(dims),
@@ -283,9 +331,10 @@ result<model_summary> summarize_model(const std::string& path) {
   if (!arch) return std::move(arch).error();
   s.architecture = std::string(*arch);
   if (auto n = f->get_string("general.name")) s.name = std::string(*n);
-  for (const char* key : {"context_length", "embedding_length", "block_count", "feed_forward_length",
-                          "attention.head_count", "attention.head_count_kv", "attention.key_length",
-                          "vocab_size"}) {
+  for (const char* key :
+       {"context_length", "embedding_length", "block_count", "feed_forward_length",
+        "attention.head_count", "attention.head_count_kv", "attention.key_length", "vocab_size",
+        "expert_count", "expert_used_count", "expert_feed_forward_length"}) {
     if (auto v = f->get_uint(s.architecture + "." + key)) s.dims[key] = *v;
   }
   for (const auto& t : f->tensors()) {
@@ -317,7 +366,8 @@ std::string to_text(const model_summary& s) {
   out += fmt::format("file          {} ({}, GGUF v{})\n", s.file, human_bytes(s.file_bytes), s.version);
   out += fmt::format("architecture  {}\n", s.architecture);
   if (!s.name.empty()) out += fmt::format("name          {}\n", s.name);
-  for (const auto& [k, v] : s.dims) out += fmt::format("{:<26}{}\n", k, v);
+  for (const auto& [k, v] : s.dims)
+    out += fmt::format("{:<28}{}\n", k, v);
   out += fmt::format("parameters    {} ({:.1f}M)\n", s.params, static_cast<double>(s.params) / 1e6);
   out += fmt::format("tensors       {}\n", s.tensor_count);
   for (const auto& [t, e] : s.types)

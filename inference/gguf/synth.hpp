@@ -1,5 +1,7 @@
-// Synthetic llama / qwen3 models (deterministic random weights + a working tokenizer) for tests,
-// benchmarks and the demo, and a summary of any GGUF model file (`tessera model info`).
+// Synthetic llama / qwen3 / qwen3moe models (deterministic random weights + a working tokenizer)
+// for tests, benchmarks and the demo, and a summary of any GGUF model file (`tessera model info`).
+// With experts > 0 the FFN of every layer is a mixture of experts: a router `ffn_gate_inp` and the
+// experts stacked in `ffn_{gate,up,down}_exps` (3-D), as llama.cpp writes qwen3moe and Mixtral.
 //
 // Weights: every 2-D weight ~ N(0, 1/fan_in) (std 1/sqrt(fan_in), an Irwin-Hall approximation of
 // the normal), the embedding ~ N(0, 1), norm weights 1 + U(-0.1, 0.1); so activations stay O(1)
@@ -20,12 +22,17 @@
 namespace tessera::inference::gguf {
 
 struct synth_config {
-  std::string arch = "llama";  ///< "llama" (SentencePiece vocab) or "qwen3" (BPE vocab, q/k norm)
+  /// "llama" (SentencePiece vocab; with experts: Mixtral's layout), "qwen3" (BPE vocab, q/k
+  /// norm) or "qwen3moe" (qwen3 with experts)
+  std::string arch = "llama";
   std::uint32_t dim = 512;
   std::uint32_t layers = 8;
   std::uint32_t heads = 8;
   std::uint32_t kv_heads = 4;
   std::uint32_t ffn = 1408;
+  std::uint32_t experts = 0;       ///< expert_count; 0: dense FFN (qwen3moe needs > 0)
+  std::uint32_t experts_used = 0;  ///< expert_used_count
+  std::uint32_t expert_ffn = 0;    ///< one expert's FFN width
   std::uint32_t vocab = 32000;
   std::uint32_t context = 2048;
   tensor_type type = tensor_type::f16;
@@ -34,8 +41,11 @@ struct synth_config {
   std::string name;              ///< general.name; derived from the arguments when empty
 };
 
-/// "tiny" (dim 512, 8 layers, 8/4 heads, FFN 1408, vocab 32000, ~56M params) or "large"
-/// (dim 1024, 24 layers, 16/4 heads, FFN 2816, vocab 32000, ~336M params), for `arch`.
+/// "tiny" (dim 512, 8 layers, 8/4 heads, FFN 1408, vocab 32000, ~56M params), "large" (dim 1024,
+/// 24 layers, 16/4 heads, FFN 2816, vocab 32000, ~336M params) or "moe" (dim 1024, 16 layers,
+/// 16/4 heads, 48 experts of FFN 512, 4 used, vocab 32000: ~1.3B params, ~13% of them read per
+/// token), for `arch`. "moe" with arch "qwen3" means qwen3moe; tiny/large with qwen3moe get 8
+/// experts (2 used) of FFN width 512 / 1024.
 result<synth_config> synth_preset(std::string_view preset, std::string_view arch = "llama");
 
 /// Checks the shape: heads divide dim, kv_heads divide heads, head_dim even, bounds on every

@@ -140,6 +140,8 @@ std::string_view to_string(architecture a) noexcept {
     case architecture::llama: return "llama";
     case architecture::qwen2: return "qwen2";
     case architecture::qwen3: return "qwen3";
+    case architecture::qwen3moe:
+      return "qwen3moe";
   }
   return "?";
 }
@@ -155,9 +157,12 @@ result<hparams> read_hparams(const gguf::file& f) {
     hp.arch = architecture::qwen2;
   } else if (arch == "qwen3") {
     hp.arch = architecture::qwen3;
+  } else if (arch == "qwen3moe") {
+    hp.arch = architecture::qwen3moe;
   } else {
     return make_error(errc::unsupported,
-                      "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3)",
+                      "{}: architecture '{}' is not supported (supported: llama, qwen2, qwen3, "
+                      "qwen3moe)",
                       f.name(), arch);
   }
   const std::string p = arch + ".";
@@ -169,8 +174,47 @@ result<hparams> read_hparams(const gguf::file& f) {
   if (!heads) return std::move(heads).error();
   auto kv = get_dim(f, p + "attention.head_count_kv", *heads);
   if (!kv) return std::move(kv).error();
-  auto ffn = get_dim(f, p + "feed_forward_length");
+  // Mixture of experts: qwen3moe always, llama when expert_count is set (Mixtral).
+  const bool moe = hp.arch == architecture::qwen3moe ||
+                   (hp.arch == architecture::llama && f.find_value(p + "expert_count") != nullptr);
+  std::int64_t n_expert = 0, n_used = 0;
+  if (moe) {
+    auto e = get_dim(f, p + "expert_count");
+    if (!e) return std::move(e).error();
+    auto u = get_dim(f, p + "expert_used_count");
+    if (!u) return std::move(u).error();
+    if (*e > 1024 || *u > *e)
+      return make_error(errc::unsupported,
+                        "{}: {}expert_count {} / expert_used_count {}: at most 1024 experts, and "
+                        "no more used than there are",
+                        f.name(), p, *e, *u);
+    if (f.find_value(p + "expert_shared_count") != nullptr &&
+        f.get_uint(p + "expert_shared_count").value_or(0) != 0)
+      return make_error(errc::unsupported,
+                        "{}: shared experts ({}expert_shared_count) are not "
+                        "supported",
+                        f.name(), p);
+    // llama.cpp's expert_gating_func: 1 = softmax (the only router this engine runs), 2 = sigmoid.
+    if (f.find_value(p + "expert_gating_func") != nullptr &&
+        f.get_uint(p + "expert_gating_func").value_or(1) != 1)
+      return make_error(errc::unsupported,
+                        "{}: {}expert_gating_func {} is not supported (only softmax routing)",
+                        f.name(), p, f.get_uint(p + "expert_gating_func").value_or(0));
+    n_expert = *e;
+    n_used = *u;
+  }
+  // A qwen3moe file's feed_forward_length is the dense FFN some variants have; its experts' width
+  // is expert_feed_forward_length. Mixtral's experts have feed_forward_length.
+  auto ffn = moe ? get_dim(f, p + "expert_feed_forward_length",
+                           f.find_value(p + "feed_forward_length") != nullptr
+                               ? std::optional<std::int64_t>(static_cast<std::int64_t>(
+                                     f.get_uint(p + "feed_forward_length").value_or(0)))
+                               : std::nullopt)
+                 : get_dim(f, p + "feed_forward_length");
   if (!ffn) return std::move(ffn).error();
+  if (moe && (*ffn < 1 || *ffn > max_reasonable / n_expert))
+    return make_error(errc::corrupt, "{}: the experts' FFN width {} is outside [1, {}]", f.name(),
+                      *ffn, max_reasonable / n_expert);
   auto ctx = get_dim(f, p + "context_length", 2048);
   if (!ctx) return std::move(ctx).error();
   if (*dim % *heads != 0 && f.find_value(p + "attention.key_length") == nullptr)
@@ -214,13 +258,16 @@ result<hparams> read_hparams(const gguf::file& f) {
   hp.n_head = *heads;
   hp.n_head_kv = *kv;
   hp.head_dim = *head_dim;
-  hp.ffn = *ffn;
+  hp.ffn = moe ? *ffn * n_expert : *ffn;
+  hp.n_expert = n_expert;
+  hp.n_expert_used = n_used;
+  hp.expert_ffn = moe ? *ffn : 0;
   hp.n_ctx_train = *ctx;
   hp.rms_eps = *eps;
   hp.rope_base = *base;
   hp.n_vocab = static_cast<std::int64_t>((*embd)->dims[1]);
   hp.rope = hp.arch == architecture::llama ? rope_mode::normal : rope_mode::neox;
-  hp.qk_norm = hp.arch == architecture::qwen3;
+  hp.qk_norm = hp.arch == architecture::qwen3 || hp.arch == architecture::qwen3moe;
   hp.tied_output = f.find_tensor("output.weight") == nullptr;
   return hp;
 }
@@ -233,7 +280,17 @@ std::uint64_t model::bytes_per_token() const noexcept {
   std::uint64_t n = 0;
   for (const auto& l : layers_) {
     for (const weight_view* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      n += inference::weight_bytes(*w);
+      if (w->data != nullptr) n += inference::weight_bytes(*w);
+    if (l.router.data != nullptr) {
+      // A token reads n_expert_used of all n_expert experts: on average that share of this
+      // shard's.
+      const std::uint64_t experts = inference::weight_bytes(l.exp_gate) +
+                                    inference::weight_bytes(l.exp_up) +
+                                    inference::weight_bytes(l.exp_down);
+      n += inference::weight_bytes(l.router) + experts *
+                                                   static_cast<std::uint64_t>(hp_.n_expert_used) /
+                                                   static_cast<std::uint64_t>(hp_.n_expert);
+    }
   }
   if (has_output()) n += inference::weight_bytes(output_);
   return n;
@@ -300,6 +357,15 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
   m->local_.ffn = s.ffn_end - s.ffn_begin;
   const hparams& LH = m->local_;
   const bool tp = LH.n_head != H.n_head || LH.ffn != H.ffn;
+  if (H.is_moe()) {
+    if (s.ffn_begin % H.expert_ffn != 0 || s.ffn_end % H.expert_ffn != 0)
+      return make_error(errc::invalid_argument,
+                        "{}: shard FFN range [{}, {}) does not fall on expert boundaries (each "
+                        "expert is {} columns)",
+                        f.name(), s.ffn_begin, s.ffn_end, H.expert_ffn);
+    m->local_.n_expert = LH.ffn / H.expert_ffn;
+    m->expert_first_ = s.ffn_begin / H.expert_ffn;
+  }
   // Every local query head has its KV head in the slice (local kv_dim follows n_head_kv).
   TESSERA_ASSERT(m->local_.n_head_kv >= 1, "a slice of {} heads holds no KV head", LH.n_head);
 
@@ -350,6 +416,32 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
     plan.push_back(pl);
     return plan.size() - 1;
   };
+  // Experts [e_b, e_b + e_n) of a stacked [n_expert][rows][cols] tensor: rows [e_b * rows,
+  // (e_b + e_n) * rows) of it read as one [n_expert * rows][cols] matrix.
+  auto place_experts = [&](const std::string& name, std::int64_t cols, std::int64_t rows,
+                           std::int64_t e_b, std::int64_t e_n) -> result<std::size_t> {
+    auto t = f.tensor(name);
+    if (!t) return std::move(t).error();
+    const gguf::tensor_info& ti = **t;
+    if (ti.dims.size() != 3 || static_cast<std::int64_t>(ti.dims[0]) != cols ||
+        static_cast<std::int64_t>(ti.dims[1]) != rows ||
+        static_cast<std::int64_t>(ti.dims[2]) != H.n_expert)
+      return make_error(errc::corrupt, "{}: tensor {} has dims {} but {}x{}x{} was expected",
+                        f.name(), name, fmt::join(ti.dims, "x"), cols, rows, H.n_expert);
+    auto rb = row_bytes(ti.type, cols);
+    if (!rb)
+      return make_error(errc::corrupt, "{}: tensor {}: {}", f.name(), name, rb.error().message);
+    placement pl;
+    pl.info = &ti;
+    pl.first_row = static_cast<std::uint64_t>(e_b * rows);
+    pl.rows = static_cast<std::uint64_t>(e_n * rows);
+    pl.bytes = *rb * static_cast<std::size_t>(pl.rows);
+    cursor = (cursor + 63) / 64 * 64;
+    pl.offset = cursor;
+    cursor += pl.bytes;
+    plan.push_back(pl);
+    return plan.size() - 1;
+  };
   auto optional_place = [&](const std::string& name, std::int64_t n, std::int64_t b,
                             std::int64_t count) -> result<std::optional<std::size_t>> {
     if (f.find_tensor(name) == nullptr) return std::optional<std::size_t>{};
@@ -361,6 +453,7 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
   struct layer_plan {
     std::size_t attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
     std::optional<std::size_t> q_norm, k_norm, bq, bk, bv;
+    std::optional<std::size_t> router, exp_gate, exp_up, exp_down;  // MoE
   };
   std::vector<layer_plan> lp;
   const bool need_embd = s.first_layer == 0 || (s.last_layer == H.n_layer && H.tied_output);
@@ -394,10 +487,30 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
     TESSERA_TRY(get("attn_output.weight", H.q_dim(), H.dim, false, l.wo, false, 0, 0,
                     tp ? s.head_begin * hd : 0, tp ? LH.q_dim() : 0));
     TESSERA_TRY(get("ffn_norm.weight", H.dim, 1, true, l.ffn_norm));
-    TESSERA_TRY(get("ffn_gate.weight", H.dim, H.ffn, false, l.gate, false, s.ffn_begin, LH.ffn));
-    TESSERA_TRY(get("ffn_up.weight", H.dim, H.ffn, false, l.up, true, s.ffn_begin, LH.ffn));
-    TESSERA_TRY(get("ffn_down.weight", H.ffn, H.dim, false, l.down, false, 0, 0,
-                    tp ? s.ffn_begin : 0, tp ? LH.ffn : 0));
+    if (H.is_moe()) {
+      if (f.find_tensor(p + "ffn_gate.0.weight") != nullptr)
+        return make_error(errc::unsupported,
+                          "{}: layer {} stores its experts as separate tensors (ffn_gate.0.weight, "
+                          "an old GGUF layout); convert it again with a current llama.cpp, which "
+                          "stacks them in ffn_gate_exps",
+                          f.name(), il);
+      TESSERA_TRY(get("ffn_gate_inp.weight", H.dim, H.n_expert, false, l.router.emplace()));
+      const std::int64_t eff = H.expert_ffn, e_b = m->expert_first_, e_n = LH.n_expert;
+      auto g = place_experts(p + "ffn_gate_exps.weight", H.dim, eff, e_b, e_n);
+      if (!g) return std::move(g).error();
+      auto u = place_experts(p + "ffn_up_exps.weight", H.dim, eff, e_b, e_n);
+      if (!u) return std::move(u).error();
+      auto d = place_experts(p + "ffn_down_exps.weight", eff, H.dim, e_b, e_n);
+      if (!d) return std::move(d).error();
+      l.exp_gate = *g;
+      l.exp_up = *u;
+      l.exp_down = *d;
+    } else {
+      TESSERA_TRY(get("ffn_gate.weight", H.dim, H.ffn, false, l.gate, false, s.ffn_begin, LH.ffn));
+      TESSERA_TRY(get("ffn_up.weight", H.dim, H.ffn, false, l.up, true, s.ffn_begin, LH.ffn));
+      TESSERA_TRY(get("ffn_down.weight", H.ffn, H.dim, false, l.down, false, 0, 0,
+                      tp ? s.ffn_begin : 0, tp ? LH.ffn : 0));
+    }
     if (H.qk_norm) {
       TESSERA_TRY(get("attn_q_norm.weight", H.head_dim, 1, true, l.q_norm.emplace()));
       TESSERA_TRY(get("attn_k_norm.weight", H.head_dim, 1, true, l.k_norm.emplace()));
@@ -532,15 +645,24 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
     w.wo = view(l.wo);
     w.ffn_norm = view(l.ffn_norm);
     w.ffn_norm_f = floats(l.ffn_norm);
-    w.w_gate = view(l.gate);
-    w.w_up = view(l.up);
-    w.w_down = view(l.down);
+    if (l.router) {
+      w.router = view(*l.router);
+      w.exp_gate = view(*l.exp_gate);
+      w.exp_up = view(*l.exp_up);
+      w.exp_down = view(*l.exp_down);
+    } else {
+      w.w_gate = view(l.gate);
+      w.w_up = view(l.up);
+      w.w_down = view(l.down);
+    }
     w.q_norm = maybe(l.q_norm);
     w.k_norm = maybe(l.k_norm);
     w.bq = maybe(l.bq);
     w.bk = maybe(l.bk);
     w.bv = maybe(l.bv);
-    for (const weight_view* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+    for (const weight_view* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down,
+                                 &w.router, &w.exp_gate, &w.exp_up, &w.exp_down}) {
+      if (v->data == nullptr) continue;  // the FFN kind this model does not have
       if (!row_bytes(v->type, v->cols))
         return make_error(errc::corrupt, "{}: layer {}: a {} weight with rows of {} elements",
                           f.name(), m->layers_.size() + static_cast<std::size_t>(s.first_layer),
@@ -588,8 +710,20 @@ result<std::unique_ptr<workspace>> workspace::create(const model& m, std::int64_
   w->k_.resize(B * static_cast<std::size_t>(H.kv_dim()));
   w->v_.resize(B * static_cast<std::size_t>(H.kv_dim()));
   w->att_.resize(B * static_cast<std::size_t>(H.q_dim()));
-  w->gate_.resize(B * static_cast<std::size_t>(2 * H.ffn));
-  w->up_.resize(B * static_cast<std::size_t>(H.ffn));
+  // An MoE layer runs one expert at a time over the rows routed to it: its FFN width is one
+  // expert's.
+  const std::int64_t ffn = H.is_moe() ? H.expert_ffn : H.ffn;
+  w->gate_.resize(B * static_cast<std::size_t>(2 * ffn));
+  w->up_.resize(B * static_cast<std::size_t>(ffn));
+  if (H.is_moe()) {
+    w->router_.resize(B * static_cast<std::size_t>(m.params().n_expert));  // the whole router
+    w->gathered_.resize(B * static_cast<std::size_t>(H.dim));
+    w->expert_out_.resize(B * static_cast<std::size_t>(H.dim));
+    w->choice_.resize(B * static_cast<std::size_t>(H.n_expert_used));
+    w->expert_offset_.resize(static_cast<std::size_t>(m.local().n_expert + 1));
+    w->expert_fill_.resize(static_cast<std::size_t>(m.local().n_expert));
+    w->expert_rows_.resize(B * static_cast<std::size_t>(H.n_expert_used));
+  }
   const std::int64_t half = H.head_dim / 2;
   w->inv_freq_.resize(static_cast<std::size_t>(half));
   for (std::int64_t i = 0; i < half; ++i)
@@ -1043,6 +1177,16 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   });
   lap(&stage_times::norm_s);
 
+  if (H.is_moe()) {
+    TESSERA_TRY(moe_forward(m, ws, pool, L, n));
+    lap(&stage_times::ffn_up_s);
+    if (reduce)
+      TESSERA_TRY(reduce(std::span<float>(ws.tmp_.data(), static_cast<std::size_t>(n * dim))));
+    add(x, ws.tmp_.data(), x, n * dim);
+    lap(&stage_times::ffn_down_s);
+    return ok();
+  }
+
   const std::int64_t ffn = H.ffn;
   const bool fused_ffn = L.w_gate.type == L.w_up.type &&
                          static_cast<const std::byte*>(L.w_up.data) ==
@@ -1070,6 +1214,106 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   if (reduce) TESSERA_TRY(reduce(std::span<float>(ws.tmp_.data(), static_cast<std::size_t>(n * dim))));
   add(x, ws.tmp_.data(), x, n * dim);
   lap(&stage_times::ffn_down_s);
+  return ok();
+}
+
+result<void> context::moe_forward(const model& m, workspace& ws, thread_pool* pool,
+                                  const layer_weights& L, std::int64_t n) {
+  const hparams& G = m.params();
+  const hparams& H = m.local();
+  const std::int64_t dim = H.dim, eff = H.expert_ffn, n_exp = G.n_expert, k = G.n_expert_used;
+  const std::int64_t first = m.expert_first(), local = H.n_expert;
+  const float* h = ws.h_.data();
+
+  // 1. Route: every shard computes every row's choice from the whole router (the rows' hidden
+  //    states are equal on every rank of a group), so the ranks agree without talking.
+  TESSERA_TRY(matmul(L.router, h, n, ws.router_.data(), pool));
+  for (std::int64_t t = 0; t < n; ++t) {
+    float* p = ws.router_.data() + t * n_exp;
+    softmax(p, n_exp);
+    auto* c = ws.choice_.data() + t * k;
+    // Top k by probability, ties to the lower index (a partial selection: k is small).
+    for (std::int64_t j = 0; j < k; ++j) {
+      std::int64_t best = -1;
+      for (std::int64_t e = 0; e < n_exp; ++e) {
+        bool taken = false;
+        for (std::int64_t i = 0; i < j; ++i)
+          taken = taken || c[i].first == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      c[j] = {static_cast<std::int32_t>(best), p[best]};
+    }
+    float sum = 0;
+    for (std::int64_t j = 0; j < k; ++j)
+      sum += c[j].second;
+    for (std::int64_t j = 0; j < k; ++j)
+      c[j].second /= sum;
+  }
+
+  // 2. The rows of each local expert, in row order (a counting sort over the choices).
+  std::int64_t* off = ws.expert_offset_.data();
+  std::fill(off, off + local + 1, 0);
+  for (std::int64_t t = 0; t < n * k; ++t) {
+    const std::int64_t e = ws.choice_[static_cast<std::size_t>(t)].first - first;
+    if (e >= 0 && e < local) ++off[e + 1];
+  }
+  for (std::int64_t e = 0; e < local; ++e)
+    off[e + 1] += off[e];
+  {
+    std::int64_t* fill = ws.expert_fill_.data();
+    std::copy(off, off + local, fill);
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto& [ge, w] = ws.choice_[static_cast<std::size_t>(t * k + j)];
+        const std::int64_t e = ge - first;
+        if (e >= 0 && e < local) ws.expert_rows_[static_cast<std::size_t>(fill[e]++)] = {t, w};
+      }
+  }
+
+  // 3. Each expert with rows, in expert order: one mat-mul per projection over all its rows (a
+  //    prefill chunk's tokens grouped, not one per token), only its own weight rows read. Every
+  //    row's sum takes its experts in ascending order, whatever else is in the batch.
+  float* out = ws.tmp_.data();
+  std::fill(out, out + n * dim, 0.0f);
+  const std::size_t gate_row = *row_bytes(L.exp_gate.type, dim);
+  const std::size_t up_row = *row_bytes(L.exp_up.type, dim);
+  const std::size_t down_row = *row_bytes(L.exp_down.type, eff);
+  float* gate = ws.gate_.data();
+  float* up = ws.up_.data();
+  for (std::int64_t e = 0; e < local; ++e) {
+    const std::int64_t rows = off[e + 1] - off[e];
+    if (rows == 0) continue;
+    const auto* routed = ws.expert_rows_.data() + off[e];
+    // The rows in one block: h itself when the expert takes every row in order (decode of one
+    // sequence), else gathered.
+    const float* xe = h;
+    if (rows != n) {
+      for (std::int64_t i = 0; i < rows; ++i)
+        std::memcpy(ws.gathered_.data() + i * dim, h + routed[i].first * dim,
+                    static_cast<std::size_t>(dim) * sizeof(float));
+      xe = ws.gathered_.data();
+    }
+    weight_view wg = L.exp_gate, wu = L.exp_up, wd = L.exp_down;
+    wg.rows = wu.rows = eff;
+    wd.rows = dim;
+    wg.data = static_cast<const std::byte*>(L.exp_gate.data) +
+              static_cast<std::size_t>(e * eff) * gate_row;
+    wu.data =
+        static_cast<const std::byte*>(L.exp_up.data) + static_cast<std::size_t>(e * eff) * up_row;
+    wd.data = static_cast<const std::byte*>(L.exp_down.data) +
+              static_cast<std::size_t>(e * dim) * down_row;
+    TESSERA_TRY(matmul(wg, xe, rows, gate, pool));
+    TESSERA_TRY(matmul(wu, xe, rows, up, pool));
+    swiglu(gate, up, up, rows * eff);
+    TESSERA_TRY(matmul(wd, up, rows, ws.expert_out_.data(), pool));
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float w = routed[i].second;
+      const float* y = ws.expert_out_.data() + i * dim;
+      float* o = out + routed[i].first * dim;
+      for (std::int64_t d = 0; d < dim; ++d)
+        o[d] += w * y[d];
+    }
+  }
   return ok();
 }
 

@@ -1,12 +1,25 @@
 // A llama-family transformer loaded from a GGUF file, and the forward pass over it.
 //
 // Architectures: `llama` (Llama 2/3, Mistral, TinyLlama, SmolLM; "normal" RoPE), `qwen2` (NeoX
-// RoPE, biases on q/k/v), `qwen3` (NeoX RoPE, RMSNorm of every q/k head). The maths is the one in
-// ../shared/notes/llama-numerics.md; the KV cache is F16 (like llama.cpp's default).
+// RoPE, biases on q/k/v), `qwen3` (NeoX RoPE, RMSNorm of every q/k head), `qwen3moe` (qwen3's
+// attention, a mixture-of-experts FFN in every layer) and `llama` with `llama.expert_count` set
+// (Mixtral). The maths is the one in ../shared/notes/llama-numerics.md; the KV cache is F16 (like
+// llama.cpp's default).
+//
+// Mixture of experts (issue 33): the FFN of a layer is a router `ffn_gate_inp` [n_expert x dim] and
+// n_expert SwiGLU experts stacked in 3-D tensors (`ffn_gate_exps` / `ffn_up_exps` [n_expert][eff]
+// [dim], `ffn_down_exps` [n_expert][dim][eff]). Per token: softmax over the router's logits, the
+// n_expert_used most probable experts (ties to the lower index), their probabilities renormalised
+// to sum 1, and the FFN output is the weighted sum of those experts' outputs. The experts' hidden
+// units, side by side, form one FFN axis of n_expert * eff columns; a shard's FFN range cuts that
+// axis on expert boundaries, so expert parallelism is the tensor-parallel layout with experts in
+// place of FFN columns: each rank sums its own experts' outputs, and the group's all-reduce adds
+// the ranks' partial sums.
 //
 // Split of responsibilities:
 //   model    — hyper-parameters and immutable weights (shareable by several contexts/threads);
-//   context  — one sequence: its KV cache, its position and bounded scratch buffers, allocated once.
+//   context  — one sequence: its KV cache, its position and bounded scratch buffers, allocated
+//   once.
 //
 // Sharding (issue 6): a model is built for a `shard_spec` — a range of layers (pipeline
 // parallelism) and, reserved for tensor parallelism, a range of attention heads and of FFN columns.
@@ -37,7 +50,7 @@ namespace tessera::inference::model {
 
 using token_id = std::int32_t;
 
-enum class architecture { llama, qwen2, qwen3 };
+enum class architecture { llama, qwen2, qwen3, qwen3moe };
 std::string_view to_string(architecture a) noexcept;
 
 /// Hyper-parameters from `<arch>.*` metadata, checked for consistency.
@@ -49,14 +62,18 @@ struct hparams {
   std::int64_t n_head = 0;
   std::int64_t n_head_kv = 0;
   std::int64_t head_dim = 0;   ///< attention.key_length (default dim / n_head)
-  std::int64_t ffn = 0;        ///< feed_forward_length
+  std::int64_t ffn = 0;        ///< feed_forward_length; MoE: n_expert * expert_ffn (all experts)
   std::int64_t n_ctx_train = 0;
   float rms_eps = 1e-5f;
   float rope_base = 10000.0f;
   rope_mode rope = rope_mode::normal;
   bool qk_norm = false;        ///< qwen3
   bool tied_output = false;    ///< output.weight absent: logits use token_embd
+  std::int64_t n_expert = 0;   ///< expert_count; 0: a dense FFN
+  std::int64_t n_expert_used = 0;  ///< expert_used_count: experts per token
+  std::int64_t expert_ffn = 0;     ///< one expert's hidden width (expert_feed_forward_length)
 
+  [[nodiscard]] bool is_moe() const noexcept { return n_expert > 0; }
   [[nodiscard]] std::int64_t q_dim() const noexcept { return n_head * head_dim; }
   [[nodiscard]] std::int64_t kv_dim() const noexcept { return n_head_kv * head_dim; }
 };
@@ -71,7 +88,9 @@ struct shard_spec {
   std::int64_t last_layer = -1;   ///< exclusive; -1 = n_layer
   std::int64_t head_begin = 0;    ///< attention heads [head_begin, head_end) (tensor parallelism)
   std::int64_t head_end = -1;
-  std::int64_t ffn_begin = 0;     ///< FFN columns [ffn_begin, ffn_end) (tensor parallelism)
+  /// FFN columns [ffn_begin, ffn_end) (tensor parallelism); of an MoE model, the experts' hidden
+  /// units side by side: the range must fall on expert boundaries (expert parallelism).
+  std::int64_t ffn_begin = 0;
   std::int64_t ffn_end = -1;
 
   [[nodiscard]] static shard_spec full() noexcept { return {}; }
@@ -91,6 +110,10 @@ struct layer_weights {
   const float* bq = nullptr;           ///< qwen2: biases [q_dim], [kv_dim], [kv_dim]
   const float* bk = nullptr;
   const float* bv = nullptr;
+  /// MoE: the router (every expert's row, on every shard) and the shard's experts stacked: local
+  /// expert j is rows [j * eff, (j + 1) * eff) of exp_gate / exp_up and [j * dim, (j + 1) * dim)
+  /// of exp_down. w_gate / w_up / w_down are empty.
+  weight_view router, exp_gate, exp_up, exp_down;
 };
 
 struct load_options {
@@ -139,6 +162,8 @@ class model {
   /// (kv_first()+j+1)·group) ∩ [head_begin, head_end).
   [[nodiscard]] std::int64_t kv_group() const noexcept { return kv_group_; }
   [[nodiscard]] std::int64_t kv_first() const noexcept { return kv_first_; }
+  /// MoE: the first expert this shard holds (local().n_expert of them from there).
+  [[nodiscard]] std::int64_t expert_first() const noexcept { return expert_first_; }
   [[nodiscard]] bool has_embedding() const noexcept { return shard_.first_layer == 0; }
   [[nodiscard]] bool has_output() const noexcept { return shard_.last_layer == hp_.n_layer; }
   [[nodiscard]] std::int64_t n_local_layers() const noexcept {
@@ -154,7 +179,9 @@ class model {
   /// Bytes of weights this shard holds.
   [[nodiscard]] std::uint64_t weight_bytes_total() const noexcept { return arena_bytes_; }
   /// Bytes of weights one decoded token streams: every mat-mul weight once (the embedding row
-  /// lookup excluded, the output projection included). The numerator of the decode roofline.
+  /// lookup excluded, the output projection included); of an MoE layer the router and, on
+  /// average, n_expert_used / n_expert of the shard's experts (what a token reads when its choices
+  /// spread evenly). The numerator of the decode roofline.
   [[nodiscard]] std::uint64_t bytes_per_token() const noexcept;
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
@@ -168,6 +195,7 @@ class model {
   hparams local_;
   shard_spec shard_;
   std::int64_t kv_group_ = 1, kv_first_ = 0;
+  std::int64_t expert_first_ = 0;
   std::string name_;
   std::byte* arena_ = nullptr;
   std::size_t arena_size_ = 0;
@@ -222,6 +250,13 @@ class workspace {
   std::int64_t max_tokens_ = 0, n_ctx_ = 0;
   int threads_ = 1;
   std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_;
+  // MoE: router logits [B][n_expert], each row's choices [B][n_expert_used] (expert, weight), the
+  // rows routed to one expert gathered [B][dim] and its output [B][dim], and the rows of each local
+  // expert (a counting sort: offsets [n_local + 1], rows in expert order).
+  std::vector<float> router_, gathered_, expert_out_;
+  std::vector<std::pair<std::int32_t, float>> choice_;
+  std::vector<std::int64_t> expert_offset_, expert_fill_;
+  std::vector<std::pair<std::int64_t, float>> expert_rows_;
   std::vector<float> scores_;  // per thread: n_ctx * (n_head / n_head_kv) floats
   // RoPE cos/sin for the positions of the current pass, [n][head_dim / 2] each: computed once per
   // pass rather than once per layer and per q/k.
@@ -311,6 +346,10 @@ class context {
   static result<void> layer_forward(const model& m, workspace& ws, thread_pool* pool,
                                     const reduce_fn& reduce, stage_times* times, std::int64_t il,
                                     std::int64_t n);
+  /// The MoE FFN of layer `L` over ws.h_'s n rows: this shard's experts' weighted outputs summed
+  /// into ws.tmp_ (the whole FFN output on a shard with every expert, else a partial sum).
+  static result<void> moe_forward(const model& m, workspace& ws, thread_pool* pool,
+                                  const layer_weights& L, std::int64_t n);
 
   const model* m_;
   thread_pool* pool_ = nullptr;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The C++ forward pass against the independent float64 numpy reference (../reference/forward.py).
 
-For llama (normal RoPE, untied output) and qwen3 (NeoX RoPE, q/k norm, tied embeddings) and every
-tensor type (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K), `tessera model synth` writes a small model,
+For llama (normal RoPE, untied output), qwen3 (NeoX RoPE, q/k norm, tied embeddings) and the
+mixtures of experts qwen3moe and Mixtral-style llama (router, top-k experts, renormalised weights)
+and every tensor type (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K), `tessera model synth` writes a small model,
 `tessera_model_logits` prints the engine's logits for every position of a fixed token sequence
 (teacher forcing: both sides see the same tokens), and the reference computes them in float64 from
 the dequantized weights. Per position:
@@ -30,6 +31,8 @@ import sys
 import numpy as np
 
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"]
+# The MoE models' experts run on the same kernels: a float, the int8 and a K-quant type suffice.
+MOE_TYPES = ["f32", "f16", "q8_0", "q4_k"]
 # Relative RMS error bounds per weight type. Measured worst cases on these models (2026-11-23):
 # f32/f16/bf16 2.4e-4 (f32 arithmetic and the f16 KV cache), q8_0 1.4e-2, q4_0 1.4e-2, q4_K 1.9e-2,
 # q6_K 1.8e-2 (activations quantized to q8_0 / q8_K blocks, as llama.cpp does). The kernels' integer
@@ -86,9 +89,17 @@ def main():
     failures = []
     tok_arg = ",".join(map(str, TOKENS))
     try:
-        for arch, extra in (("llama", []), ("qwen3", ["--tied"])):
+        # Mixtures of experts (issue 33): qwen3moe, and llama with experts (Mixtral's layout);
+        # 8 experts, 2 used per token, each of FFN width 256 (a K-quant block).
+        moe = ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256"]
+        models = (("llama", "llama", [], TYPES), ("qwen3", "qwen3", ["--tied"], TYPES),
+                  ("qwen3moe", "qwen3moe", ["--tied", *moe], MOE_TYPES),
+                  ("mixtral", "llama", moe, MOE_TYPES))
+        for name, arch, extra, types in models:
             for ttype in a.types.split(","):
-                path = os.path.join(a.workdir, f"{arch}_{ttype}.gguf")
+                if ttype not in types:
+                    continue
+                path = os.path.join(a.workdir, f"{name}_{ttype}.gguf")
                 # dim 256 and ffn 512: every 2-D weight is a multiple of 256, so the K-quant files
                 # really are K-quant (no q8_0 fallback).
                 run([a.tessera, "model", "synth", "--arch", arch, "--dim", "256", "--layers", "2",
@@ -99,9 +110,9 @@ def main():
                 got = np.array(json.loads(run([a.logits, path, "--tokens", tok_arg]))["logits"],
                                dtype=np.float64)
                 if got.shape != want.shape:
-                    failures.append(f"{arch} {ttype}: shape {got.shape} vs {want.shape}")
+                    failures.append(f"{name} {ttype}: shape {got.shape} vs {want.shape}")
                     continue
-                label = f"{arch} {ttype}"
+                label = f"{name} {ttype}"
                 worst, checked = compare(label, got, want, TOL[ttype], failures)
                 print(f"{label:12s} worst relative RMS error {worst:.2e} (tolerance "
                       f"{TOL[ttype]:.0e}); argmax checked at {checked}/{len(TOKENS)} positions")

@@ -45,6 +45,16 @@ gguf::synth_config small(std::string arch = "llama", tensor_type type = tensor_t
   return c;
 }
 
+// A mixture of experts of the same size: 4 experts of FFN width 32 (128 hidden units in all, as
+// small()'s dense FFN), 2 used per token. "qwen3moe", or "llama" (Mixtral's layout).
+gguf::synth_config small_moe(std::string arch = "qwen3moe", tensor_type type = tensor_type::f32) {
+  gguf::synth_config c = small(std::move(arch), type);
+  c.experts = 4;
+  c.experts_used = 2;
+  c.expert_ffn = 32;
+  return c;
+}
+
 // A synthetic model file, removed at the end of the test.
 struct model_file {
   std::string path;
@@ -313,6 +323,77 @@ TEST(ModelLoad, ShardSpecsAreChecked) {
   EXPECT_EQ(load_error(mf.path, {shard_spec::layers(1, 2)}), "loaded");
 }
 
+// A mixture of experts: the hyper-parameters, what a token reads (the router and, on average,
+// k / n of the experts), expert ranges on expert boundaries only, and the errors that name the
+// key or tensor a broken MoE file lacks.
+TEST(ModelLoad, MixtureOfExpertsHyperParametersShardsAndErrors) {
+  for (const char* arch : {"qwen3moe", "llama"}) {
+    SCOPED_TRACE(arch);
+    model_file mf(small_moe(arch), "moe");
+    auto f = open(mf.path);
+    auto m = model::load(f);
+    ASSERT_TRUE(m) << m.error().message;
+    const hparams& hp = (*m)->params();
+    EXPECT_EQ(hp.arch,
+              std::string_view(arch) == "llama" ? architecture::llama : architecture::qwen3moe);
+    EXPECT_TRUE(hp.is_moe());
+    EXPECT_EQ(hp.n_expert, 4);
+    EXPECT_EQ(hp.n_expert_used, 2);
+    EXPECT_EQ(hp.expert_ffn, 32);
+    EXPECT_EQ(hp.ffn, 4 * 32);  // the experts' hidden units side by side
+    EXPECT_EQ(hp.qk_norm, std::string_view(arch) == "qwen3moe");
+    // f32: per layer q, k, v, o, the router [4 x 64], and 2 of the 4 experts (3 x 32 x 64 each).
+    const std::uint64_t per_layer =
+        4 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 4 * 64 + 2 * 3 * 32 * 64);
+    EXPECT_EQ((*m)->bytes_per_token(), 3 * per_layer + 4 * 600 * 64);
+    // A shard of experts 1..2 (FFN columns [32, 96)) holds two experts; a cut inside an expert
+    // is refused, naming the width.
+    shard_spec s;
+    s.ffn_begin = 32;
+    s.ffn_end = 96;
+    s.head_begin = 0;
+    s.head_end = 2;
+    auto part = model::load(f, {s});
+    ASSERT_TRUE(part) << part.error().message;
+    EXPECT_EQ((*part)->local().n_expert, 2);
+    EXPECT_EQ((*part)->expert_first(), 1);
+    EXPECT_TRUE((*part)->is_tensor_parallel());
+    EXPECT_LT((*part)->weight_bytes_total(), (*m)->weight_bytes_total());
+    s.ffn_end = 80;
+    EXPECT_NE(load_error(mf.path, {s}).find("expert boundaries (each expert is 32 columns)"),
+              std::string::npos);
+    const std::string key = std::string(arch) + ".expert_used_count";
+    struct tcase {
+      std::string key;
+      std::function<bool(gguf::value&)> edit;
+      std::string expect;
+    };
+    const std::vector<tcase> cases = {
+        {key, [](gguf::value&) { return false; }, key + " is missing"},
+        {key,
+         [](gguf::value& v) {
+           v = gguf::value::u32(5);
+           return true;
+         },
+         "expert_used_count 5"},
+    };
+    for (const auto& c : cases) {
+      const std::string p = rewritten(
+          mf.path, "moe2",
+          {[&](const std::string& k, gguf::value& v) { return k == c.key ? c.edit(v) : true; },
+           nullptr});
+      const std::string e = load_error(p);
+      std::filesystem::remove(p);
+      EXPECT_NE(e.find(c.expect), std::string::npos) << c.key << ": " << e;
+    }
+    const std::string p = rewritten(
+        mf.path, "moe3", {nullptr, [](std::string& n) { return n != "blk.1.ffn_up_exps.weight"; }});
+    const std::string e = load_error(p);
+    std::filesystem::remove(p);
+    EXPECT_NE(e.find("blk.1.ffn_up_exps.weight"), std::string::npos) << e;
+  }
+}
+
 TEST(ModelContext, KvCacheFullIsAnErrorAndChangesNothing) {
   model_file mf(small(), "kv");
   auto f = open(mf.path);
@@ -382,8 +463,13 @@ TEST(ModelContext, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
 // while the others decode, then all decoding — get exactly the logits each gets alone (the
 // mat-muls are row-independent), on one thread and on two.
 TEST(ModelContext, BatchedSequencesGetTheLogitsTheyGetAlone) {
-  for (auto type : {tensor_type::f16, tensor_type::q8_0}) {
-    model_file mf(small("qwen3", type), "batch");
+  // An MoE model too: a batch's rows are grouped by expert (one mat-mul per expert over the rows
+  // routed to it), and a row's result must not depend on which other rows share its experts.
+  for (const auto& cfg :
+       {small("qwen3", tensor_type::f16), small("qwen3", tensor_type::q8_0),
+        small_moe("qwen3moe", tensor_type::f16), small_moe("qwen3moe", tensor_type::q8_0)}) {
+    SCOPED_TRACE(cfg.arch);
+    model_file mf(cfg, "batch");
     auto f = open(mf.path);
     auto m = model::load(f);
     ASSERT_TRUE(m) << m.error().message;
@@ -547,10 +633,16 @@ TEST(ModelContext, BatchErrorsNameTheItemAndChangeNothing) {
 // Two tensor-parallel shards (half the heads and half the FFN columns each) on two threads, their
 // partial outputs added by a small in-process all-reduce, give the full model's logits (up to the
 // order of the f32 additions, and for q8_0 the activation rounding that order can flip).
+//
+// Of an MoE model the FFN range [0, 64) / [64, 128) is experts [0, 2) / [2, 4): expert
+// parallelism, each shard summing its own experts' weighted outputs.
 TEST(ModelContext, TensorParallelShardsMatchTheFullModel) {
   for (auto type : {tensor_type::f32, tensor_type::q8_0}) {
-    for (const char* arch : {"llama", "qwen3"}) {
-      model_file mf(small(arch, type), "tp");
+    for (const char* arch : {"llama", "qwen3", "qwen3moe", "mixtral"}) {
+      const bool moe = std::string_view(arch) == "qwen3moe" || std::string_view(arch) == "mixtral";
+      model_file mf(moe ? small_moe(std::string_view(arch) == "mixtral" ? "llama" : arch, type)
+                        : small(arch, type),
+                    "tp");
       auto f = open(mf.path);
       auto full = model::load(f);
       ASSERT_TRUE(full);
@@ -575,6 +667,10 @@ TEST(ModelContext, TensorParallelShardsMatchTheFullModel) {
         EXPECT_TRUE((*m)->is_tensor_parallel());
         EXPECT_EQ((*m)->local().n_head, s.head_end - s.head_begin);
         EXPECT_EQ((*m)->local().ffn, 64);
+        if (moe) {
+          EXPECT_EQ((*m)->local().n_expert, 2);
+          EXPECT_EQ((*m)->expert_first(), 2 * i);
+        }
         shards[i] = std::move(*m);
       }
       EXPECT_FALSE(context::create(*shards[0], {64, 64, nullptr}));  // no reduce function

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Float64 reference forward pass for llama and qwen3 GGUF models (numpy only).
+"""Float64 reference forward pass for llama, qwen3 and qwen3moe GGUF models (numpy only).
 
 Follows ../shared/notes/llama-numerics.md: embedding row lookup; per layer RMSNorm -> Q, K, V;
 qwen3 applies RMSNorm with attn_q_norm / attn_k_norm to every head of Q and K; RoPE ("normal",
 consecutive pairs, for llama; NeoX, half split, for qwen2/qwen3); causal softmax attention with
 GQA (query head h uses KV head h // (n_head / n_head_kv)); output projection; RMSNorm -> SwiGLU
 FFN; final RMSNorm and output.weight (token_embd.weight when output.weight is absent: tied).
+Mixture of experts (qwen3moe, and llama with expert_count: Mixtral): per token the router
+ffn_gate_inp gives logits over the experts, softmax, the expert_used_count most probable (ties to
+the lower index), their probabilities renormalised to sum 1; the FFN output is the weighted sum of
+those experts' SwiGLU outputs (ffn_{gate,up,down}_exps[e]).
 
     python3 forward.py MODEL.gguf --tokens 1,450,2 [--all-positions] [--top 5]
 
@@ -28,7 +32,7 @@ class Model:
         self.f = GGUFFile(path)
         m = self.f.metadata
         self.arch = m["general.architecture"]
-        if self.arch not in ("llama", "qwen2", "qwen3"):
+        if self.arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
             raise SystemExit(f"{path}: architecture {self.arch} not supported by the reference")
         p = self.arch + "."
         self.dim = int(m[p + "embedding_length"])
@@ -38,8 +42,11 @@ class Model:
         self.head_dim = int(m.get(p + "attention.key_length", self.dim // self.n_head))
         self.eps = float(m.get(p + "attention.layer_norm_rms_epsilon", 1e-5))
         self.base = float(m.get(p + "rope.freq_base", 10000.0))
-        self.neox = self.arch in ("qwen2", "qwen3")
-        self.qk_norm = self.arch == "qwen3"
+        self.neox = self.arch in ("qwen2", "qwen3", "qwen3moe")
+        self.qk_norm = self.arch in ("qwen3", "qwen3moe")
+        self.n_expert = int(m.get(p + "expert_count", 0))
+        self.n_used = int(m.get(p + "expert_used_count", 0))
+        self.min_route_gap = np.inf  # smallest gap between the k-th and (k+1)-th router logit
         self._cache = {}
 
     def w(self, name):
@@ -78,6 +85,30 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def ffn(M, p, h):
+    """The FFN of layer prefix p over rows h (T, dim): dense SwiGLU, or the mixture of experts."""
+    if M.n_expert == 0:
+        g = h @ M.w(p + "ffn_gate.weight").T
+        u = h @ M.w(p + "ffn_up.weight").T
+        return (silu(g) * u) @ M.w(p + "ffn_down.weight").T
+    h = np.atleast_2d(h)
+    logits = h @ M.w(p + "ffn_gate_inp.weight").T  # (T, n_expert)
+    gate, up, down = (M.w(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        z = logits[t]
+        prob = np.exp(z - z.max())
+        prob /= prob.sum()
+        order = np.argsort(-prob, kind="stable")
+        chosen = order[: M.n_used]
+        if M.n_used < M.n_expert:
+            M.min_route_gap = min(M.min_route_gap, float(z[order[M.n_used - 1]] - z[order[M.n_used]]))
+        w = prob[chosen] / prob[chosen].sum()
+        for e, we in zip(chosen, w):
+            out[t] += we * (down[e] @ (silu(gate[e] @ h[t]) * (up[e] @ h[t])))
+    return out
+
+
 def forward(model, tokens):
     """Logits (T, vocab) for every position of `tokens`, in float64."""
     M = model
@@ -107,9 +138,7 @@ def forward(model, tokens):
             out[:, hh, :] = s @ v[:, kv, :]
         x = x + out.reshape(T, -1) @ M.w(p + "attn_output.weight").T
         h = rmsnorm(x, M.w(p + "ffn_norm.weight"), M.eps)
-        g = h @ M.w(p + "ffn_gate.weight").T
-        u = h @ M.w(p + "ffn_up.weight").T
-        x = x + (silu(g) * u) @ M.w(p + "ffn_down.weight").T
+        x = x + ffn(M, p, h)
     h = rmsnorm(x, M.w("output_norm.weight"), M.eps)
     out_w = M.w("output.weight") if M.has("output.weight") else M.w("token_embd.weight")
     return h @ out_w.T
@@ -149,8 +178,7 @@ def forward_incremental(model, tokens):
                 heads.append(sum(e[j] * V[j, kv] for j in range(t + 1)))
             x = x + M.w(p + "attn_output.weight") @ np.concatenate(heads)
             h = rmsnorm(x, M.w(p + "ffn_norm.weight"), M.eps)
-            x = x + M.w(p + "ffn_down.weight") @ (silu(M.w(p + "ffn_gate.weight") @ h) *
-                                                 (M.w(p + "ffn_up.weight") @ h))
+            x = x + ffn(M, p, h[None, :])[0]
         h = rmsnorm(x, M.w("output_norm.weight"), M.eps)
         out_w = M.w("output.weight") if M.has("output.weight") else M.w("token_embd.weight")
         rows.append(out_w @ h)
