@@ -187,7 +187,7 @@ result<row> bench_one(const bench_args& a, const std::string& path, int threads)
 
 int run(const bench_args& a) {
   if (a.model.empty() == a.preset.empty())
-    return fail("bench", "give a MODEL.gguf or --preset tiny|large");
+    return fail("bench", "give a MODEL.gguf or --preset tiny|large|moe");
   if (a.pp < 0 || a.pp > 4096 || a.tg < 0 || a.tg > 4096 || (a.pp == 0 && a.tg == 0))
     return fail("bench", "--pp and --tg must be in [0, 4096], not both 0");
   if (a.reps < 1 || a.reps > 1000) return fail("bench", "--reps must be in [1, 1000]");
@@ -270,10 +270,13 @@ void register_bench(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("bench", "measure decode and prefill speed");
   auto a = std::make_shared<bench_args>();
   cmd->add_option("model", a->model, "GGUF model file (or --preset)");
-  cmd->add_option("--preset", a->preset, "synthetic model: tiny or large")
-      ->check(CLI::IsMember({"tiny", "large"}));
-  cmd->add_option("--arch", a->arch, "preset architecture: llama or qwen3")
-      ->check(CLI::IsMember({"llama", "qwen3"}));
+  cmd->add_option("--preset", a->preset,
+                  "synthetic model: tiny, large or moe (48 experts, 4 used per token)")
+      ->check(CLI::IsMember({"tiny", "large", "moe"}));
+  cmd->add_option("--arch", a->arch,
+                  "preset architecture: llama, qwen3 or qwen3moe (moe with llama: Mixtral's "
+                  "layout, with qwen3: qwen3moe)")
+      ->check(CLI::IsMember({"llama", "qwen3", "qwen3moe"}));
   cmd->add_option("--type", a->types, "preset weight types, e.g. f16,q8_0")->delimiter(',');
   cmd->add_option("-t,--threads", a->threads, "thread counts, e.g. 1,2")->delimiter(',');
   cmd->add_option("--pp", a->pp, "prompt tokens for the prefill figure (default 128)");

@@ -296,6 +296,14 @@ std::uint64_t model::bytes_per_token() const noexcept {
   return n;
 }
 
+std::vector<std::uint64_t> model::expert_load() const {
+  std::vector<std::uint64_t> out;
+  if (!expert_load_) return out;
+  for (std::int64_t e = 0; e < local_.n_expert; ++e)
+    out.push_back(expert_load_[static_cast<std::size_t>(e)].load(std::memory_order_relaxed));
+  return out;
+}
+
 result<std::unique_ptr<model>> model::load(const gguf::file& f, const load_options& opts) {
   return load_or_check(f, opts, false);
 }
@@ -365,6 +373,8 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
                         f.name(), s.ffn_begin, s.ffn_end, H.expert_ffn);
     m->local_.n_expert = LH.ffn / H.expert_ffn;
     m->expert_first_ = s.ffn_begin / H.expert_ffn;
+    m->expert_load_ = std::make_unique<std::atomic<std::uint64_t>[]>(
+        static_cast<std::size_t>(m->local_.n_expert));
   }
   // Every local query head has its KV head in the slice (local kv_dim follows n_head_kv).
   TESSERA_ASSERT(m->local_.n_head_kv >= 1, "a slice of {} heads holds no KV head", LH.n_head);
@@ -1257,8 +1267,12 @@ result<void> context::moe_forward(const model& m, workspace& ws, thread_pool* po
     const std::int64_t e = ws.choice_[static_cast<std::size_t>(t)].first - first;
     if (e >= 0 && e < local) ++off[e + 1];
   }
-  for (std::int64_t e = 0; e < local; ++e)
+  for (std::int64_t e = 0; e < local; ++e) {
+    if (off[e + 1] > 0)
+      m.expert_load_[static_cast<std::size_t>(e)].fetch_add(static_cast<std::uint64_t>(off[e + 1]),
+                                                            std::memory_order_relaxed);
     off[e + 1] += off[e];
+  }
   {
     std::int64_t* fill = ws.expert_fill_.data();
     std::copy(off, off + local, fill);

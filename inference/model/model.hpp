@@ -33,6 +33,7 @@
 // (context_options::reduce) before the residual: two synchronisations per layer.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -184,8 +185,12 @@ class model {
   /// spread evenly). The numerator of the decode roofline.
   [[nodiscard]] std::uint64_t bytes_per_token() const noexcept;
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// MoE: the rows routed to each of this shard's experts so far, every layer's choices added up
+  /// (the observed per-expert load, for status); empty for a dense model. Any thread.
+  [[nodiscard]] std::vector<std::uint64_t> expert_load() const;
 
  private:
+  friend class context;  // its MoE passes count the experts' load
   model() = default;
   static result<std::unique_ptr<model>> load_or_check(
       const gguf::file& f, const load_options& opts, bool check_only,
@@ -196,6 +201,8 @@ class model {
   shard_spec shard_;
   std::int64_t kv_group_ = 1, kv_first_ = 0;
   std::int64_t expert_first_ = 0;
+  // Written by the forward passes (relaxed: a statistic), read by status; n_expert of local().
+  std::unique_ptr<std::atomic<std::uint64_t>[]> expert_load_;
   std::string name_;
   std::byte* arena_ = nullptr;
   std::size_t arena_size_ = 0;

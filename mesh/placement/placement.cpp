@@ -524,6 +524,14 @@ result<void> validate_model_spec(const model_spec& s) {
   }
   if (s.ffn_size == 0 || s.ffn_size > max_dim) return bad("ffn_size must be in [1, 2^20]");
   if (s.n_vocab == 0 || s.n_vocab > max_vocab) return bad("n_vocab must be in [1, 2^24]");
+  if (s.n_experts > 0 &&
+      (s.ffn_size % s.n_experts != 0 || s.n_experts_used == 0 || s.n_experts_used > s.n_experts ||
+       s.ffn_block % (s.ffn_size / s.n_experts) != 0)) {
+    return bad(
+        fmt::format("experts: {} of them ({} used) must divide ffn_size {} and ffn_block {} "
+                    "must hold whole experts",
+                    s.n_experts, s.n_experts_used, s.ffn_size, s.ffn_block));
+  }
   if (s.column_block == 0 || s.ffn_block == 0 || s.ffn_block % s.column_block != 0) {
     return bad(fmt::format("ffn_block {} must be a non-zero multiple of column_block {}",
                            s.ffn_block, s.column_block));
@@ -732,9 +740,18 @@ std::vector<tensor_shape> model_tensors(const model_spec& s) {
     t.push_back({b + "attn_v.weight", kv, s.dim});
     t.push_back({b + "attn_output.weight", s.dim, q});
     t.push_back({b + "ffn_norm.weight", s.dim, 1});
-    t.push_back({b + "ffn_gate.weight", s.ffn_size, s.dim});
-    t.push_back({b + "ffn_up.weight", s.ffn_size, s.dim});
-    t.push_back({b + "ffn_down.weight", s.dim, s.ffn_size});
+    if (s.n_experts > 0) {
+      // Stacked experts read as 2-D: [n_experts · width][dim] and [n_experts · dim][width].
+      t.push_back({b + "ffn_gate_inp.weight", s.n_experts, s.dim});
+      t.push_back({b + "ffn_gate_exps.weight", s.ffn_size, s.dim});
+      t.push_back({b + "ffn_up_exps.weight", s.ffn_size, s.dim});
+      t.push_back({b + "ffn_down_exps.weight", std::uint64_t{s.n_experts} * s.dim,
+                   s.ffn_size / s.n_experts});
+    } else {
+      t.push_back({b + "ffn_gate.weight", s.ffn_size, s.dim});
+      t.push_back({b + "ffn_up.weight", s.ffn_size, s.dim});
+      t.push_back({b + "ffn_down.weight", s.dim, s.ffn_size});
+    }
   }
   t.push_back({"output_norm.weight", s.dim, 1});
   if (!s.tied_embeddings) t.push_back({"output.weight", s.n_vocab, s.dim});
@@ -748,9 +765,12 @@ result<std::vector<tensor_slice>> shard_tensors(const model_spec& s, const rank_
   auto column_ok = [&](std::uint64_t col, std::uint64_t end) {
     return col % s.column_block == 0 || col == end;
   };
+  // Of a mixture of experts the FFN range cuts rows of the stacked experts, not columns.
+  const bool ffn_columns = s.n_experts == 0;
   if (!column_ok(r.head_first * hd, s.n_heads * hd) ||
-      !column_ok(r.head_last * hd, s.n_heads * hd) || !column_ok(r.ffn_first, s.ffn_size) ||
-      !column_ok(r.ffn_last, s.ffn_size)) {
+      !column_ok(r.head_last * hd, s.n_heads * hd) ||
+      (ffn_columns &&
+       (!column_ok(r.ffn_first, s.ffn_size) || !column_ok(r.ffn_last, s.ffn_size)))) {
     return make_error(
         errc::unsupported,
         "model {}: rank on node {:016x}: column split (attn_output [{}, {}), ffn_down "
@@ -782,9 +802,19 @@ result<std::vector<tensor_slice>> shard_tensors(const model_spec& s, const rank_
     add(b + "attn_output.weight", slice_axis::columns, r.head_first * hd, r.head_last * hd,
         s.n_heads * hd);
     add(b + "ffn_norm.weight", slice_axis::whole, 0, s.dim, s.dim);
-    add(b + "ffn_gate.weight", slice_axis::rows, r.ffn_first, r.ffn_last, s.ffn_size);
-    add(b + "ffn_up.weight", slice_axis::rows, r.ffn_first, r.ffn_last, s.ffn_size);
-    add(b + "ffn_down.weight", slice_axis::columns, r.ffn_first, r.ffn_last, s.ffn_size);
+    if (s.n_experts > 0) {
+      // Expert parallelism: the router whole, the rank's experts' rows of the stacked tensors.
+      const std::uint64_t width = s.ffn_size / s.n_experts;
+      add(b + "ffn_gate_inp.weight", slice_axis::whole, 0, s.n_experts, s.n_experts);
+      add(b + "ffn_gate_exps.weight", slice_axis::rows, r.ffn_first, r.ffn_last, s.ffn_size);
+      add(b + "ffn_up_exps.weight", slice_axis::rows, r.ffn_first, r.ffn_last, s.ffn_size);
+      add(b + "ffn_down_exps.weight", slice_axis::rows, r.ffn_first / width * s.dim,
+          r.ffn_last / width * s.dim, std::uint64_t{s.n_experts} * s.dim);
+    } else {
+      add(b + "ffn_gate.weight", slice_axis::rows, r.ffn_first, r.ffn_last, s.ffn_size);
+      add(b + "ffn_up.weight", slice_axis::rows, r.ffn_first, r.ffn_last, s.ffn_size);
+      add(b + "ffn_down.weight", slice_axis::columns, r.ffn_first, r.ffn_last, s.ffn_size);
+    }
   }
   if (r.last_stage) {
     add("output_norm.weight", slice_axis::whole, 0, s.dim, s.dim);

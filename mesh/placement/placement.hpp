@@ -83,13 +83,17 @@ struct model_spec {
   std::uint32_t ffn_block = 32;          ///< FFN column split unit (quantization block rows)
   std::uint32_t column_block = 32;       ///< a column (input-dim) split must be a multiple of it
   bool tied_embeddings = false;          ///< output projection is token_embd
+  /// A mixture of experts: n_experts experts of ffn_size / n_experts hidden units each (ffn_block
+  /// a multiple of that width, so a rank's FFN range holds whole experts); 0 for a dense FFN.
+  std::uint32_t n_experts = 0;
+  std::uint32_t n_experts_used = 0;
   /// The file's content id (mesh/serving/model_share: hash of its chunk table); "" when unknown.
   /// Peers plan together only over equal content, and a fetcher verifies what it receives by it.
   std::string content;
   bool operator==(const model_spec&) const = default;
   MSGPACK_DEFINE(name, n_layers, n_heads, n_kv_heads, dim, ffn_size, n_vocab, bytes_per_layer,
                  bytes_embeddings, bytes_output, kv_bytes_per_token, context_tokens, ffn_block,
-                 column_block, tied_embeddings, content);
+                 column_block, tied_embeddings, content, n_experts, n_experts_used);
 };
 
 /// Everything the planner looks at. Order does not matter: the planner sorts.

@@ -536,12 +536,19 @@ void control_core::status_into(json& j, const std::string& self_endpoint) const 
       json groups = json::array();
       for (const auto& g : m.groups) {
         json ranks = json::array();
-        for (const auto& r : g.ranks)
-          ranks.push_back({{"node", name_of(r.node)},
-                           {"stage", r.stage},
-                           {"tp_rank", r.tp_rank},
-                           {"layers", {r.layer_first, r.layer_last}},
-                           {"heads", {r.head_first, r.head_last}}});
+        for (const auto& r : g.ranks) {
+          json rank = {{"node", name_of(r.node)},
+                       {"stage", r.stage},
+                       {"tp_rank", r.tp_rank},
+                       {"layers", {r.layer_first, r.layer_last}},
+                       {"heads", {r.head_first, r.head_last}}};
+          // Expert parallelism: the experts this rank holds, [first, last).
+          if (m.spec.n_experts > 0) {
+            const std::uint32_t width = m.spec.ffn_size / m.spec.n_experts;
+            rank["experts"] = {r.ffn_first / width, r.ffn_last / width};
+          }
+          ranks.push_back(std::move(rank));
+        }
         groups.push_back(ranks);
       }
       models.push_back(

@@ -203,6 +203,10 @@ result<std::string> format_status(const std::string& json_text) {
           for (const auto& r : g) {
             if (!ranks.empty()) ranks += '+';
             ranks += short_id(r.at("node"));
+            // Expert parallelism: the rank's experts (when the group splits them).
+            if (r.contains("experts") && g.size() > 1)
+              ranks += fmt::format(" experts {}-{}", r.at("experts")[0].get<std::uint32_t>(),
+                                   r.at("experts")[1].get<std::uint32_t>() - 1);
           }
           groups += " [" + ranks + "]";
         }
@@ -265,6 +269,18 @@ result<std::string> format_status(const std::string& json_text) {
                            f.value("from", "").empty() ? "" : " from " + f.value("from", ""),
                            st == "failed" ? ": " + f.value("error", "") : "");
       }
+      // Mixtures of experts: the rows routed to each expert this peer holds (its observed load).
+      auto experts_line = [&](const std::string& what, const nlohmann::json& e) {
+        std::string load;
+        for (const auto& rows : e.at("load"))
+          load += fmt::format(" {}", rows.get<std::uint64_t>());
+        out += fmt::format("experts {:<20} from {}:{}\n", what, e.at("first").get<std::int64_t>(),
+                           load);
+      };
+      for (const auto& g : s.value("groups", nlohmann::json::array()))
+        if (g.contains("experts")) experts_line(g.value("key", ""), g.at("experts"));
+      for (const auto& r : s.value("replicas", nlohmann::json::array()))
+        if (r.contains("experts")) experts_line(r.value("model", ""), r.at("experts"));
       if (s.contains("share") && s.at("share").value("sessions", std::uint64_t{0}) > 0)
         out += fmt::format("shared  {} fetch(es) served, {} MiB in {} chunks\n",
                            s.at("share").value("sessions", std::uint64_t{0}),

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -84,6 +85,15 @@ result<placement::model_spec> spec_of_gguf(const std::string& path, const std::s
   s.n_kv_heads = static_cast<std::uint32_t>(hp->n_head_kv);
   s.dim = static_cast<std::uint32_t>(hp->dim);
   s.ffn_size = static_cast<std::uint32_t>(hp->ffn);
+  // Of a mixture of experts the FFN axis is the experts' hidden units side by side, and a rank's
+  // range must hold whole experts: splitting it is expert parallelism.
+  // (A multiple of the column block too, as every FFN split: lcm, for widths no real model has.)
+  if (hp->is_moe()) {
+    s.ffn_block =
+        static_cast<std::uint32_t>(std::lcm<std::int64_t>(hp->expert_ffn, s.column_block));
+    s.n_experts = static_cast<std::uint32_t>(hp->n_expert);
+    s.n_experts_used = static_cast<std::uint32_t>(hp->n_expert_used);
+  }
   s.n_vocab = static_cast<std::uint32_t>(hp->n_vocab);
   std::uint64_t blocks = 0;
   for (const auto& t : f->tensors()) {
@@ -275,6 +285,7 @@ struct engine::impl {
   std::atomic<std::uint64_t> passes{0}, pass_streams{0};
   std::vector<json> active_view;  // for status (under mu)
   std::vector<json> groups_view;  // for status (under mu)
+  std::vector<json> replicas_view;  // for status (under mu): MoE replicas' expert load
 
   // --- model distribution (model_share.hpp) ---
   // Guards `models` growing (the engine thread adopts a fetched model) and `fetches` against
@@ -1114,16 +1125,30 @@ struct engine::impl {
     std::vector<json> g;
     for (const auto& [key, h] : hosts) {
       const auto st = h->current();
-      g.push_back({{"key", key},
-                   {"ranks", h->size()},
-                   {"state", st == group_host::state::ready     ? "ready"
-                             : st == group_host::state::forming ? "forming"
-                                                                : "failed"},
-                   {"failure", h->failure()}});
+      json one = {{"key", key},
+                  {"ranks", h->size()},
+                  {"state", st == group_host::state::ready     ? "ready"
+                            : st == group_host::state::forming ? "forming"
+                                                               : "failed"},
+                  {"failure", h->failure()}};
+      // An MoE group: this rank's experts and the rows routed to each (every layer's choices).
+      if (auto load = h->expert_load())
+        one["experts"] = {{"first", load->first}, {"load", load->second}};
+      g.push_back(std::move(one));
+    }
+    // The same for the MoE models this peer holds whole (replicas).
+    std::vector<json> replicas;
+    {
+      std::lock_guard models_lock(models_mu);  // the list; each one's weights are this thread's
+      for (const auto& l : models)
+        if (l->m && l->m->params().is_moe())
+          replicas.push_back({{"model", l->info.name},
+                              {"experts", {{"first", 0}, {"load", l->m->expert_load()}}}});
     }
     std::lock_guard lock(mu);
     active_view = std::move(v);
     groups_view = std::move(g);
+    replicas_view = std::move(replicas);
   }
 
   void engine_loop() {
@@ -1839,6 +1864,7 @@ json engine::status() const {
     std::lock_guard lock(impl_->mu);
     j["streams"] = impl_->active_view;
     j["groups"] = impl_->groups_view;
+    j["replicas"] = impl_->replicas_view;
     j["inbox_dropped"] = impl_->dropped_inbox;
   }
   j["accepted"] = impl_->accepted.load();

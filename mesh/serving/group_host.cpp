@@ -119,6 +119,15 @@ bool group_host::may_form_later() const {
   return state_ == state::failed && !was_ready_ && retry_;
 }
 
+std::optional<std::pair<std::int64_t, std::vector<std::uint64_t>>> group_host::expert_load() const {
+  {
+    std::lock_guard lock(mu_);
+    if (!was_ready_) return std::nullopt;  // shard_ is set before the group is first ready
+  }
+  if (!shard_ || !shard_->params().is_moe()) return std::nullopt;
+  return std::pair{shard_->expert_first(), shard_->expert_load()};
+}
+
 std::string group_host::failure() const {
   std::lock_guard lock(mu_);
   return failure_;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -115,6 +116,10 @@ class group_host {
   [[nodiscard]] std::vector<member_id> members() const;
   [[nodiscard]] const std::string& key() const { return key_; }
   [[nodiscard]] std::uint32_t size() const { return static_cast<std::uint32_t>(g_.ranks.size()); }
+  /// An MoE model's rank once ready (any thread): the first expert it holds and the rows routed
+  /// to each of its experts so far. Empty otherwise.
+  [[nodiscard]] std::optional<std::pair<std::int64_t, std::vector<std::uint64_t>>> expert_load()
+      const;
 
  private:
   void run();

@@ -726,7 +726,8 @@ void check_coverage(const model_spec& s, const serving_group& g) {
       return n.size() >= suffix.size() &&
              n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
-    const bool norm = ends_with("_norm.weight");
+    // An MoE router is whole on every rank of its stage, as the norms.
+    const bool norm = ends_with("_norm.weight") || ends_with("ffn_gate_inp.weight");
     const bool kv = ends_with("attn_k.weight") || ends_with("attn_v.weight");
     const std::uint32_t last_stage = g.ranks.back().stage;
     if (norm) {
@@ -822,6 +823,13 @@ TEST(PlacementProperty, RandomConfigsCoverEveryTensorOnceAndAreStable) {
     s.column_block = rng.chance_ppm(300'000) ? 256 : 32;
     s.ffn_block = s.column_block * static_cast<std::uint32_t>(rng.uniform(1, 3));
     s.ffn_size = static_cast<std::uint32_t>(rng.uniform(s.ffn_block / 2, 12 * s.ffn_block));
+    if (rng.chance_ppm(250'000)) {
+      // A mixture of experts: the FFN axis is whole experts side by side, split between them.
+      s.n_experts = static_cast<std::uint32_t>(rng.uniform(2, 17));
+      s.n_experts_used = static_cast<std::uint32_t>(rng.uniform(1, s.n_experts + 1));
+      s.ffn_block = s.column_block * static_cast<std::uint32_t>(rng.uniform(1, 3));
+      s.ffn_size = s.n_experts * s.ffn_block;
+    }
     s.n_vocab = static_cast<std::uint32_t>(rng.uniform(1, 5000));
     s.tied_embeddings = rng.chance_ppm(300'000);
     s.bytes_per_layer = rng.uniform(1, 64) * mib;
