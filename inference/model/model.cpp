@@ -53,6 +53,10 @@ struct placement {
   bool as_f32 = false;      // norms/biases: converted to f32
   std::size_t offset = 0;   // in the arena
   std::size_t bytes = 0;    // in the arena
+  // Interleaved (an MoE layer's gate and up experts): rows copied `chunk_rows` at a time, chunk k
+  // at offset + k * chunk_stride. 0: one block.
+  std::uint64_t chunk_rows = 0;
+  std::size_t chunk_stride = 0;
 };
 
 // Rotates n_heads heads of x by the angles whose cos/sin are given (head_dim / 2 of each).
@@ -452,6 +456,28 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
     plan.push_back(pl);
     return plan.size() - 1;
   };
+  // An expert's gate and up rows side by side ([gate rows][up rows] per expert) when both have
+  // one type: one mat-mul of 2 * eff rows per expert, one activation quantisation, as the dense
+  // FFN's fused gate/up. Else two blocks.
+  auto place_gate_up = [&](const std::string& gate, const std::string& up, std::int64_t e_b,
+                           std::int64_t e_n) -> result<std::pair<std::size_t, std::size_t>> {
+    auto g = place_experts(gate, H.dim, H.expert_ffn, e_b, e_n);
+    if (!g) return std::move(g).error();
+    auto u = place_experts(up, H.dim, H.expert_ffn, e_b, e_n);
+    if (!u) return std::move(u).error();
+    placement& pg = plan[*g];
+    placement& pu = plan[*u];
+    if (pg.info->type == pu.info->type) {
+      // Both blocks' bytes, interleaved from gate's start: expert k's gate rows at 2k, its up
+      // rows at 2k + 1 (in units of one expert's rows).
+      const std::size_t per_expert = pg.bytes / static_cast<std::size_t>(e_n);
+      pu.offset = pg.offset + per_expert;
+      pg.chunk_rows = pu.chunk_rows = static_cast<std::uint64_t>(H.expert_ffn);
+      pg.chunk_stride = pu.chunk_stride = 2 * per_expert;
+      cursor = pg.offset + pg.bytes + pu.bytes;
+    }
+    return std::pair{*g, *u};
+  };
   auto optional_place = [&](const std::string& name, std::int64_t n, std::int64_t b,
                             std::int64_t count) -> result<std::optional<std::size_t>> {
     if (f.find_tensor(name) == nullptr) return std::optional<std::size_t>{};
@@ -506,14 +532,12 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
                           f.name(), il);
       TESSERA_TRY(get("ffn_gate_inp.weight", H.dim, H.n_expert, false, l.router.emplace()));
       const std::int64_t eff = H.expert_ffn, e_b = m->expert_first_, e_n = LH.n_expert;
-      auto g = place_experts(p + "ffn_gate_exps.weight", H.dim, eff, e_b, e_n);
-      if (!g) return std::move(g).error();
-      auto u = place_experts(p + "ffn_up_exps.weight", H.dim, eff, e_b, e_n);
-      if (!u) return std::move(u).error();
+      auto gu = place_gate_up(p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", e_b, e_n);
+      if (!gu) return std::move(gu).error();
       auto d = place_experts(p + "ffn_down_exps.weight", eff, H.dim, e_b, e_n);
       if (!d) return std::move(d).error();
-      l.exp_gate = *g;
-      l.exp_up = *u;
+      l.exp_gate = gu->first;
+      l.exp_up = gu->second;
       l.exp_down = *d;
     } else {
       TESSERA_TRY(get("ffn_gate.weight", H.dim, H.ffn, false, l.gate, false, s.ffn_begin, LH.ffn));
@@ -616,6 +640,10 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
                             ti.name, first + i);
       }
       std::memcpy(dst, vec.data() + first, count * sizeof(float));
+    } else if (pl.chunk_rows > 0) {
+      const std::size_t chunk = pl.chunk_rows * ti.row_size();
+      for (std::uint64_t k = 0; k < nr / pl.chunk_rows; ++k)
+        std::memcpy(dst + k * pl.chunk_stride, src + k * chunk, chunk);
     } else if (pl.cols > 0) {
       // Column slice: the same byte range of every row (block aligned, checked when planned).
       const std::size_t in_row = ti.row_size();
@@ -660,6 +688,7 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
       w.exp_gate = view(*l.exp_gate);
       w.exp_up = view(*l.exp_up);
       w.exp_down = view(*l.exp_down);
+      w.exp_gate_up = plan[*l.exp_gate].chunk_rows > 0;
     } else {
       w.w_gate = view(l.gate);
       w.w_up = view(l.up);
@@ -1291,6 +1320,8 @@ result<void> context::moe_forward(const model& m, workspace& ws, thread_pool* po
   std::fill(out, out + n * dim, 0.0f);
   const std::size_t gate_row = *row_bytes(L.exp_gate.type, dim);
   const std::size_t up_row = *row_bytes(L.exp_up.type, dim);
+  // Interleaved: expert e's gate rows then its up rows, 2 * eff rows per expert.
+  const std::size_t expert_stride = L.exp_gate_up ? 2 : 1;
   const std::size_t down_row = *row_bytes(L.exp_down.type, eff);
   float* gate = ws.gate_.data();
   float* up = ws.up_.data();
@@ -1311,14 +1342,24 @@ result<void> context::moe_forward(const model& m, workspace& ws, thread_pool* po
     wg.rows = wu.rows = eff;
     wd.rows = dim;
     wg.data = static_cast<const std::byte*>(L.exp_gate.data) +
-              static_cast<std::size_t>(e * eff) * gate_row;
-    wu.data =
-        static_cast<const std::byte*>(L.exp_up.data) + static_cast<std::size_t>(e * eff) * up_row;
+              static_cast<std::size_t>(e * eff) * expert_stride * gate_row;
+    wu.data = static_cast<const std::byte*>(L.exp_up.data) +
+              static_cast<std::size_t>(e * eff) * expert_stride * up_row;
     wd.data = static_cast<const std::byte*>(L.exp_down.data) +
               static_cast<std::size_t>(e * dim) * down_row;
-    TESSERA_TRY(matmul(wg, xe, rows, gate, pool));
-    TESSERA_TRY(matmul(wu, xe, rows, up, pool));
-    swiglu(gate, up, up, rows * eff);
+    if (L.exp_gate_up) {
+      // One mat-mul: rows of [gate | up] per token, combined into packed [rows][eff].
+      wg.rows = 2 * eff;
+      TESSERA_TRY(matmul(wg, xe, rows, gate, pool));
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const float* row = gate + i * 2 * eff;
+        swiglu(row, row + eff, up + i * eff, eff);
+      }
+    } else {
+      TESSERA_TRY(matmul(wg, xe, rows, gate, pool));
+      TESSERA_TRY(matmul(wu, xe, rows, up, pool));
+      swiglu(gate, up, up, rows * eff);
+    }
     TESSERA_TRY(matmul(wd, up, rows, ws.expert_out_.data(), pool));
     for (std::int64_t i = 0; i < rows; ++i) {
       const float w = routed[i].second;

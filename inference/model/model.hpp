@@ -115,6 +115,10 @@ struct layer_weights {
   /// expert j is rows [j * eff, (j + 1) * eff) of exp_gate / exp_up and [j * dim, (j + 1) * dim)
   /// of exp_down. w_gate / w_up / w_down are empty.
   weight_view router, exp_gate, exp_up, exp_down;
+  /// exp_gate / exp_up interleaved by expert (expert e's gate rows, then its up rows: one mat-mul
+  /// of 2 * eff rows at exp_gate.data + e * 2 * eff rows); exp_gate/exp_up's own rows are then
+  /// each expert's half (their byte count is still what a token reads).
+  bool exp_gate_up = false;
 };
 
 struct load_options {

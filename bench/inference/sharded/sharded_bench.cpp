@@ -38,20 +38,22 @@ model::shard_spec shard_for(sharded::layout kind, std::uint32_t rank, std::uint3
                             const model::hparams& hp) {
   if (kind == sharded::layout::pipeline)
     return model::shard_spec::layers(hp.n_layer * rank / n, hp.n_layer * (rank + 1) / n);
-  // Whole GQA groups per rank, FFN columns in blocks of 32.
+  // Whole GQA groups per rank, FFN columns in blocks of 32; of a mixture of experts, whole
+  // experts (expert parallelism: uneven when the ranks do not divide the experts).
   const std::int64_t groups = hp.n_head_kv, per = hp.n_head / hp.n_head_kv;
-  const std::int64_t blocks = hp.ffn / 32;
+  const std::int64_t unit = hp.is_moe() ? hp.expert_ffn : 32;
+  const std::int64_t blocks = hp.ffn / unit;
   model::shard_spec s;
   s.head_begin = groups * rank / n * per;
   s.head_end = groups * (rank + 1) / n * per;
-  s.ffn_begin = blocks * rank / n * 32;
-  s.ffn_end = rank + 1 == n ? hp.ffn : blocks * (rank + 1) / n * 32;
+  s.ffn_begin = blocks * rank / n * unit;
+  s.ffn_end = rank + 1 == n ? hp.ffn : blocks * (rank + 1) / n * unit;
   return s;
 }
 
 result<figures> run(const std::string& path, sharded::layout kind, std::uint32_t n,
                     bulk::backend_kind backend, std::int64_t delay_us, bool decorate, int prompt_n,
-                    int decode_n) {
+                    int decode_n, int compute_threads) {
   auto f = gguf::file::open(path, {gguf::load_mode::headers_only, {}});
   if (!f) return f.error();
   auto hp = model::read_hparams(*f);
@@ -90,7 +92,7 @@ result<figures> run(const std::string& path, sharded::layout kind, std::uint32_t
   std::vector<std::thread> threads;
   for (std::uint32_t r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
-      auto pool = thread_pool::create(1, {.pin = false});
+      auto pool = thread_pool::create(compute_threads, {.pin = false});
       if (!pool) return void(errors[r] = pool.error());
       collectives::group_options go;
       go.timeout_ms = std::chrono::milliseconds(60'000);
@@ -139,6 +141,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> delays{0};
   int prompt_n = 64, decode_n = 32, reps = 3;
   bool also_decorated = false;
+  std::vector<int> one_rank_threads{1};
   app.add_option("--model", model_path, "GGUF model")->required();
   app.add_option("--ranks", ranks, "rank counts (1 = the unsplit model)")->delimiter(',');
   app.add_option("--layout", layout_name, "tp, pp or both (tp,pp)");
@@ -149,6 +152,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "repetitions (median reported)");
   app.add_flag("--also-decorated", also_decorated,
                "after each 0 us row, the same with the fault layer on the links, no fault set");
+  app.add_option("--one-rank-threads", one_rank_threads,
+                 "compute threads of the unsplit baseline, e.g. 1,2 (split ranks have 1 each)")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   const auto backend = backend_name == "tcp" ? bulk::backend_kind::tcp : bulk::backend_kind::shm;
   std::vector<std::pair<std::string, sharded::layout>> layouts;
@@ -163,36 +169,37 @@ int main(int argc, char** argv) {
     for (const auto& [lname, kind] : layouts) {
       if (n == 1 && lname != layouts.front().first) continue;  // one baseline
       for (auto d : delays)
-        for (bool decorate : {false, true}) {
-          if (n == 1 && d != delays.front()) continue;
-          if (decorate && (n == 1 || d != 0 || !also_decorated)) continue;
-          std::vector<figures> runs;
-          for (int k = 0; k < reps; ++k) {
-            auto r = run(model_path, kind, n, backend, d, decorate, prompt_n, decode_n);
-            if (!r) {
-              std::fprintf(stderr, "%s x%u delay %lld us: %s\n", lname.c_str(), n,
-                           static_cast<long long>(d), r.error().describe().c_str());
-              return 1;
+        for (bool decorate : {false, true})
+          for (int threads : n == 1 ? one_rank_threads : std::vector<int>{1}) {
+            if (n == 1 && d != delays.front()) continue;
+            if (decorate && (n == 1 || d != 0 || !also_decorated)) continue;
+            std::vector<figures> runs;
+            for (int k = 0; k < reps; ++k) {
+              auto r = run(model_path, kind, n, backend, d, decorate, prompt_n, decode_n, threads);
+              if (!r) {
+                std::fprintf(stderr, "%s x%u delay %lld us: %s\n", lname.c_str(), n,
+                             static_cast<long long>(d), r.error().describe().c_str());
+                return 1;
+              }
+              runs.push_back(*r);
             }
-            runs.push_back(*r);
+            auto med = [&](auto get) {
+              std::vector<double> v;
+              for (auto& f : runs)
+                v.push_back(get(f));
+              std::sort(v.begin(), v.end());
+              return v[v.size() / 2];
+            };
+            std::printf(
+                "| %s | %u x %d | %s | %s | %.1f | %.1f |\n", n == 1 ? "-" : lname.c_str(), n,
+                threads, n == 1 ? "-" : backend_name.c_str(),
+                n == 1
+                    ? "-"
+                    : fmt::format("{} µs{}", d, decorate ? " (fault layer, no fault)" : "").c_str(),
+                med([](const figures& f) { return f.prefill_tok_s; }),
+                med([](const figures& f) { return f.decode_tok_s; }));
+            std::fflush(stdout);
           }
-          auto med = [&](auto get) {
-            std::vector<double> v;
-            for (auto& f : runs)
-              v.push_back(get(f));
-            std::sort(v.begin(), v.end());
-            return v[v.size() / 2];
-          };
-          std::printf(
-              "| %s | %u x 1 | %s | %s | %.1f | %.1f |\n", n == 1 ? "-" : lname.c_str(), n,
-              n == 1 ? "-" : backend_name.c_str(),
-              n == 1
-                  ? "-"
-                  : fmt::format("{} µs{}", d, decorate ? " (fault layer, no fault)" : "").c_str(),
-              med([](const figures& f) { return f.prefill_tok_s; }),
-              med([](const figures& f) { return f.decode_tok_s; }));
-          std::fflush(stdout);
-        }
     }
   return 0;
 }
