@@ -29,6 +29,11 @@ result<void> validate(const sampler_options& o) {
   if (!(o.repeat_penalty > 0.0f) || !std::isfinite(o.repeat_penalty))
     return make_error(errc::invalid_argument, "sampler: repeat penalty {} must be > 0",
                       o.repeat_penalty);
+  for (auto [name, v] :
+       {std::pair{"frequency", o.frequency_penalty}, std::pair{"presence", o.presence_penalty}})
+    if (!(v >= -2.0f && v <= 2.0f))
+      return make_error(errc::invalid_argument, "sampler: {} penalty {} must be in [-2, 2]", name,
+                        v);
   if (o.repeat_window < 0 || o.repeat_window > (1 << 16))
     return make_error(errc::invalid_argument, "sampler: repeat window {} must be in [0, 65536]",
                       o.repeat_window);
@@ -98,6 +103,25 @@ std::int32_t sampler::sample(std::span<float> logits, std::span<const std::int32
         continue;  // already penalised
       float& l = logits[static_cast<std::size_t>(id)];
       l = l > 0 ? l / o_.repeat_penalty : l * o_.repeat_penalty;
+    }
+  }
+  // Frequency and presence penalties (OpenAI's, over llama.cpp's window): once per distinct token,
+  // by how often it occurs there.
+  if ((o_.frequency_penalty != 0.0f || o_.presence_penalty != 0.0f) && o_.repeat_window > 0 &&
+      !history.empty()) {
+    const std::size_t w =
+        std::min<std::size_t>(history.size(), static_cast<std::size_t>(o_.repeat_window));
+    const auto recent = history.subspan(history.size() - w);
+    for (std::size_t i = 0; i < recent.size(); ++i) {
+      const std::int32_t id = recent[i];
+      if (id < 0 || id >= n) continue;
+      if (std::find(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(i), id) !=
+          recent.begin() + static_cast<std::ptrdiff_t>(i))
+        continue;  // counted at its first occurrence
+      const auto count =
+          std::count(recent.begin() + static_cast<std::ptrdiff_t>(i), recent.end(), id);
+      logits[static_cast<std::size_t>(id)] -=
+          static_cast<float>(count) * o_.frequency_penalty + o_.presence_penalty;
     }
   }
 

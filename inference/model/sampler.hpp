@@ -1,9 +1,10 @@
 // Choosing the next token from logits: greedy, or a seeded random draw after the usual filters.
 //
-// Order (llama.cpp's default chain): repetition penalty over the last `repeat_window` tokens ->
-// top-k -> top-p (nucleus) -> min-p -> temperature -> draw. temperature <= 0 is greedy (argmax after
-// the repetition penalty). The random generator is xoshiro256** seeded by splitmix64(seed): the same
-// seed and the same logits give the same tokens on every machine.
+// Order (llama.cpp's default chain): repetition, frequency and presence penalties over the last
+// `repeat_window` tokens ->
+// top-k -> top-p (nucleus) -> min-p -> temperature -> draw. temperature <= 0 is greedy (argmax
+// after the repetition penalty). The random generator is xoshiro256** seeded by splitmix64(seed):
+// the same seed and the same logits give the same tokens on every machine.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,10 @@ struct sampler_options {
   float min_p = 0.05f;          ///< <= 0: off (keep tokens with p >= min_p * p_max)
   float repeat_penalty = 1.0f;  ///< 1: off; > 1 discourages recent tokens (llama.cpp's rule)
   std::int32_t repeat_window = 64;
+  /// OpenAI's penalties, as llama.cpp applies them over the same window: a token seen c > 0 times
+  /// there loses c * frequency_penalty + presence_penalty from its logit. 0: off.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
   std::uint64_t seed = 0;
 
   /// Greedy decoding, no penalty.
@@ -38,7 +43,7 @@ struct sampler_options {
 [[nodiscard]] std::uint64_t index_seed(std::uint64_t seed, std::uint64_t index) noexcept;
 
 /// Checks the ranges (temperature finite and <= 100, top_p/min_p in [0, 1], penalty > 0, window
-/// in [0, 1 << 16]); the error names the option.
+/// in [0, 1 << 16], frequency/presence penalties in [-2, 2]); the error names the option.
 result<void> validate(const sampler_options& o);
 
 class sampler {

@@ -78,6 +78,7 @@ struct relay {
   std::uint32_t tokens = 0;
   std::optional<result<serving::outcome>> end;  // set once: the outcome or the error
   std::atomic<bool> cancel{false};
+  std::atomic<bool> stop{false};  // a stop sequence was written up to: end the stream (success)
   std::thread worker;
   bool joined = false;
 
@@ -293,9 +294,26 @@ struct gateway::impl {
   void complete(const api_request& r, httplib::Response& res) {
     auto c = serving::client::connect(client_options());
     if (!c) return send_error(res, error_of(c.error()));
-    // Cancelled when the gateway stops: its thread pool joins this thread.
-    auto out = (*c)->ask(r.request, {}, &stopping);
-    if (!out) return send_error(res, error_of(out.error()));
+    // Cancelled when the gateway stops: its thread pool joins this thread. With stop sequences
+    // the text is watched as it comes, and the stream ends at the first one.
+    std::atomic<bool> stop{false};
+    std::string text;
+    const auto watch = [&](const serving::token_event& t) {
+      text += t.text;
+      // Only the tail can hold a sequence that was not there before this token.
+      const std::size_t from = text.size() > t.text.size() + max_stop_sequence_bytes
+                                   ? text.size() - t.text.size() - max_stop_sequence_bytes
+                                   : 0;
+      if (find_stop(std::string_view(text).substr(from), r.stop) != std::string_view::npos)
+        stop = true;
+    };
+    auto out = r.stop.empty() ? (*c)->ask(r.request, {}, &stopping)
+                              : (*c)->ask(r.request, watch, &stopping, &stop);
+    if (!out) return send_error(res, error_of(out.error(), r.kind));
+    if (const auto at = find_stop(out->text, r.stop); at != std::string_view::npos) {
+      out->text.resize(at);
+      out->stop = "stop_sequence";
+    }
     {
       std::lock_guard lock(mu);
       counters.streamed_tokens += out->tokens.size();
@@ -317,7 +335,7 @@ struct gateway::impl {
                                                ++rl->tokens;
                                                rl->cv.notify_all();
                                              },
-                                             &rl->cancel)
+                                             &rl->cancel, &rl->stop)
                                        : result<serving::outcome>(c.error());
       std::lock_guard lock(rl->mu);
       rl->end.emplace(std::move(out));
@@ -330,7 +348,7 @@ struct gateway::impl {
       while (rl->tokens == 0 && !rl->end && !stopping)
         rl->cv.wait_for(lock, std::chrono::milliseconds(100));
       if (rl->end && !*rl->end) {
-        const auto e = error_of(rl->end->error());
+        const auto e = error_of(rl->end->error(), r->kind);
         lock.unlock();
         rl->join();
         in_flight.fetch_sub(1);
@@ -359,8 +377,10 @@ struct gateway::impl {
     };
     if (r.kind == api_kind::chat && !write(sse(chunk(r, "", true, "", created)))) return false;
     std::uint32_t written_tokens = 0;
-    // A token's bytes that end inside a UTF-8 character wait here for the next token's.
+    // A token's bytes that end inside a UTF-8 character wait here for the next token's, and so do
+    // bytes that may begin a stop sequence (until the text shows whether one follows).
     std::string carry;
+    bool stopped = false;  // a stop sequence appeared: the text ends before it
     for (;;) {
       std::deque<std::string> pieces;
       std::optional<result<serving::outcome>> end;
@@ -379,8 +399,19 @@ struct gateway::impl {
       }
       // One event per token (docs/HTTP.md), however many arrived since the last round.
       for (auto& piece : pieces) {
+        if (stopped) break;  // tokens generated before the peer heard the cancel
         carry += piece;
-        const std::size_t n = utf8_complete_prefix(carry);
+        std::size_t n = utf8_complete_prefix(carry);
+        if (!r.stop.empty()) {
+          if (const auto at = find_stop(carry, r.stop); at != std::string_view::npos) {
+            carry.resize(at);
+            stopped = true;
+            rl.stop = true;  // the relay's ask ends with the outcome so far; the peer stops
+            n = carry.size();
+          } else {
+            n = std::min(n, carry.size() - stop_holdback(carry, r.stop));
+          }
+        }
         if (n == 0) continue;
         if (!write(sse(chunk(r, carry.substr(0, n), false, "", created)))) return false;
         carry.erase(0, n);
@@ -397,12 +428,16 @@ struct gateway::impl {
       if (!end) continue;
       if (*end) {
         const auto& out = **end;
-        if (!write(sse(chunk(r, "", false, finish_reason(out.stop), created)))) return false;
+        if (!write(sse(chunk(r, "", false, stopped ? "stop" : finish_reason(out.stop), created))))
+          return false;
         if (r.include_usage &&
             !write(sse(usage_chunk(r, out.prompt_tokens,
                                    static_cast<std::uint32_t>(out.tokens.size()), created))))
           return false;
-      } else if (!write(sse(error_of(end->error()).to_json()))) {
+      } else if (stopped) {
+        // The text already ended at its stop sequence; how the stream then closed is moot.
+        if (!write(sse(chunk(r, "", false, "stop", created)))) return false;
+      } else if (!write(sse(error_of(end->error(), r.kind).to_json()))) {
         return false;
       }
       if (!write(std::string(sse_done))) return false;

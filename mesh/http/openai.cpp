@@ -1,9 +1,12 @@
 #include "mesh/http/openai.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
+
+#include "mesh/serving/follower.hpp"
 
 namespace tessera::mesh::http {
 namespace {
@@ -126,13 +129,10 @@ std::optional<api_error> parse_prompt(const json& body, serving::request& r) {
 }
 
 std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
-  for (auto [key, what] : {std::pair{"stop", "stop sequences"},
-                           {"logprobs", "log probabilities"},
+  for (auto [key, what] : {std::pair{"logprobs", "log probabilities"},
                            {"top_logprobs", "log probabilities"},
                            {"echo", "echoing the prompt"},
                            {"suffix", "insertion"},
-                           {"frequency_penalty", "use repeat_penalty"},
-                           {"presence_penalty", "use repeat_penalty"},
                            {"logit_bias", "logit bias"},
                            {"tools", "tool calls"},
                            {"functions", "function calls"},
@@ -156,6 +156,32 @@ std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
   return std::nullopt;
 }
 
+std::optional<api_error> parse_stop(const json& body, std::vector<std::string>& out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  const auto one = [&](const json& v, const std::string& where) -> std::optional<api_error> {
+    if (!v.is_string())
+      return bad("stop", fmt::format("'{}' must be a string, got {}", where, shown(v)));
+    const auto& text = v.get_ref<const std::string&>();
+    if (text.size() > max_stop_sequence_bytes)
+      return bad("stop", fmt::format("'{}' is {} bytes, at most {}", where, text.size(),
+                                     max_stop_sequence_bytes));
+    if (!text.empty()) out.push_back(text);  // an empty sequence stops nothing
+    return std::nullopt;
+  };
+  if (it->is_string()) return one(*it, "stop");
+  if (!it->is_array())
+    return bad("stop",
+               fmt::format("'stop' must be a string or an array of up to {} strings, got {}",
+                           max_stop_sequences, shown(*it)));
+  if (it->size() > max_stop_sequences)
+    return bad("stop", fmt::format("'stop' holds {} sequences, at most {}", it->size(),
+                                   max_stop_sequences));
+  for (std::size_t i = 0; i < it->size(); ++i)
+    if (auto e = one((*it)[i], fmt::format("stop[{}]", i))) return e;
+  return std::nullopt;
+}
+
 std::optional<api_error> parse_sampling(api_kind kind, const json& body, serving::request& r) {
   // OpenAI's defaults (temperature 1, nucleus off) so a client sees the distribution it expects;
   // top_k / min_p / repeat_penalty are llama.cpp's extensions and off unless asked for.
@@ -169,6 +195,8 @@ std::optional<api_error> parse_sampling(api_kind kind, const json& body, serving
   if (auto e = number(body, "top_p", 0, 1, r.top_p)) return e;
   if (auto e = number(body, "min_p", 0, 1, r.min_p)) return e;
   if (auto e = number(body, "repeat_penalty", 0.01, 10, r.repeat_penalty)) return e;
+  if (auto e = number(body, "frequency_penalty", -2, 2, r.frequency_penalty)) return e;
+  if (auto e = number(body, "presence_penalty", -2, 2, r.presence_penalty)) return e;
   if (auto e = integer(body, "top_k", 0, 1 << 20, r.top_k)) return e;
   if (auto e = integer(body, "max_tokens", 1, serving::max_tokens_limit, r.max_tokens)) return e;
   if (auto e = integer(body, "max_completion_tokens", 1, serving::max_tokens_limit, r.max_tokens))
@@ -209,6 +237,7 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
   if (auto e = kind == api_kind::chat ? parse_messages(body, r) : parse_prompt(body, r)) return *e;
   if (auto e = parse_unsupported(kind, body)) return *e;
   if (auto e = parse_sampling(kind, body, r)) return *e;
+  if (auto e = parse_stop(body, out.stop)) return *e;
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("stream", "'stream' must be true or false");
     out.stream = it->get<bool>();
@@ -228,6 +257,18 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
 api_error error_of(const error& e) {
   api_error a;
   a.message = e.message;
+  // A peer's answer: its message without the peer's id (internal to the cluster), and its code
+  // where the API has one.
+  std::string peer_code;
+  if (auto p = serving::parse_peer_error(e.message)) {
+    a.message = std::move(p->message);
+    peer_code = std::move(p->code);
+  }
+  if (peer_code == serving::error_code::context_length_exceeded) {
+    a.status = 400;
+    a.code = peer_code;
+    return a;
+  }
   switch (e.code) {
     case errc::invalid_argument:
     case errc::unsupported:
@@ -272,8 +313,33 @@ api_error error_of(const error& e) {
   return a;
 }
 
+api_error error_of(const error& e, api_kind kind) {
+  api_error a = error_of(e);
+  if (a.code == serving::error_code::context_length_exceeded)
+    a.param = kind == api_kind::chat ? "messages" : "prompt";
+  return a;
+}
+
 std::string_view finish_reason(std::string_view stop) {
-  return stop == "end_of_generation" ? "stop" : "length";
+  return stop == "end_of_generation" || stop == "stop_sequence" ? "stop" : "length";
+}
+
+std::size_t find_stop(std::string_view text, const std::vector<std::string>& stops) {
+  std::size_t first = std::string_view::npos;
+  for (const auto& s : stops)
+    first = std::min(first, text.find(s));
+  return first;
+}
+
+std::size_t stop_holdback(std::string_view text, const std::vector<std::string>& stops) {
+  std::size_t hold = 0;
+  for (const auto& s : stops)
+    for (std::size_t k = std::min(s.size() - 1, text.size()); k > hold; --k)
+      if (text.substr(text.size() - k) == std::string_view(s).substr(0, k)) {
+        hold = k;
+        break;
+      }
+  return hold;
 }
 
 namespace {

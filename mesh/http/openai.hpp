@@ -37,7 +37,20 @@ struct api_request {
   serving::request request;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with usage
+  /// `stop`: up to max_stop_sequences strings; the text ends before the first of them to appear
+  /// (finish_reason "stop") and the serving peer is told to stop generating.
+  std::vector<std::string> stop;
 };
+
+inline constexpr std::size_t max_stop_sequences = 4;  ///< OpenAI's bound
+inline constexpr std::size_t max_stop_sequence_bytes = 256;
+
+/// Where the first of `stops` begins in `text` (std::string_view::npos: none).
+[[nodiscard]] std::size_t find_stop(std::string_view text, const std::vector<std::string>& stops);
+/// How many bytes at the end of `text` could be the start of one of `stops`: a stream holds them
+/// back until the next token says whether a stop sequence follows.
+[[nodiscard]] std::size_t stop_holdback(std::string_view text,
+                                        const std::vector<std::string>& stops);
 
 /// An error as the API answers it: HTTP status and OpenAI's error object
 /// ({"error": {"message", "type", "param", "code"}}).
@@ -61,9 +74,12 @@ struct api_error {
 
 /// Maps a serving failure (the client's error) to the API's status and error object.
 [[nodiscard]] api_error error_of(const error& e);
+/// The same for a request of `kind`: a prompt longer than the context names its field (400,
+/// code context_length_exceeded, param "messages" or "prompt").
+[[nodiscard]] api_error error_of(const error& e, api_kind kind);
 
 /// "stop" for a natural end, "length" when max_tokens or the context ran out.
-[[nodiscard]] std::string_view finish_reason(std::string_view stop);
+[[nodiscard]] std::string_view finish_reason(std::string_view stop);  // stop_sequence: "stop"
 
 /// The non-streaming reply.
 [[nodiscard]] nlohmann::json reply(const api_request& r, const serving::outcome& out,

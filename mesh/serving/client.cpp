@@ -192,7 +192,7 @@ result<std::unique_ptr<client>> client::connect(client_options options) {
 }
 
 result<outcome> client::ask(request r, const std::function<void(const token_event&)>& on_token,
-                            const std::atomic<bool>* cancel) {
+                            const std::atomic<bool>* cancel, const std::atomic<bool>* stop) {
   if (auto v = validate(r); !v) return v.error();
   auto& s = *impl_;
   const std::string topic = response_topic(r.id);
@@ -229,6 +229,8 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
     follower_step step;
     if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
       step = f.cancel(now_us());
+    } else if (stop != nullptr && stop->load(std::memory_order_relaxed)) {
+      step = f.stop_early(now_us());
     } else {
       step = f.on_tick(now_us());
     }

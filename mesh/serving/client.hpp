@@ -67,10 +67,13 @@ class client {
   /// the peer and the fix); errc::timeout when no peer accepted or the stream stalled past
   /// the deadline or the attempts; errc::cancelled soon (within 50 ms) after `*cancel` turns true
   /// (the caller lost interest: an HTTP client hung up). The serving peer is told (a cancel
-  /// message) and stops generating.
+  /// message) and stops generating. Once `*stop` turns true (set by `on_token` when the text
+  /// holds a stop sequence, or by another thread) the stream ends the same way but successfully:
+  /// the outcome so far, stop "stop_sequence".
   [[nodiscard]] result<outcome> ask(request r,
                                     const std::function<void(const token_event&)>& on_token = {},
-                                    const std::atomic<bool>* cancel = nullptr);
+                                    const std::atomic<bool>* cancel = nullptr,
+                                    const std::atomic<bool>* stop = nullptr);
 
   struct impl;
 

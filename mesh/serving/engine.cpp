@@ -649,6 +649,14 @@ struct engine::impl {
     return r;
   }
 
+  /// "accepted" for a session: with its prompt's token count, so that a client that ends the
+  /// stream early (a stop sequence) can still report usage.
+  response accepted_of(const session& s) const {
+    auto r = base(s.req, "accepted");
+    r.prompt_tokens = static_cast<std::uint32_t>(s.prompt.size());
+    return r;
+  }
+
   void send_error(const request& q, std::string_view code, std::string message) {
     auto r = base(q, "error");
     r.code = std::string(code);
@@ -735,7 +743,7 @@ struct engine::impl {
     switch (admit(q, running ? std::optional(running->req.attempt) : std::nullopt, finished)) {
       case admission::running_duplicate:
         ++duplicates;
-        send(base(running->req, "accepted"));
+        send(accepted_of(*running));
         return;
       case admission::supersedes:
         ++superseded;
@@ -800,7 +808,7 @@ struct engine::impl {
       return;
     }
     ++accepted;
-    send(base(s->req, "accepted"));
+    send(accepted_of(*s));
     s->last_sent = clock_type::now();
     // A resumed stream (its serving peer died or its group moved) goes ahead of new requests:
     // its client has waited already, and it is behind the others only because of a fault.
@@ -846,7 +854,7 @@ struct engine::impl {
       }
     const std::int64_t cap = std::min<std::int64_t>(lm->hp.n_ctx_train, opt.max_context);
     if (static_cast<std::int64_t>(s->prompt.size() + q.resume.size()) >= cap) {
-      send_error(q, error_code::invalid_request,
+      send_error(q, error_code::context_length_exceeded,
                  fmt::format("the prompt has {} tokens (+{} resumed); model '{}' holds {} here",
                              s->prompt.size(), q.resume.size(), q.model, cap));
       return nullptr;
@@ -860,6 +868,8 @@ struct engine::impl {
     so.top_p = q.top_p;
     so.min_p = q.min_p;
     so.repeat_penalty = q.repeat_penalty;
+    so.frequency_penalty = q.frequency_penalty;
+    so.presence_penalty = q.presence_penalty;
     so.seed = q.seed;
     if (auto v = mdl::validate(so); !v) {
       send_error(q, error_code::invalid_request, v.error().message);
@@ -1108,7 +1118,7 @@ struct engine::impl {
   void keepalive(session& s) {
     const auto now = clock_type::now();
     if (now - s.last_sent <= std::chrono::milliseconds(opt.keepalive_ms)) return;
-    send(base(s.req, "accepted"));
+    send(accepted_of(s));
     s.last_sent = now;
   }
 
@@ -1253,7 +1263,7 @@ struct engine::impl {
       cut_unread_streams(now);
       for (auto& s : queued)
         if (now - s->last_sent > std::chrono::milliseconds(opt.keepalive_ms)) {
-          send(base(s->req, "accepted"));
+          send(accepted_of(*s));
           s->last_sent = now;
         }
       if (now - last_view > std::chrono::milliseconds(200) || active.empty()) {

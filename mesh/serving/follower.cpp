@@ -17,9 +17,30 @@ errc errc_of(std::string_view code) noexcept {
   if (code == error_code::unknown_model) return errc::not_found;
   if (code == error_code::no_capacity) return errc::no_capacity;
   if (code == error_code::invalid_request) return errc::invalid_argument;
+  if (code == error_code::context_length_exceeded) return errc::invalid_argument;
   if (code == error_code::overloaded) return errc::overloaded;
   if (code == error_code::cancelled) return errc::cancelled;
   return errc::internal;
+}
+
+std::string format_peer_error(std::string_view message, std::string_view code,
+                              std::string_view node) {
+  return fmt::format("{} ({}, from peer {})", message, code, node);
+}
+
+std::optional<peer_error> parse_peer_error(std::string_view text) {
+  // From the end: the message may itself hold " (" and ", from peer ".
+  if (!text.ends_with(')')) return std::nullopt;
+  const auto from = text.rfind(", from peer ");
+  if (from == std::string_view::npos) return std::nullopt;
+  const auto open = text.rfind(" (", from);
+  if (open == std::string_view::npos) return std::nullopt;
+  peer_error e;
+  e.message = std::string(text.substr(0, open));
+  e.code = std::string(text.substr(open + 2, from - open - 2));
+  e.node = std::string(text.substr(from + 12, text.size() - 1 - from - 12));
+  if (e.code.empty() || e.code.find_first_of(" ,()") != std::string::npos) return std::nullopt;
+  return e;
 }
 
 stream_follower::stream_follower(request r, follower_options options, std::uint64_t now_us)
@@ -113,6 +134,20 @@ follower_step stream_follower::cancel(std::uint64_t now_us) {
   return s;
 }
 
+follower_step stream_follower::stop_early(std::uint64_t now_us) {
+  if (finished_) return {};
+  request c;
+  c.id = req_.id;
+  c.attempt = req_.attempt;
+  c.cancel = true;
+  out_.stop = "stop_sequence";
+  out_.attempts = req_.attempt + 1;
+  out_.total_s = static_cast<double>(now_us - t0_us_) / 1e6;
+  auto s = finish(out_);
+  s.publish = std::move(c);
+  return s;
+}
+
 follower_step stream_follower::cut_duplicate(const std::string& node) {
   // Two peers serve this attempt (their views of who is live differ: a partition, a peer not yet
   // declared dead): keep the first, tell the other to stop. Its copy would only repeat tokens.
@@ -141,6 +176,7 @@ follower_step stream_follower::on_response(const response& m, std::uint64_t now_
   if (m.kind == "accepted") {
     if (!accepted_ && (out_.nodes.empty() || out_.nodes.back() != m.node))
       out_.nodes.push_back(m.node);
+    if (m.prompt_tokens > 0) out_.prompt_tokens = m.prompt_tokens;  // peers since stop sequences
     accepted_ = true;
     if (serving_node_.empty()) serving_node_ = m.node;
     return {};
@@ -186,8 +222,7 @@ follower_step stream_follower::on_response(const response& m, std::uint64_t now_
   }
   if (m.kind == "error") {
     if (m.code == error_code::unavailable) return resume(m.message, now_us);
-    return finish(
-        make_error(errc_of(m.code), "{} ({}, from peer {})", m.message, m.code, m.node));
+    return finish(error{errc_of(m.code), format_peer_error(m.message, m.code, m.node)});
   }
   return {};  // a kind this client does not know: ignored (forward compatibility)
 }

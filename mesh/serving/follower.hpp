@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/base/result.hpp"
@@ -68,6 +69,9 @@ class stream_follower {
   /// The caller lost interest: the step publishes the cancel message and ends with
   /// errc::cancelled.
   follower_step cancel(std::uint64_t now_us);
+  /// The caller has what it wanted (a stop sequence appeared in the text): the step publishes the
+  /// cancel message, as cancel(), and ends with the outcome so far, stop "stop_sequence".
+  follower_step stop_early(std::uint64_t now_us);
 
   /// When on_tick must run next at the latest (re-publication, stall, deadline).
   [[nodiscard]] std::uint64_t wake_at_us() const;
@@ -98,5 +102,15 @@ class stream_follower {
 
 /// The errc a client reports for a peer's error code.
 [[nodiscard]] errc errc_of(std::string_view code) noexcept;
+
+/// A peer's error as the client reports it: "<message> (<code>, from peer <node>)" (the peer's id
+/// helps an operator; an HTTP client gets the code and the message without it).
+struct peer_error {
+  std::string message, code, node;
+};
+[[nodiscard]] std::string format_peer_error(std::string_view message, std::string_view code,
+                                            std::string_view node);
+/// The parts of a format_peer_error() text; nullopt for any other error text.
+[[nodiscard]] std::optional<peer_error> parse_peer_error(std::string_view text);
 
 }  // namespace tessera::mesh::serving

@@ -138,6 +138,10 @@ result<void> validate(const request& r) {
     return make_error(errc::invalid_argument, "field 'top_p': {} (expected 0..1)", r.top_p);
   if (!(r.min_p >= 0.0f && r.min_p <= 1.0f))
     return make_error(errc::invalid_argument, "field 'min_p': {} (expected 0..1)", r.min_p);
+  for (auto [name, v] : {std::pair{"frequency_penalty", r.frequency_penalty},
+                         std::pair{"presence_penalty", r.presence_penalty}})
+    if (!(v >= -2.0f && v <= 2.0f))
+      return make_error(errc::invalid_argument, "field '{}': {} (expected -2 to 2)", name, v);
   if (!(r.repeat_penalty > 0.0f) || !std::isfinite(r.repeat_penalty))
     return make_error(errc::invalid_argument, "field 'repeat_penalty': {} (expected > 0)",
                       r.repeat_penalty);

@@ -65,6 +65,8 @@ struct request {
   float min_p = 0.05f;
   float repeat_penalty = 1.0f;
   std::uint64_t seed = 0;
+  float frequency_penalty = 0.0f;  ///< [-2, 2]; over the sampler's window (model/sampler.hpp)
+  float presence_penalty = 0.0f;   ///< [-2, 2]
   std::uint32_t attempt = 0;
   std::vector<std::int32_t> resume;  ///< generated token ids the client already holds
   /// The client lost interest: the peer serving `id` ends that stream (attempt <= `attempt`)
@@ -74,7 +76,8 @@ struct request {
   /// acceptance of its attempt keeps the first peer's stream). Empty: whichever peer serves it.
   std::string node;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
-                     repeat_penalty, seed, attempt, resume, cancel, node);
+                     repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
+                     presence_penalty);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };
@@ -85,6 +88,8 @@ namespace error_code {
 inline constexpr std::string_view invalid_request = "invalid_request";
 inline constexpr std::string_view unknown_model = "unknown_model";
 inline constexpr std::string_view no_capacity = "no_capacity";
+/// The prompt (with the tokens being resumed) does not fit the model's context on the peer.
+inline constexpr std::string_view context_length_exceeded = "context_length_exceeded";
 inline constexpr std::string_view overloaded = "overloaded";
 inline constexpr std::string_view internal = "internal";
 /// The peer stopped serving the stream (it is leaving): the client resumes it elsewhere.

@@ -111,6 +111,43 @@ TEST(ModelSampler, RepetitionPenaltyWithinTheWindow) {
   EXPECT_EQ(s.sample(ids_out_of_range, std::vector<std::int32_t>{-3, 99}), 1);
 }
 
+// OpenAI's frequency and presence penalties over the window: a token seen c times loses
+// c * frequency + presence, once per distinct token; negative values favour it.
+TEST(ModelSampler, FrequencyAndPresencePenaltiesCountWithinTheWindow) {
+  auto o = sampler_options::greedy();
+  o.frequency_penalty = 0.5f;
+  o.repeat_window = 4;
+  {
+    sampler s(o);
+    std::vector<float> l = {3.0f, 2.2f, 0.0f};
+    EXPECT_EQ(s.sample(l, std::vector<std::int32_t>{0, 0}), 1);  // 3.0 - 2 x 0.5 = 2.0 < 2.2
+    EXPECT_FLOAT_EQ(l[0], 2.0f);
+    EXPECT_FLOAT_EQ(l[1], 2.2f);
+    std::vector<float> once = {3.0f, 2.2f, 0.0f};
+    EXPECT_EQ(s.sample(once, std::vector<std::int32_t>{0, 9, 9, 9, 0}), 0);  // one 0 in the window
+    EXPECT_FLOAT_EQ(once[0], 2.5f);
+  }
+  o.frequency_penalty = 0.0f;
+  o.presence_penalty = 1.0f;
+  {
+    sampler s(o);
+    std::vector<float> l = {3.0f, 2.2f, 0.0f};
+    EXPECT_EQ(s.sample(l, std::vector<std::int32_t>{0, 0, 0}), 1);  // 3.0 - 1 = 2.0, whatever c
+    EXPECT_FLOAT_EQ(l[0], 2.0f);
+  }
+  o.presence_penalty = -1.0f;  // favours what was said
+  {
+    sampler s(o);
+    std::vector<float> l = {2.0f, 2.2f};
+    EXPECT_EQ(s.sample(l, std::vector<std::int32_t>{0}), 0);
+  }
+  o.presence_penalty = 2.5f;
+  EXPECT_FALSE(validate(o));
+  o.presence_penalty = 0.0f;
+  o.frequency_penalty = -2.1f;
+  EXPECT_FALSE(validate(o));
+}
+
 TEST(ModelSampler, SameSeedSameTokens) {
   const auto logits = from_probs({0.2, 0.2, 0.2, 0.2, 0.2});
   auto seq = [&](std::uint64_t seed) {

@@ -238,6 +238,52 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
     EXPECT_NE(j["error"]["message"].get<std::string>().find(f.in_message), std::string::npos)
         << r->body;
   }
+  // Stop sequences: the text ends before the first one, finish_reason "stop", streamed or not.
+  // The stop string is a piece of the reference text (from its 5th token's bytes on), so the
+  // answer is the reference up to it.
+  {
+    const std::string stop = ref.substr(ref.size() / 2, 3);
+    const std::string want = ref.substr(0, ref.find(stop));
+    json sb2 = body;
+    sb2["stop"] = {stop, "never-appears"};
+    auto r = client(0).Post("/v1/completions", sb2.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["choices"][0]["text"], want) << "stop " << json(stop).dump();
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), n);
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+    sb2["stream"] = true;
+    const auto st = stream(1, "/v1/completions", sb2);
+    EXPECT_EQ(st.text, want);
+    EXPECT_EQ(st.finish, "stop");
+    EXPECT_TRUE(st.done);
+  }
+  // A prompt longer than the model's context (2048 tokens): 400 context_length_exceeded naming
+  // the field, and no peer id in the message (internal to the cluster).
+  {
+    std::string long_prompt;
+    for (int k = 0; k < 3000; ++k)
+      long_prompt += "once upon ";
+    for (auto [path, field] :
+         {std::pair{"/v1/completions", "prompt"}, std::pair{"/v1/chat/completions", "messages"}}) {
+      json lb{{"model", "tiny"}, {"max_tokens", 4}};
+      if (std::string_view(field) == "prompt")
+        lb["prompt"] = long_prompt;
+      else
+        lb["messages"] = {{{"role", "user"}, {"content", long_prompt}}};
+      auto r = client(0).Post(path, lb.dump(), "application/json");
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 400) << r->body.substr(0, 400);
+      const json j = json::parse(r->body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body.substr(0, 400);
+      EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << r->body;
+      EXPECT_EQ(j["error"]["param"], field) << r->body;
+      EXPECT_EQ(j["error"]["message"].get<std::string>().find("peer"), std::string::npos)
+          << r->body;
+    }
+  }
   // A streaming request that fails before its first token gets its status, not a broken stream.
   {
     auto r =

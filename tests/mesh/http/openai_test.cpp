@@ -1,6 +1,7 @@
 // The OpenAI-compatible API's translation rules: bodies to serving requests (defaults, every
 // refusal names its field), outcomes to replies and stream chunks, UTF-8 cut points.
 #include "mesh/http/openai.hpp"
+#include "mesh/serving/follower.hpp"
 
 #include <gtest/gtest.h>
 
@@ -44,7 +45,8 @@ TEST(OpenAI, CompletionFieldsMapOntoTheRequest) {
   auto r = ok(api_kind::completion,
               R"({"model":"m","prompt":["p"],"max_tokens":7,"temperature":0,"top_p":0.5,
                   "top_k":3,"min_p":0.1,"repeat_penalty":1.1,"seed":9,"stream":true,
-                  "stream_options":{"include_usage":true},"n":1,"stop":null,"user":"u"})");
+                  "stream_options":{"include_usage":true},"n":1,"stop":null,"user":"u",
+                  "frequency_penalty":0.25,"presence_penalty":-0.5})");
   EXPECT_EQ(r.request.prompt, "p");
   EXPECT_EQ(r.request.max_tokens, 7u);
   EXPECT_EQ(r.request.temperature, 0.0f);
@@ -52,6 +54,8 @@ TEST(OpenAI, CompletionFieldsMapOntoTheRequest) {
   EXPECT_EQ(r.request.top_k, 3);
   EXPECT_FLOAT_EQ(r.request.min_p, 0.1f);
   EXPECT_FLOAT_EQ(r.request.repeat_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(r.request.frequency_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(r.request.presence_penalty, -0.5f);
   EXPECT_EQ(r.request.seed, 9u);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
@@ -95,11 +99,15 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
       {api_kind::completion, R"({"model":"m","prompt":"x","top_p":-1})", "top_p"},
       {api_kind::completion, R"({"model":"m","prompt":"x","n":2})", "n"},
       {api_kind::completion, R"({"model":"m","prompt":"x","best_of":3})", "best_of"},
-      {api_kind::completion, R"({"model":"m","prompt":"x","stop":["\n"]})", "stop"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "stop"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","stop":[1]})", "stop"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","stop":{"a":1}})", "stop"},
       {api_kind::completion, R"({"model":"m","prompt":"x","logprobs":5})", "logprobs"},
       {api_kind::completion, R"({"model":"m","prompt":"x","echo":true})", "echo"},
-      {api_kind::completion, R"({"model":"m","prompt":"x","presence_penalty":0.5})",
+      {api_kind::completion, R"({"model":"m","prompt":"x","presence_penalty":2.5})",
        "presence_penalty"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","frequency_penalty":"x"})",
+       "frequency_penalty"},
       {api_kind::completion, R"({"model":"m","prompt":"x","stream":"yes"})", "stream"},
       {api_kind::chat, R"({"model":"m"})", "messages"},
       {api_kind::chat, R"({"model":"m","messages":[]})", "messages"},
@@ -125,6 +133,30 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
   }
 }
 
+// `stop`: a string or up to four; empty ones stop nothing. The text ends before the first to
+// appear, and a stream holds back only the bytes that may begin one.
+TEST(OpenAI, StopSequencesAreParsedFoundAndHeldBack) {
+  auto parsed = parse_request(api_kind::completion,
+                              R"({"model":"m","prompt":"x","stop":["\n\n","END",""]})", "id", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
+  EXPECT_EQ(std::get<api_request>(parsed).stop, (std::vector<std::string>{"\n\n", "END"}));
+  parsed = parse_request(api_kind::chat,
+                         R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":"###"})",
+                         "id", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
+  EXPECT_EQ(std::get<api_request>(parsed).stop, (std::vector<std::string>{"###"}));
+  const std::vector<std::string> stops{"END", "\n\n"};
+  EXPECT_EQ(find_stop("once upon a time END of it", stops), 17u);
+  EXPECT_EQ(find_stop("a\n\nb END", stops), 1u);  // the first to appear, whichever it is
+  EXPECT_EQ(find_stop("no stop here", stops), std::string_view::npos);
+  EXPECT_EQ(stop_holdback("the EN", stops), 2u);  // "EN" may become "END"
+  EXPECT_EQ(stop_holdback("the E", stops), 1u);
+  EXPECT_EQ(stop_holdback("line\n", stops), 1u);
+  EXPECT_EQ(stop_holdback("the ENx", stops), 0u);
+  EXPECT_EQ(stop_holdback("", stops), 0u);
+  EXPECT_EQ(finish_reason("stop_sequence"), "stop");
+}
+
 TEST(OpenAI, GarbageBodiesAreRefusedNotThrown) {
   for (const char* body : {"", "{", "[1,2]", "null", "\"x\"", "{\"model\":", "\xff\xfe"}) {
     const auto e = refused(api_kind::completion, body);
@@ -146,6 +178,32 @@ TEST(OpenAI, ServingErrorsMapToStatusesAndCodes) {
   EXPECT_EQ(error_of(error{errc::unauthorized, "x"}).code, "invalid_api_key");
   EXPECT_EQ(error_of(error{errc::unauthorized, "x"}).status, 401);
   EXPECT_EQ(error_of(error{errc::internal, "x"}).status, 500);
+  // A peer's error, as the serving client words it: the API answer carries its code and its
+  // message without the peer's id; a prompt too long names the field of the request's kind.
+  const error too_long{errc::invalid_argument,
+                       serving::format_peer_error("the prompt has 5000 tokens (+0 resumed); model "
+                                                  "'tiny' holds 2048 here",
+                                                  "context_length_exceeded", "0123abcd")};
+  for (auto [kind, param] :
+       {std::pair{api_kind::chat, "messages"}, std::pair{api_kind::completion, "prompt"}}) {
+    const api_error e = error_of(too_long, kind);
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "context_length_exceeded");
+    EXPECT_EQ(e.param, param);
+    EXPECT_EQ(e.message, "the prompt has 5000 tokens (+0 resumed); model 'tiny' holds 2048 here");
+  }
+  const api_error other = error_of(
+      error{errc::invalid_argument,
+            serving::format_peer_error("field 'top_k' (x) is bad", "invalid_request", "0123abcd")});
+  EXPECT_EQ(other.status, 400);
+  EXPECT_EQ(other.message, "field 'top_k' (x) is bad");
+  const auto parsed = serving::parse_peer_error(
+      serving::format_peer_error("a (b, from peer c) d", "overloaded", "00ff"));
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->message, "a (b, from peer c) d");
+  EXPECT_EQ(parsed->code, "overloaded");
+  EXPECT_EQ(parsed->node, "00ff");
+  EXPECT_FALSE(serving::parse_peer_error("no peer here"));
   const json j = error_of(error{errc::not_found, "model 'q' is not served"}).to_json();
   EXPECT_EQ(j["error"]["message"], "model 'q' is not served");
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
