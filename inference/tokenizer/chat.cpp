@@ -72,23 +72,28 @@ result<chat_prompt> apply_chat_template(chat_family family, const std::vector<ch
       return p;
     case chat_family::mistral: {
       // <s>[INST] {system}\n\n{user} [/INST] {assistant}</s>[INST] {user} [/INST]
+      // The template alternates user and assistant turns and takes one system text. What clients
+      // send is looser (two user messages in a row, a system message later on), so messages are
+      // folded into that shape first, as llama.cpp's mistral rendering does: every system text
+      // goes before the first user turn, and consecutive turns of one role are joined.
       p.add_bos = true;
       std::string system;
-      bool expect_user = true;
-      for (std::size_t i = 0; i < messages.size(); ++i) {
-        const auto& m = messages[i];
+      std::vector<chat_message> turns;
+      for (const auto& m : messages) {
         if (m.role == "system") {
-          if (i != 0)
-            return make_error(errc::invalid_argument,
-                              "mistral chat template: a system message must come first");
-          system = m.content;
-          continue;
+          system += (system.empty() ? "" : "\n\n") + m.content;
+        } else if (!turns.empty() && turns.back().role == m.role) {
+          turns.back().content += "\n\n" + m.content;
+        } else {
+          turns.push_back(m);
         }
-        if ((m.role == "user") != expect_user)
-          return make_error(errc::invalid_argument,
-                            "mistral chat template: roles must alternate user/assistant (message {} "
-                            "is {})",
-                            i, m.role);
+      }
+      if (!turns.empty() && turns.front().role != "user")
+        return make_error(errc::invalid_argument,
+                          "mistral chat template: the first message after the system text must be "
+                          "the user's, not the {}'s",
+                          turns.front().role);
+      for (const auto& m : turns) {
         if (m.role == "user") {
           p.text += "[INST] ";
           if (!system.empty()) {
@@ -99,8 +104,8 @@ result<chat_prompt> apply_chat_template(chat_family family, const std::vector<ch
         } else {
           p.text += " " + m.content + "</s>";
         }
-        expect_user = !expect_user;
       }
+      if (!system.empty()) p.text += "[INST] " + system + " [/INST]";  // a system text alone
       (void)add_generation_prompt;  // the reply follows [/INST] directly
       return p;
     }

@@ -388,9 +388,26 @@ TEST(ChatTemplate, Formats) {
   ASSERT_TRUE(mi);
   EXPECT_EQ(mi->text, "[INST] Be brief.\n\nHi [/INST] Hello!</s>[INST] Bye [/INST]");
   EXPECT_TRUE(mi->add_bos);
-  auto bad = apply_chat_template(chat_family::mistral, {{"user", "a"}, {"user", "b"}});
+  // Looser conversations are folded into mistral's shape: consecutive turns of one role joined,
+  // every system text before the first user turn. Only a conversation opening with the
+  // assistant is refused, saying so.
+  auto two = apply_chat_template(chat_family::mistral, {{"system", "S1"},
+                                                        {"user", "a"},
+                                                        {"user", "b"},
+                                                        {"system", "S2"},
+                                                        {"assistant", "c"},
+                                                        {"user", "d"}});
+  ASSERT_TRUE(two) << two.error().message;
+  EXPECT_EQ(two->text, "[INST] S1\n\nS2\n\na\n\nb [/INST] c</s>[INST] d [/INST]");
+  auto bad = apply_chat_template(chat_family::mistral, {{"assistant", "a"}, {"user", "b"}});
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message.find("alternate"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("first message after the system text"), std::string::npos);
+  // Two user messages in a row are what ChatML and Llama 3 templates render message by message.
+  auto cm2 = apply_chat_template(chat_family::chatml, {{"user", "a"}, {"user", "b"}});
+  ASSERT_TRUE(cm2);
+  EXPECT_EQ(
+      cm2->text,
+      "<|im_start|>user\na<|im_end|>\n<|im_start|>user\nb<|im_end|>\n<|im_start|>assistant\n");
   auto role = apply_chat_template(chat_family::chatml, {{"tool", "x"}});
   ASSERT_FALSE(role);
   EXPECT_NE(role.error().message.find("'tool'"), std::string::npos);
