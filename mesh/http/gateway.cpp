@@ -126,6 +126,18 @@ struct gateway::impl {
   std::optional<clock_type::time_point> cluster_at;
 
   // ------------------------------------------------------------------ plumbing
+  /// The Access-Control-Allow-Origin value for `req`: its Origin when allowed ("*" when any is),
+  /// else empty.
+  std::string allowed_origin(const httplib::Request& req) const {
+    if (opt.cors_origins.empty() || !req.has_header("Origin")) return {};
+    const std::string origin = req.get_header_value("Origin");
+    for (const auto& o : opt.cors_origins) {
+      if (o == "*") return "*";
+      if (o == origin) return origin;
+    }
+    return {};
+  }
+
   bool authorized(const httplib::Request& req, httplib::Response& res) {
     if (opt.api_key.empty()) return true;
     const auto header = req.get_header_value("Authorization");
@@ -489,7 +501,24 @@ struct gateway::impl {
     // range is served, more are refused.
     // The refusal has no body: cpp-httplib applies the ranges to whatever body an answer has,
     // this one included (a JSON error would come back 2,700 times).
-    svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // CORS: an allowed origin's preflight is answered here (before authentication: browsers
+      // send no credentials with it), and every other answer to it names the origin.
+      if (const auto origin = allowed_origin(req); !origin.empty()) {
+        res.set_header("Access-Control-Allow-Origin", origin);
+        res.set_header("Vary", "Origin");
+        if (req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method")) {
+          res.status = 204;
+          res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+          // The headers the browser asks for (bounded: an echo, not a way to grow answers).
+          const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+          res.set_header("Access-Control-Allow-Headers", !asked.empty() && asked.size() <= 256
+                                                             ? asked
+                                                             : "Authorization, Content-Type");
+          res.set_header("Access-Control-Max-Age", "600");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
       if (req.ranges.size() <= 1) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 416;
       res.set_header("X-Tessera-Error",

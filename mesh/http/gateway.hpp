@@ -48,6 +48,10 @@ struct gateway_options {
   std::uint32_t request_timeout_s = 300;  ///< one API request, start to end
   std::size_t max_body_bytes = 1 << 20;
   std::uint32_t stall_ms = 3000;  ///< serving client: resume elsewhere after this much silence
+  /// Browser origins allowed to call the API (CORS: their preflights are answered and every
+  /// answer to them names them); "*" allows any. Empty: no CORS headers, browsers on other
+  /// origins are refused by the browser itself.
+  std::vector<std::string> cors_origins;
   /// The cluster's client access key, when the peers require client authentication.
   std::optional<transport::control::client_access> client_access;
 };

@@ -26,6 +26,21 @@ result<void> check_seed(std::string_view text) {
   return ok();
 }
 
+/// A browser origin the HTTP API answers (CORS): "*" or scheme://host[:port], nothing more.
+result<void> check_origin(std::string_view text) {
+  if (text == "*") return ok();
+  const auto scheme = text.find("://");
+  const bool ok_scheme = scheme != std::string_view::npos &&
+                         (text.substr(0, scheme) == "http" || text.substr(0, scheme) == "https");
+  const auto rest = ok_scheme ? text.substr(scheme + 3) : std::string_view{};
+  if (!ok_scheme || rest.empty() || rest.find_first_of("/?# ,") != std::string_view::npos)
+    return make_error(errc::invalid_argument,
+                      "'{}' is not an origin (\"*\" or scheme://host[:port], e.g. "
+                      "http://localhost:3000)",
+                      text);
+  return ok();
+}
+
 result<void> check_ipv4(std::string_view text) {
   in_addr addr{};
   if (::inet_pton(AF_INET, std::string(text).c_str(), &addr) != 1) {
@@ -121,6 +136,12 @@ const std::vector<key_spec> key_table = {
     {.key = "http.api_key_file", .flag = "--http-api-key-file",
      .help = "file holding the bearer token the HTTP API requires (empty: none)",
      .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.http.api_key_file; }},
+    {.key = "http.cors_origins", .flag = "--http-cors-origin",
+     .help = "a browser origin allowed to call the HTTP API (CORS; repeatable; \"*\": any). None: "
+             "browsers on other origins are refused",
+     .kind = value_kind::list,
+     .list = [](node_config& c) -> auto& { return c.http.cors_origins; }, .check = check_origin,
+     .max_items = 64},
     {.key = "discovery.mdns", .flag = "--mdns", .help = "mDNS/DNS-SD discovery through avahi",
      .kind = value_kind::boolean,
      .boolean = [](node_config& c) -> auto& { return c.discovery.mdns; }},

@@ -48,6 +48,7 @@ struct listen_config {
 struct http_config {
   bool enabled = true;
   std::string api_key_file;  ///< the bearer token, one line; empty: no API key
+  std::vector<std::string> cors_origins;  ///< origins browsers may call the API from ("*": any)
 };
 
 struct discovery_config {

@@ -1211,6 +1211,7 @@ result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
   http::gateway_options go;
   if (cfg.client_auth) go.client_access = keys.access;
   go.bind_address = cfg.listen.http_address;
+  go.cors_origins = cfg.http.cors_origins;
   go.port = cfg.listen.http_port;
   if (!cfg.http.api_key_file.empty()) {
     auto key = read_api_key(cfg.http.api_key_file);

@@ -152,6 +152,61 @@ TEST(GatewayRoutes, AModelByIdAndAWrongMethodAreAnsweredAsOpenAiDoes) {
   (*g)->stop(0);
 }
 
+// CORS (off by default): with --http-cors-origin, an allowed origin's preflight is answered
+// without credentials and every answer names the origin; another origin, or none configured,
+// gets no CORS headers (the browser then refuses the page the answer).
+TEST(GatewayCors, AllowedOriginsOnlyAndPreflightsWithoutCredentials) {
+  auto start = [](std::vector<std::string> origins) {
+    gateway_options o;
+    o.bind_address = "127.0.0.1";
+    o.port = 0;
+    o.api_key = "sk-k";
+    o.cors_origins = std::move(origins);
+    o.peers.push_back(serving::peer_endpoint{"127.0.0.1", 1, 2});
+    o.status = [] { return nlohmann::json{{"plan", nullptr}}; };
+    return gateway::start(o);
+  };
+  auto g = start({"http://localhost:3000"});
+  ASSERT_TRUE(g.has_value()) << g.error().describe();
+  httplib::Client c("127.0.0.1", (*g)->port());
+  const httplib::Headers pre = {{"Origin", "http://localhost:3000"},
+                                {"Access-Control-Request-Method", "POST"},
+                                {"Access-Control-Request-Headers", "authorization,content-type"}};
+  auto p = c.Options("/v1/chat/completions", pre);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 204);
+  EXPECT_EQ(p->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  EXPECT_NE(p->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_EQ(p->get_header_value("Access-Control-Allow-Headers"), "authorization,content-type");
+  // A real request from that origin: its answer (here a 401: no key) names the origin.
+  auto r = c.Get("/v1/models", {{"Origin", "http://localhost:3000"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  // Another origin: no CORS headers, and its preflight is not answered as allowed.
+  auto other = c.Options("/v1/chat/completions", {{"Origin", "http://evil.example"},
+                                                  {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->status, 204);
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+  (*g)->stop(0);
+  // None configured: nothing for anyone. "*": any origin.
+  auto off = start({});
+  ASSERT_TRUE(off.has_value());
+  httplib::Client c2("127.0.0.1", (*off)->port());
+  auto r2 = c2.Get("/health", {{"Origin", "http://localhost:3000"}});
+  ASSERT_TRUE(r2);
+  EXPECT_FALSE(r2->has_header("Access-Control-Allow-Origin"));
+  (*off)->stop(0);
+  auto any = start({"*"});
+  ASSERT_TRUE(any.has_value());
+  httplib::Client c3("127.0.0.1", (*any)->port());
+  auto r3 = c3.Get("/health", {{"Origin", "https://chat.example"}});
+  ASSERT_TRUE(r3);
+  EXPECT_EQ(r3->get_header_value("Access-Control-Allow-Origin"), "*");
+  (*any)->stop(0);
+}
+
 // The Authorization scheme is case-insensitive: a lowercase "bearer" was refused.
 TEST(GatewayAuth, TheBearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
   gateway_options o;
