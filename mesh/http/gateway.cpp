@@ -20,6 +20,7 @@
 #include "actors/base/thread.hpp"
 #include "mesh/http/elastic_pool.hpp"
 #include "mesh/http/metrics.hpp"
+#include "mesh/http/ollama.hpp"
 #include "mesh/http/openai.hpp"
 #include "mesh/serving/protocol.hpp"
 
@@ -46,7 +47,8 @@ bool same_secret(std::string_view a, std::string_view b) {
 /// The routes counted by name; anything else is "other" (a scanner must not grow the label set).
 std::string route_of(const std::string& path) {
   for (const char* r : {"/", "/health", "/status", "/cluster", "/metrics", "/v1/models",
-                        "/v1/completions", "/v1/chat/completions"})
+                        "/v1/completions", "/v1/chat/completions", "/api/generate", "/api/chat",
+                        "/api/tags", "/api/show", "/api/version"})
     if (path == r) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -54,7 +56,9 @@ std::string route_of(const std::string& path) {
 
 /// The methods a known path takes (for 405 and its Allow header); empty for an unknown path.
 std::string methods_of(const std::string& path) {
-  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/api/generate" ||
+      path == "/api/chat" || path == "/api/show")
+    return "POST";
   if (route_of(path) != "other") return "GET";
   return "";
 }
@@ -66,6 +70,18 @@ void send_json(httplib::Response& res, int status, const json& body) {
 
 void send_error(httplib::Response& res, const api_error& e) {
   send_json(res, e.status, e.to_json());
+}
+
+/// An error in the shape of the API the request came in by: OpenAI's object, or Ollama's
+/// {"error": "..."}.
+void send_error(httplib::Response& res, const api_error& e, api_dialect d) {
+  if (d == api_dialect::openai) return send_error(res, e);
+  send_json(res, e.status, ollama_error(e));
+}
+
+/// One line of an NDJSON stream (Ollama's).
+std::string ndjson(const json& j) {
+  return dump(j) + "\n";
 }
 
 /// The stream of one API request, between the thread that runs its serving client and the HTTP
@@ -211,6 +227,43 @@ struct gateway::impl {
                                    names.empty() ? "none yet" : names)));
   }
 
+  /// POST /api/show (Ollama): what is known of a model, or 404 {"error"} naming those served.
+  void show(httplib::Response& res, const httplib::ContentReader& reader) {
+    auto body = read_body(reader, res);
+    if (!body) return;
+    const json b = json::parse(*body, nullptr, false);
+    const json name = b.is_object() ? b.value("model", b.value("name", json(nullptr))) : json();
+    api_error e;
+    if (!name.is_string()) {
+      e.message = "'model' must name a model (GET /api/tags lists them)";
+      return send_error(res, e, api_dialect::ollama_chat);
+    }
+    const std::string want = ollama_model_name(name.get<std::string>());
+    std::string names;
+    for (const auto& m : model_list()) {
+      if (m["id"] == want)
+        return send_json(res, 200,
+                         {{"modelfile", ""},
+                          {"parameters", ""},
+                          {"template", ""},
+                          {"details",
+                           {{"format", "gguf"},
+                            {"family", ""},
+                            {"parameter_size", ""},
+                            {"quantization_level", ""}}},
+                          {"model_info",
+                           {{"tessera.groups", m.value("groups", 0)},
+                            {"tessera.bytes", m.value("bytes", std::uint64_t{0})},
+                            {"tessera.content", m.value("content", "")}}},
+                          {"capabilities", {"completion"}}});
+      names += (names.empty() ? "" : ", ") + m["id"].get<std::string>();
+    }
+    e.status = 404;
+    e.message = fmt::format("model '{}' not found (served: {})", name.get<std::string>(),
+                            names.empty() ? "none yet" : names);
+    send_error(res, e, api_dialect::ollama_chat);
+  }
+
   /// The models the cluster serves (the plan's) and those loaded here; a model that the plan
   /// cannot place still shows, with its reason, so "why is my model missing" has an answer.
   json model_list() {
@@ -229,8 +282,15 @@ struct gateway::impl {
             {{"groups", m["groups"].size()},
              {"no_capacity", m.contains("no_capacity") ? m["no_capacity"] : json(nullptr)}});
     if (s.contains("serving") && s["serving"].is_object())
-      for (const auto& m : s["serving"]["models"])
+      for (const auto& m : s["serving"]["models"]) {
         add(m.value("name", ""), {{"groups", 0}, {"no_capacity", "no plan yet"}});
+        // What this peer knows of the file (its size and content id), for Ollama's tags.
+        for (auto& d : data)
+          if (d["id"] == m.value("name", "")) {
+            d["bytes"] = m.value("bytes", std::uint64_t{0});
+            d["content"] = m.value("content", "");
+          }
+      }
     return data;
   }
 
@@ -263,10 +323,12 @@ struct gateway::impl {
     return body;
   }
 
-  void api(api_kind kind, httplib::Response& res, const httplib::ContentReader& reader) {
+  void api(api_kind kind, httplib::Response& res, const httplib::ContentReader& reader,
+           api_dialect dialect = api_dialect::openai) {
     if (closing) {
       return send_error(
-          res, error_of(error{errc::closed, "this peer is leaving the mesh; ask another peer"}));
+          res, error_of(error{errc::closed, "this peer is leaving the mesh; ask another peer"}),
+          dialect);
     }
     // The body first: a client still sending it (a slow drip) holds a handler thread, as it did
     // when cpp-httplib read bodies before the handler, but none of the in-flight API slots.
@@ -278,23 +340,36 @@ struct gateway::impl {
           error{errc::overloaded, fmt::format("this peer's HTTP gateway is running {} requests "
                                               "(its bound); retry, or ask another peer",
                                               opt.max_in_flight)});
-      send_error(res, e);
+      send_error(res, e, dialect);
       return;
     }
     std::uint64_t seed = 0;
     auto id = new_id(kind, &seed);
     if (!id) {
       in_flight.fetch_sub(1);
-      send_error(res, error_of(id.error()));
+      send_error(res, error_of(id.error()), dialect);
       return;
     }
-    auto parsed = parse_request(kind, *body, std::move(*id), seed);
+    bool empty_prompt = false;
+    auto parsed = dialect == api_dialect::openai
+                      ? parse_request(kind, *body, std::move(*id), seed)
+                      : parse_ollama(dialect, *body, std::move(*id), seed, &empty_prompt);
     if (auto* e = std::get_if<api_error>(&parsed)) {
       in_flight.fetch_sub(1);
-      send_error(res, *e);
+      send_error(res, *e, dialect);
       return;
     }
     auto r = std::make_shared<api_request>(std::move(std::get<api_request>(parsed)));
+    if (empty_prompt) {
+      // Ollama's "load the model" call: answered at once, nothing generated.
+      in_flight.fetch_sub(1);
+      serving::outcome none;
+      json j = ollama_final(*r, none, "", "load", rfc3339_now());
+      res.status = 200;
+      res.set_content(r->stream ? ndjson(j) : dump(j),
+                      r->stream ? "application/x-ndjson" : "application/json");
+      return;
+    }
     if (r->stream) {
       stream(r, res);  // in_flight ends when the stream does
       return;
@@ -305,7 +380,7 @@ struct gateway::impl {
 
   void complete(const api_request& r, httplib::Response& res) {
     auto c = serving::client::connect(client_options());
-    if (!c) return send_error(res, error_of(c.error()));
+    if (!c) return send_error(res, error_of(c.error()), r.dialect);
     // Cancelled when the gateway stops: its thread pool joins this thread. With stop sequences
     // the text is watched as it comes, and the stream ends at the first one.
     std::atomic<bool> stop{false};
@@ -321,7 +396,7 @@ struct gateway::impl {
     };
     auto out = r.stop.empty() ? (*c)->ask(r.request, {}, &stopping)
                               : (*c)->ask(r.request, watch, &stopping, &stop);
-    if (!out) return send_error(res, error_of(out.error(), r.kind));
+    if (!out) return send_error(res, error_of(out.error(), r.kind), r.dialect);
     if (const auto at = find_stop(out->text, r.stop); at != std::string_view::npos) {
       out->text.resize(at);
       out->stop = "stop_sequence";
@@ -330,7 +405,11 @@ struct gateway::impl {
       std::lock_guard lock(mu);
       counters.streamed_tokens += out->tokens.size();
     }
-    send_json(res, 200, reply(r, *out, unix_now()));
+    if (r.dialect == api_dialect::openai)
+      send_json(res, 200, reply(r, *out, unix_now()));
+    else
+      send_json(res, 200,
+                ollama_final(r, *out, out->text, finish_reason(out->stop), rfc3339_now()));
   }
 
   void stream(const std::shared_ptr<api_request>& r, httplib::Response& res) {
@@ -364,13 +443,13 @@ struct gateway::impl {
         lock.unlock();
         rl->join();
         in_flight.fetch_sub(1);
-        return send_error(res, e);
+        return send_error(res, e, r->dialect);
       }
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");  // a proxy in front must not hold the tokens back
     res.set_chunked_content_provider(
-        "text/event-stream",
+        r->dialect == api_dialect::openai ? "text/event-stream" : "application/x-ndjson",
         [this, rl, r](std::size_t, httplib::DataSink& sink) { return write_stream(*rl, *r, sink); },
         [this, rl](bool) {
           rl->join();
@@ -380,6 +459,12 @@ struct gateway::impl {
 
   bool write_stream(relay& rl, const api_request& r, httplib::DataSink& sink) {
     const auto created = unix_now();
+    const bool openai = r.dialect == api_dialect::openai;
+    // One piece of text as the request's API streams it.
+    const auto piece_event = [&](std::string_view text) {
+      return openai ? sse(chunk(r, text, false, "", created))
+                    : ndjson(ollama_chunk(r, text, rfc3339_now()));
+    };
     const auto write = [&](const std::string& s) {
       if (sink.write(s.data(), s.size())) return true;
       rl.cancel = true;
@@ -387,7 +472,8 @@ struct gateway::impl {
       ++counters.disconnects;
       return false;
     };
-    if (r.kind == api_kind::chat && !write(sse(chunk(r, "", true, "", created)))) return false;
+    if (openai && r.kind == api_kind::chat && !write(sse(chunk(r, "", true, "", created))))
+      return false;
     std::uint32_t written_tokens = 0;
     // A token's bytes that end inside a UTF-8 character wait here for the next token's, and so do
     // bytes that may begin a stop sequence (until the text shows whether one follows).
@@ -425,11 +511,11 @@ struct gateway::impl {
           }
         }
         if (n == 0) continue;
-        if (!write(sse(chunk(r, carry.substr(0, n), false, "", created)))) return false;
+        if (!write(piece_event(std::string_view(carry).substr(0, n)))) return false;
         carry.erase(0, n);
       }
       if (end && !carry.empty()) {
-        if (!write(sse(chunk(r, carry, false, "", created)))) return false;
+        if (!write(piece_event(carry))) return false;
         carry.clear();
       }
       {
@@ -438,6 +524,20 @@ struct gateway::impl {
       }
       written_tokens = tokens;
       if (!end) continue;
+      if (!openai) {
+        // Ollama: the last line carries done, its reason and the counts; an error is a line of
+        // its own.
+        serving::outcome none;
+        const bool ok_end = end->has_value() || stopped;
+        const auto& out = end->has_value() ? **end : none;
+        const std::string line =
+            ok_end ? ndjson(ollama_final(r, out, "", stopped ? "stop" : finish_reason(out.stop),
+                                         rfc3339_now()))
+                   : ndjson(ollama_error(error_of(end->error(), r.kind)));
+        if (!write(line)) return false;
+        sink.done();
+        return true;
+      }
       if (*end) {
         const auto& out = **end;
         if (!write(sse(chunk(r, "", false, stopped ? "stop" : finish_reason(out.stop), created))))
@@ -495,6 +595,26 @@ struct gateway::impl {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
                                             const httplib::ContentReader& reader) {
       if (authorized(req, res)) api(api_kind::chat, res, reader);
+    });
+    // Ollama's API (mesh/http/ollama.hpp): the same serving path, Ollama's shapes.
+    svr.Post("/api/generate", [this](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+      if (authorized(req, res))
+        api(api_kind::completion, res, reader, api_dialect::ollama_generate);
+    });
+    svr.Post("/api/chat", [this](const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& reader) {
+      if (authorized(req, res)) api(api_kind::chat, res, reader, api_dialect::ollama_chat);
+    });
+    svr.Get("/api/tags", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) send_json(res, 200, ollama_tags(model_list()));
+    });
+    svr.Post("/api/show", [this](const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& reader) {
+      if (authorized(req, res)) show(res, reader);
+    });
+    svr.Get("/api/version", [this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) send_json(res, 200, {{"version", "0.1.0"}});
     });
     // Ranges: every answer here is a small document; a Range header with thousands of ranges
     // made an 8 KB request into a 14.7 MB multipart answer (cpp-httplib serves them all). One

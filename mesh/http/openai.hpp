@@ -31,9 +31,14 @@ enum class api_kind : std::uint8_t { completion, chat };
 inline constexpr std::uint32_t default_completion_tokens = 16;
 inline constexpr std::uint32_t default_chat_tokens = 512;
 
+/// Whose API a request came in: the answers take its shapes (mesh/http/ollama.hpp).
+enum class api_dialect : std::uint8_t { openai, ollama_generate, ollama_chat };
+
 /// A parsed API request: the serving request to run and how to answer.
 struct api_request {
   api_kind kind = api_kind::completion;
+  api_dialect dialect = api_dialect::openai;
+  std::string model_as_sent;  ///< the model as the body named it (Ollama: "tiny:latest")
   serving::request request;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with usage

@@ -332,6 +332,82 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
     EXPECT_TRUE(cj.contains(cluster_->node_id(i)) && cj[cluster_->node_id(i)].is_object());
 }
 
+// Ollama's API (docs/HTTP.md): /api/generate with raw: true reads the prompt as /v1/completions
+// does, so its greedy answer is one process's text — streamed as NDJSON lines (the last one done,
+// with counts) or in one object; /api/chat streams a templated answer; /api/tags lists the model
+// as "tiny:latest", which /api/generate takes; an unknown model is 404 {"error"} naming it.
+TEST_F(HttpGateway, OllamasApiAnswersLikeOnePeer) {
+  constexpr int n = 16;
+  const std::string ref = reference(n);
+  ASSERT_FALSE(ref.empty());
+  auto tags = client(0).Get("/api/tags");
+  ASSERT_TRUE(tags);
+  ASSERT_EQ(tags->status, 200) << tags->body;
+  const json tj = json::parse(tags->body);
+  ASSERT_EQ(tj["models"].size(), 1u) << tags->body;
+  EXPECT_EQ(tj["models"][0]["name"], "tiny:latest");
+  EXPECT_GT(tj["models"][0]["size"].get<std::uint64_t>(), 0u);
+  const json body{{"model", "tiny:latest"},
+                  {"prompt", kPrompt},
+                  {"raw", true},
+                  {"stream", false},
+                  {"options", {{"temperature", 0}, {"num_predict", n}}}};
+  auto one = client(1).Post("/api/generate", body.dump(), "application/json");
+  ASSERT_TRUE(one);
+  ASSERT_EQ(one->status, 200) << one->body;
+  const json oj = json::parse(one->body);
+  EXPECT_EQ(oj["response"], ref);
+  EXPECT_EQ(oj["done"], true);
+  EXPECT_EQ(oj["done_reason"], "length");
+  EXPECT_EQ(oj["eval_count"], n);
+  EXPECT_GT(oj["prompt_eval_count"].get<int>(), 0);
+  // Streamed: NDJSON, one line per token, the last one done.
+  json sb = body;
+  sb["stream"] = true;
+  auto st = client(2).Post("/api/generate", sb.dump(), "application/json");
+  ASSERT_TRUE(st);
+  ASSERT_EQ(st->status, 200) << st->body;
+  EXPECT_NE(st->get_header_value("Content-Type").find("application/x-ndjson"), std::string::npos);
+  std::string text;
+  std::vector<json> lines;
+  std::istringstream in(st->body);
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(json::parse(line));
+    text += lines.back().value("response", "");
+  }
+  ASSERT_EQ(lines.size(), static_cast<std::size_t>(n) + 1) << st->body;
+  EXPECT_EQ(text, ref);
+  EXPECT_EQ(lines.back()["done"], true);
+  EXPECT_EQ(lines.back()["done_reason"], "length");
+  // Chat, streamed by default: text in message.content, ended by a done line.
+  auto chat = client(0).Post("/api/chat",
+                             json{{"model", "tiny"},
+                                  {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                  {"options", {{"temperature", 0}, {"num_predict", 6}}}}
+                                 .dump(),
+                             "application/json");
+  ASSERT_TRUE(chat);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  std::istringstream cin(chat->body);
+  json last;
+  std::string chat_text;
+  for (std::string line; std::getline(cin, line);) {
+    last = json::parse(line);
+    if (last.contains("message")) chat_text += last["message"].value("content", "");
+  }
+  EXPECT_EQ(last["done"], true) << chat->body;
+  EXPECT_EQ(last["eval_count"], 6);
+  EXPECT_FALSE(chat_text.empty());
+  auto none = client(0).Post(
+      "/api/chat",
+      json{{"model", "llama3"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump(),
+      "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  const json nj = json::parse(none->body);
+  EXPECT_NE(nj["error"].get<std::string>().find("llama3"), std::string::npos) << none->body;
+}
+
 TEST_F(HttpGateway, AClientThatHangsUpStopsTheGenerationOnTheServingPeer) {
   // A long stream; the HTTP client reads a few chunks and closes the connection.
   httplib::Request req;
