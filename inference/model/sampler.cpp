@@ -86,6 +86,36 @@ std::uint64_t sampler::next() noexcept {
 
 double sampler::uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
+token_logprobs logprobs_of(std::span<const float> logits, std::int32_t chosen, int top) {
+  token_logprobs out;
+  if (logits.empty()) return out;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float l : logits)
+    sum += std::exp(static_cast<double>(l - mx));
+  const double log_z = static_cast<double>(mx) + std::log(sum);
+  const auto lp = [&](std::int32_t id) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<std::size_t>(id)]) - log_z);
+  };
+  if (chosen >= 0 && static_cast<std::size_t>(chosen) < logits.size()) out.chosen = lp(chosen);
+  const int k = std::clamp(top, 0, std::min(20, static_cast<int>(logits.size())));
+  // The k largest by a bounded selection (k <= 20): ids in descending logit, ties to the lower id.
+  for (std::int32_t id = 0; id < static_cast<std::int32_t>(logits.size()); ++id) {
+    const float l = logits[static_cast<std::size_t>(id)];
+    if (static_cast<int>(out.top.size()) == k &&
+        (k == 0 || !(l > logits[static_cast<std::size_t>(out.top.back().first)])))
+      continue;
+    auto at = std::find_if(out.top.begin(), out.top.end(), [&](const auto& e) {
+      return l > logits[static_cast<std::size_t>(e.first)];
+    });
+    out.top.insert(at, {id, 0.0f});
+    if (static_cast<int>(out.top.size()) > k) out.top.pop_back();
+  }
+  for (auto& [id, v] : out.top)
+    v = lp(id);
+  return out;
+}
+
 std::int32_t sampler::sample(std::span<float> logits, std::span<const std::int32_t> history) {
   const auto n = static_cast<std::int32_t>(logits.size());
   if (n == 0) return -1;

@@ -46,6 +46,17 @@ struct sampler_options {
 /// in [0, 1 << 16], frequency/presence penalties in [-2, 2]); the error names the option.
 result<void> validate(const sampler_options& o);
 
+/// A token's log-probability under the model's distribution (the log-softmax of the raw logits:
+/// before penalties, temperature and filters, as OpenAI reports them), and the `top` most probable
+/// tokens with theirs (ties to the lower id).
+struct token_logprobs {
+  float chosen = 0.0f;
+  std::vector<std::pair<std::int32_t, float>> top;
+};
+/// `top` is at most 20; `chosen` must be a token of `logits`.
+[[nodiscard]] token_logprobs logprobs_of(std::span<const float> logits, std::int32_t chosen,
+                                         int top);
+
 class sampler {
  public:
   explicit sampler(const sampler_options& o);

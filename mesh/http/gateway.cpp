@@ -91,6 +91,7 @@ struct relay {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::string> pieces;  // each token's bytes not written yet, one per token
+  std::deque<serving::token_logprob> logprobs;  // theirs, when the request asked for them
   std::uint32_t tokens = 0;
   std::optional<result<serving::outcome>> end;  // set once: the outcome or the error
   std::atomic<bool> cancel{false};
@@ -423,6 +424,8 @@ struct gateway::impl {
                                              [&](const serving::token_event& t) {
                                                std::lock_guard lock(rl->mu);
                                                rl->pieces.emplace_back(t.text);
+                                               if (t.logprob != nullptr)
+                                                 rl->logprobs.push_back(*t.logprob);
                                                ++rl->tokens;
                                                rl->cv.notify_all();
                                              },
@@ -461,9 +464,15 @@ struct gateway::impl {
     const auto created = unix_now();
     const bool openai = r.dialect == api_dialect::openai;
     // One piece of text as the request's API streams it.
+    // Log-probabilities of the tokens whose text has not gone out yet: they go with it.
+    std::vector<serving::token_logprob> pending_lp;
+    std::size_t text_offset = 0;  // bytes of the answer written so far
     const auto piece_event = [&](std::string_view text) {
-      return openai ? sse(chunk(r, text, false, "", created))
-                    : ndjson(ollama_chunk(r, text, rfc3339_now()));
+      std::string e = openai ? sse(chunk(r, text, false, "", created, pending_lp, text_offset))
+                             : ndjson(ollama_chunk(r, text, rfc3339_now()));
+      pending_lp.clear();
+      text_offset += text.size();
+      return e;
     };
     const auto write = [&](const std::string& s) {
       if (sink.write(s.data(), s.size())) return true;
@@ -481,6 +490,7 @@ struct gateway::impl {
     bool stopped = false;  // a stop sequence appeared: the text ends before it
     for (;;) {
       std::deque<std::string> pieces;
+      std::deque<serving::token_logprob> lps;
       std::optional<result<serving::outcome>> end;
       std::uint32_t tokens = 0;
       {
@@ -492,12 +502,15 @@ struct gateway::impl {
           return false;  // closes the connection: the client sees the stream cut
         }
         pieces.swap(rl.pieces);
+        lps.swap(rl.logprobs);
         tokens = rl.tokens;
         if (rl.end) end = std::move(rl.end);
       }
       // One event per token (docs/HTTP.md), however many arrived since the last round.
-      for (auto& piece : pieces) {
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
         if (stopped) break;  // tokens generated before the peer heard the cancel
+        const std::string& piece = pieces[k];
+        if (k < lps.size()) pending_lp.push_back(std::move(lps[k]));
         carry += piece;
         std::size_t n = utf8_complete_prefix(carry);
         if (!r.stop.empty()) {

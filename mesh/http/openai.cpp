@@ -129,9 +129,7 @@ std::optional<api_error> parse_prompt(const json& body, serving::request& r) {
 }
 
 std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
-  for (auto [key, what] : {std::pair{"logprobs", "log probabilities"},
-                           {"top_logprobs", "log probabilities"},
-                           {"echo", "echoing the prompt"},
+  for (auto [key, what] : {std::pair{"echo", "echoing the prompt"},
                            {"suffix", "insertion"},
                            {"logit_bias", "logit bias"},
                            {"tools", "tool calls"},
@@ -180,6 +178,29 @@ std::optional<api_error> parse_stop(const json& body, std::vector<std::string>& 
   for (std::size_t i = 0; i < it->size(); ++i)
     if (auto e = one((*it)[i], fmt::format("stop[{}]", i))) return e;
   return std::nullopt;
+}
+
+// Chat: logprobs (bool) and top_logprobs (0..20, only with logprobs). Completions (legacy):
+// logprobs is the number of alternatives, 0..5.
+std::optional<api_error> parse_logprobs(api_kind kind, const json& body, serving::request& r) {
+  auto lp = body.find("logprobs");
+  const bool has_lp = lp != body.end() && !lp->is_null();
+  auto top = body.find("top_logprobs");
+  const bool has_top = top != body.end() && !top->is_null();
+  if (kind == api_kind::completion) {
+    if (has_top)
+      return bad("top_logprobs",
+                 "'top_logprobs' is a chat field; completions take "
+                 "'logprobs' as the number of alternatives");
+    if (!has_lp) return std::nullopt;
+    return integer(body, "logprobs", 0, 5, r.top_logprobs);
+  }
+  if (has_lp && !lp->is_boolean()) return bad("logprobs", "'logprobs' must be true or false");
+  const bool on = has_lp && lp->get<bool>();
+  if (has_top && !on) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  if (!on) return std::nullopt;
+  r.top_logprobs = 0;
+  return integer(body, "top_logprobs", 0, serving::max_top_logprobs, r.top_logprobs);
 }
 
 std::optional<api_error> parse_sampling(api_kind kind, const json& body, serving::request& r) {
@@ -238,6 +259,7 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
   if (auto e = parse_unsupported(kind, body)) return *e;
   if (auto e = parse_sampling(kind, body, r)) return *e;
   if (auto e = parse_stop(body, out.stop)) return *e;
+  if (auto e = parse_logprobs(kind, body, r)) return *e;
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("stream", "'stream' must be true or false");
     out.stream = it->get<bool>();
@@ -356,8 +378,55 @@ json usage(std::uint32_t prompt, std::uint32_t completion) {
 
 }  // namespace
 
+json logprobs_json(const api_request& r, std::span<const serving::token_logprob> lps,
+                   std::size_t offset) {
+  const auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (const unsigned char c : s)
+      b.push_back(c);
+    return b;
+  };
+  const std::size_t n = lps.size();
+  if (r.kind == api_kind::chat) {
+    json content = json::array();
+    for (std::size_t i = 0; i < n; ++i) {
+      json top = json::array();
+      for (const auto& a : lps[i].top)
+        top.push_back({{"token", a.text}, {"logprob", a.logprob}, {"bytes", bytes(a.text)}});
+      content.push_back({{"token", lps[i].text},
+                         {"logprob", lps[i].logprob},
+                         {"bytes", bytes(lps[i].text)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (std::size_t i = 0; i < n; ++i) {
+    tokens.push_back(lps[i].text);
+    token_lps.push_back(lps[i].logprob);
+    json top = json::object();
+    for (const auto& a : lps[i].top)
+      top[a.text] = a.logprob;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += lps[i].text.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
 json reply(const api_request& r, const serving::outcome& out, std::int64_t created_unix) {
   json choice{{"index", 0}, {"finish_reason", finish_reason(out.stop)}, {"logprobs", nullptr}};
+  if (r.request.top_logprobs >= 0) {
+    // The tokens that begin inside the answer (a stop sequence cut it: those past it go).
+    std::size_t n = 0;
+    for (std::size_t at = 0; n < out.logprobs.size() && at < out.text.size(); ++n)
+      at += out.logprobs[n].text.size();
+    choice["logprobs"] = logprobs_json(r, std::span(out.logprobs).first(n));
+  }
   if (r.kind == api_kind::chat)
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
   else
@@ -372,10 +441,12 @@ json reply(const api_request& r, const serving::outcome& out, std::int64_t creat
 }
 
 json chunk(const api_request& r, std::string_view text, bool first, std::string_view finish,
-           std::int64_t created_unix) {
+           std::int64_t created_unix, std::span<const serving::token_logprob> logprobs,
+           std::size_t text_offset) {
   json choice{{"index", 0},
               {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
               {"logprobs", nullptr}};
+  if (!logprobs.empty()) choice["logprobs"] = logprobs_json(r, logprobs, text_offset);
   if (r.kind == api_kind::chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -92,8 +93,19 @@ struct api_error {
 
 /// One streamed chunk. `text` must be complete UTF-8 (see utf8_complete_prefix). A chat stream's
 /// first chunk carries the role: pass `first` = true. `finish` non-empty: the final chunk.
+/// `logprobs`: the log-probabilities of the tokens whose text the chunk carries (requests that
+/// asked for them).
 [[nodiscard]] nlohmann::json chunk(const api_request& r, std::string_view text, bool first,
-                                   std::string_view finish, std::int64_t created_unix);
+                                   std::string_view finish, std::int64_t created_unix,
+                                   std::span<const serving::token_logprob> logprobs = {},
+                                   std::size_t text_offset = 0);
+
+/// OpenAI's logprobs object for `lps` (chat: {"content": [{token, logprob, bytes,
+/// top_logprobs}]}; completions: {tokens, token_logprobs, top_logprobs, text_offset}); `offset`
+/// is the first token's byte offset in the answer (completions).
+[[nodiscard]] nlohmann::json logprobs_json(const api_request& r,
+                                           std::span<const serving::token_logprob> lps,
+                                           std::size_t offset = 0);
 /// The usage chunk of a stream that asked for it (choices empty).
 [[nodiscard]] nlohmann::json usage_chunk(const api_request& r, std::uint32_t prompt_tokens,
                                          std::uint32_t completion_tokens,

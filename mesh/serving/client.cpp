@@ -273,7 +273,7 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
     step = f.on_response(*m, now_us());
     if (step.token && on_token) {
       const std::string_view text(m->text.data(), m->text.size());
-      on_token({m->index, m->token, text, m->node});
+      on_token({m->index, m->token, text, m->node, f.last_logprob()});
     }
     if (step.publish) s.publish(*step.publish);
     if (step.done) return std::move(*step.done);

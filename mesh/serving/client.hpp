@@ -49,6 +49,8 @@ struct token_event {
   std::int32_t token = -1;
   std::string_view text;  ///< the token's bytes (may split a UTF-8 sequence)
   std::string_view node;  ///< the peer that generated it
+  /// Its log-probabilities when the request asked for them (top_logprobs >= 0), else null.
+  const token_logprob* logprob = nullptr;
 };
 
 class client {

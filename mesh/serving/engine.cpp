@@ -1094,6 +1094,17 @@ struct engine::impl {
     r.token = t;
     const std::string bytes = s.model->tok->token_bytes(t);
     r.text.assign(bytes.begin(), bytes.end());
+    if (s.req.top_logprobs >= 0) {
+      // Under the model's own distribution (the logits before penalties and temperature).
+      const auto lp = mdl::logprobs_of(s.logits, t, s.req.top_logprobs);
+      r.logprob = lp.chosen;
+      for (const auto& [id, v] : lp.top) {
+        const std::string alt = s.model->tok->token_bytes(id);
+        r.alt_tokens.push_back(id);
+        r.alt_text.emplace_back(alt.begin(), alt.end());
+        r.alt_logprobs.push_back(v);
+      }
+    }
     send(r);
     ++tokens_out;
     s.last_sent = clock_type::now();

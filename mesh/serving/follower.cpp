@@ -196,6 +196,17 @@ follower_step stream_follower::on_response(const response& m, std::uint64_t now_
     if (out_.nodes.empty() || out_.nodes.back() != m.node) out_.nodes.push_back(m.node);
     out_.tokens.push_back(m.token);
     out_.text.append(m.text.data(), m.text.size());
+    if (req_.top_logprobs >= 0) {
+      token_logprob lp;
+      lp.text.assign(m.text.data(), m.text.size());
+      lp.logprob = m.logprob;
+      const std::size_t k =
+          std::min({m.alt_tokens.size(), m.alt_text.size(), m.alt_logprobs.size()});
+      for (std::size_t i = 0; i < k; ++i)
+        lp.top.push_back({m.alt_tokens[i], std::string(m.alt_text[i].begin(), m.alt_text[i].end()),
+                          m.alt_logprobs[i]});
+      out_.logprobs.push_back(std::move(lp));
+    }
     follower_step s;
     s.token = true;
     return s;

@@ -31,6 +31,19 @@ struct follower_options {
 };
 
 /// How a request ended well.
+/// One token's log-probability and its most probable alternatives' (requests with
+/// top_logprobs >= 0).
+struct token_logprob {
+  std::string text;  ///< the token's bytes
+  float logprob = 0.0f;
+  struct alternative {
+    std::int32_t token = -1;
+    std::string text;
+    float logprob = 0.0f;
+  };
+  std::vector<alternative> top;
+};
+
 struct outcome {
   std::string stop;  ///< done: why the stream ended
   std::uint32_t prompt_tokens = 0;
@@ -41,6 +54,7 @@ struct outcome {
   double first_token_s = 0;          ///< publish to the first token
   double total_s = 0;
   double longest_gap_s = 0;  ///< the longest wait between two tokens (a failover's cost)
+  std::vector<token_logprob> logprobs;  ///< one per token when asked for (top_logprobs >= 0)
 };
 
 /// What one input made the follower do.
@@ -77,6 +91,10 @@ class stream_follower {
   [[nodiscard]] std::uint64_t wake_at_us() const;
   [[nodiscard]] bool finished() const { return finished_; }
   [[nodiscard]] bool accepted() const { return accepted_; }
+  /// The last token's log-probabilities (requests with top_logprobs >= 0), else null.
+  [[nodiscard]] const token_logprob* last_logprob() const {
+    return out_.logprobs.empty() ? nullptr : &out_.logprobs.back();
+  }
 
  private:
   follower_step resume(std::string_view why, std::uint64_t now_us);

@@ -138,6 +138,9 @@ result<void> validate(const request& r) {
     return make_error(errc::invalid_argument, "field 'top_p': {} (expected 0..1)", r.top_p);
   if (!(r.min_p >= 0.0f && r.min_p <= 1.0f))
     return make_error(errc::invalid_argument, "field 'min_p': {} (expected 0..1)", r.min_p);
+  if (r.top_logprobs < -1 || r.top_logprobs > max_top_logprobs)
+    return make_error(errc::invalid_argument, "field 'top_logprobs': {} (expected -1 to {})",
+                      r.top_logprobs, max_top_logprobs);
   for (auto [name, v] : {std::pair{"frequency_penalty", r.frequency_penalty},
                          std::pair{"presence_penalty", r.presence_penalty}})
     if (!(v >= -2.0f && v <= 2.0f))

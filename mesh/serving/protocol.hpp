@@ -37,6 +37,7 @@ inline constexpr std::size_t max_model_bytes = 256;
 inline constexpr std::size_t max_prompt_bytes = 64 * 1024;
 inline constexpr std::size_t max_messages = 64;  ///< chat messages
 inline constexpr std::uint32_t max_tokens_limit = 4096;
+inline constexpr std::int32_t max_top_logprobs = 20;  ///< alternatives per token, as OpenAI
 inline constexpr std::uint32_t max_attempt = 1000;
 inline constexpr std::size_t max_message_bytes = 256 * 1024;  ///< a whole encoded message
 inline constexpr std::size_t max_peers = 256;                 ///< endpoints in a peers message
@@ -67,6 +68,9 @@ struct request {
   std::uint64_t seed = 0;
   float frequency_penalty = 0.0f;  ///< [-2, 2]; over the sampler's window (model/sampler.hpp)
   float presence_penalty = 0.0f;   ///< [-2, 2]
+  /// -1: no log-probabilities; 0..max_top_logprobs: every token carries its log-probability and
+  /// that many most probable alternatives with theirs.
+  std::int32_t top_logprobs = -1;
   std::uint32_t attempt = 0;
   std::vector<std::int32_t> resume;  ///< generated token ids the client already holds
   /// The client lost interest: the peer serving `id` ends that stream (attempt <= `attempt`)
@@ -77,7 +81,7 @@ struct request {
   std::string node;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
-                     presence_penalty);
+                     presence_penalty, top_logprobs);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };
@@ -117,8 +121,14 @@ struct response {
   /// peers: the node ids of the live members of the sender's view (itself first; empty before it
   /// has a plan). A client whose stream's serving peer is not among them resumes at once.
   std::vector<std::string> nodes;
+  /// token, when the request asked for log-probabilities: the token's, and its alternatives'
+  /// (ids, bytes and log-probabilities, most probable first).
+  float logprob = 0.0f;
+  std::vector<std::int32_t> alt_tokens;
+  std::vector<std::vector<char>> alt_text;
+  std::vector<float> alt_logprobs;
   MSGPACK_DEFINE_MAP(v, kind, id, attempt, node, index, token, text, tokens, prompt_tokens, stop,
-                     code, message, peers, nodes);
+                     code, message, peers, nodes, logprob, alt_tokens, alt_text, alt_logprobs);
 };
 
 /// Topic frame of `id`'s responses: the id and a ':' (not allowed in ids, so a subscription to

@@ -148,6 +148,28 @@ TEST(ModelSampler, FrequencyAndPresencePenaltiesCountWithinTheWindow) {
   EXPECT_FALSE(validate(o));
 }
 
+// Log-probabilities under the model's distribution: the log-softmax of the raw logits, the top k
+// most probable first (ties to the lower id), whatever the sampler would then do.
+TEST(ModelSampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  double z = 0;
+  for (float v : l)
+    z += std::exp(static_cast<double>(v));
+  const auto lp = logprobs_of(l, 4, 3);
+  EXPECT_NEAR(lp.chosen, 0.5 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);  // 3.0, the lower id of the tie
+  EXPECT_EQ(lp.top[1].first, 2);
+  EXPECT_EQ(lp.top[2].first, 0);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(z), 1e-6);
+  EXPECT_TRUE(logprobs_of(l, 1, 0).top.empty());
+  EXPECT_EQ(logprobs_of(l, 1, 99).top.size(), 5u);  // no more than the vocabulary
+  double mass = 0;
+  for (const auto& [id, v] : logprobs_of(l, 0, 5).top)
+    mass += std::exp(static_cast<double>(v));
+  EXPECT_NEAR(mass, 1.0, 1e-6);
+}
+
 TEST(ModelSampler, SameSeedSameTokens) {
   const auto logits = from_probs({0.2, 0.2, 0.2, 0.2, 0.2});
   auto seq = [&](std::uint64_t seed) {

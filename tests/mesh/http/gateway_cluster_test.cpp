@@ -260,6 +260,32 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
     EXPECT_EQ(st.finish, "stop");
     EXPECT_TRUE(st.done);
   }
+  // Log-probabilities: with greedy decoding every token is its distribution's most probable, so
+  // its logprob is the first alternative's; the tokens' texts make up the answer, streamed too.
+  {
+    json lb = body;
+    lb["logprobs"] = 2;
+    auto r = client(2).Post("/v1/completions", lb.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json lp = json::parse(r->body)["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), static_cast<std::size_t>(n)) << r->body;
+    std::string joined;
+    for (std::size_t i = 0; i < lp["tokens"].size(); ++i) {
+      EXPECT_EQ(lp["text_offset"][i], joined.size());
+      joined += lp["tokens"][i].get<std::string>();
+      const float chosen = lp["token_logprobs"][i].get<float>();
+      EXPECT_LT(chosen, 0.0f);
+      float best = -1e30f;
+      for (const auto& [tok, v] : lp["top_logprobs"][i].items())
+        best = std::max(best, v.get<float>());
+      EXPECT_FLOAT_EQ(chosen, best) << "token " << i;
+    }
+    EXPECT_EQ(joined, ref);
+    lb["stream"] = true;
+    const auto st = stream(0, "/v1/completions", lb);
+    EXPECT_EQ(st.text, ref);
+  }
   // A prompt longer than the model's context (2048 tokens): 400 context_length_exceeded naming
   // the field, and no peer id in the message (internal to the cluster).
   {

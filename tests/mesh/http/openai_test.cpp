@@ -102,7 +102,7 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
       {api_kind::completion, R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "stop"},
       {api_kind::completion, R"({"model":"m","prompt":"x","stop":[1]})", "stop"},
       {api_kind::completion, R"({"model":"m","prompt":"x","stop":{"a":1}})", "stop"},
-      {api_kind::completion, R"({"model":"m","prompt":"x","logprobs":5})", "logprobs"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","logprobs":9})", "logprobs"},
       {api_kind::completion, R"({"model":"m","prompt":"x","echo":true})", "echo"},
       {api_kind::completion, R"({"model":"m","prompt":"x","presence_penalty":2.5})",
        "presence_penalty"},
@@ -155,6 +155,57 @@ TEST(OpenAI, StopSequencesAreParsedFoundAndHeldBack) {
   EXPECT_EQ(stop_holdback("the ENx", stops), 0u);
   EXPECT_EQ(stop_holdback("", stops), 0u);
   EXPECT_EQ(finish_reason("stop_sequence"), "stop");
+}
+
+// logprobs: chat's boolean with top_logprobs (0..20), completions' legacy count (0..5); the
+// objects in OpenAI's two shapes.
+TEST(OpenAI, LogprobsAreParsedAndShaped) {
+  const auto chat = ok(api_kind::chat, R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                                          "logprobs":true,"top_logprobs":3})");
+  EXPECT_EQ(chat.request.top_logprobs, 3);
+  EXPECT_EQ(ok(api_kind::chat, R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                                   "logprobs":true})")
+                .request.top_logprobs,
+            0);
+  EXPECT_EQ(ok(api_kind::chat, R"({"model":"m","messages":[{"role":"user","content":"x"}]})")
+                .request.top_logprobs,
+            -1);
+  const auto cmpl = ok(api_kind::completion, R"({"model":"m","prompt":"x","logprobs":2})");
+  EXPECT_EQ(cmpl.request.top_logprobs, 2);
+  for (const auto& [kind, body, param] :
+       {std::tuple{api_kind::chat,
+                   R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
+                   "top_logprobs"},
+        std::tuple{api_kind::chat,
+                   R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,
+                       "top_logprobs":21})",
+                   "top_logprobs"},
+        std::tuple{api_kind::completion, R"({"model":"m","prompt":"x","logprobs":6})", "logprobs"},
+        std::tuple{api_kind::completion, R"({"model":"m","prompt":"x","top_logprobs":1})",
+                   "top_logprobs"}}) {
+    const auto e = refused(kind, body);
+    EXPECT_EQ(e.param, param) << body << " -> " << e.message;
+  }
+  const std::vector<serving::token_logprob> lps = {
+      {"He", -0.5f, {{7, "He", -0.5f}, {9, "A", -1.5f}}}, {"llo", -0.25f, {{3, "llo", -0.25f}}}};
+  const json c = logprobs_json(chat, lps);
+  ASSERT_EQ(c["content"].size(), 2u);
+  EXPECT_EQ(c["content"][0]["token"], "He");
+  EXPECT_EQ(c["content"][0]["bytes"], json({72, 101}));
+  EXPECT_EQ(c["content"][0]["top_logprobs"][1]["token"], "A");
+  EXPECT_FLOAT_EQ(c["content"][1]["logprob"].get<float>(), -0.25f);
+  const json l = logprobs_json(cmpl, lps, 4);
+  EXPECT_EQ(l["tokens"], json({"He", "llo"}));
+  EXPECT_EQ(l["text_offset"], json({4, 6}));
+  EXPECT_FLOAT_EQ(l["top_logprobs"][0]["A"].get<float>(), -1.5f);
+  // A reply cut at a stop sequence keeps the logprobs of the tokens that begin inside the text.
+  serving::outcome out;
+  out.text = "He";
+  out.tokens = {7, 3};
+  out.logprobs = lps;
+  out.stop = "stop_sequence";
+  const json rj = reply(chat, out, 1);
+  EXPECT_EQ(rj["choices"][0]["logprobs"]["content"].size(), 1u);
 }
 
 TEST(OpenAI, GarbageBodiesAreRefusedNotThrown) {
