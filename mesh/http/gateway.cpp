@@ -362,8 +362,17 @@ struct gateway::impl {
     }
     auto r = std::make_shared<api_request>(std::move(std::get<api_request>(parsed)));
     if (empty_prompt) {
-      // Ollama's "load the model" call: answered at once, nothing generated.
+      // Ollama's "load the model" call: answered at once, nothing generated (404 for a model
+      // the cluster does not know, as a real request would get).
       in_flight.fetch_sub(1);
+      const json list = model_list();
+      if (std::none_of(list.begin(), list.end(),
+                       [&](const json& m) { return m["id"] == r->request.model; })) {
+        api_error e;
+        e.status = 404;
+        e.message = fmt::format("model '{}' not found", r->model_as_sent);
+        return send_error(res, e, dialect);
+      }
       serving::outcome none;
       json j = ollama_final(*r, none, "", "load", rfc3339_now());
       res.status = 200;

@@ -13,20 +13,6 @@ namespace {
 
 using json = nlohmann::json;
 
-api_error bad(std::string param, std::string message) {
-  api_error e;
-  e.status = 400;
-  e.param = std::move(param);
-  e.message = std::move(message);
-  return e;
-}
-
-std::string shown(const json& v) {
-  std::string s = dump(v);
-  if (s.size() > 40) s = s.substr(0, 40) + "...";
-  return s;
-}
-
 bool present(const json& body, const char* key) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return false;
@@ -39,9 +25,9 @@ std::optional<api_error> real(const json& o, const char* key, double lo, double 
   auto it = o.find(key);
   if (it == o.end() || it->is_null()) return std::nullopt;
   if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi))
-    return bad(std::string("options.") + key,
-               fmt::format("'options.{}' must be a number from {} to {}, got {}", key, lo, hi,
-                           shown(*it)));
+    return field_error(std::string("options.") + key,
+                       fmt::format("'options.{}' must be a number from {} to {}, got {}", key, lo,
+                                   hi, shown_json(*it)));
   out = static_cast<float>(it->get<double>());
   return std::nullopt;
 }
@@ -51,9 +37,9 @@ std::optional<api_error> whole(const json& o, const char* key, std::int64_t lo, 
   auto it = o.find(key);
   if (it == o.end() || it->is_null()) return std::nullopt;
   if (!it->is_number_integer() || it->get<std::int64_t>() < lo || it->get<std::int64_t>() > hi)
-    return bad(std::string("options.") + key,
-               fmt::format("'options.{}' must be an integer from {} to {}, got {}", key, lo, hi,
-                           shown(*it)));
+    return field_error(std::string("options.") + key,
+                       fmt::format("'options.{}' must be an integer from {} to {}, got {}", key, lo,
+                                   hi, shown_json(*it)));
   out = it->get<std::int64_t>();
   return std::nullopt;
 }
@@ -62,7 +48,7 @@ std::optional<api_error> parse_options(const json& body, api_request& out) {
   serving::request& r = out.request;
   auto it = body.find("options");
   if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) return bad("options", "'options' must be an object");
+  if (!it->is_object()) return field_error("options", "'options' must be an object");
   const json& o = *it;
   if (auto e = real(o, "temperature", 0, 2, r.temperature)) return e;
   if (auto e = real(o, "top_p", 0, 1, r.top_p)) return e;
@@ -83,7 +69,8 @@ std::optional<api_error> parse_options(const json& body, api_request& out) {
   }
   if (o.contains("num_predict") && !o["num_predict"].is_null()) {
     if (auto e = whole(o, "num_predict", -2, std::numeric_limits<std::int32_t>::max(), v)) return e;
-    if (v == 0) return bad("options.num_predict", "'options.num_predict' is 0: nothing to do");
+    if (v == 0)
+      return field_error("options.num_predict", "'options.num_predict' is 0: nothing to do");
     // -1 (until the model stops) and -2 (fill the context): as far as a request may go.
     r.max_tokens = v < 0 || v > serving::max_tokens_limit ? serving::max_tokens_limit
                                                           : static_cast<std::uint32_t>(v);
@@ -105,26 +92,29 @@ std::optional<api_error> parse_options(const json& body, api_request& out) {
 std::optional<api_error> parse_chat(const json& body, serving::request& r) {
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty())
-    return bad("messages", "'messages' must be a non-empty array of {\"role\", \"content\"}");
+    return field_error("messages",
+                       "'messages' must be a non-empty array of {\"role\", \"content\"}");
   if (it->size() > serving::max_messages)
-    return bad("messages", fmt::format("'messages' holds {} messages, at most {}", it->size(),
-                                       serving::max_messages));
+    return field_error("messages", fmt::format("'messages' holds {} messages, at most {}",
+                                               it->size(), serving::max_messages));
   for (std::size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
     const std::string where = fmt::format("messages[{}]", i);
-    if (!m.is_object()) return bad(where, fmt::format("'{}' must be an object", where));
+    if (!m.is_object()) return field_error(where, fmt::format("'{}' must be an object", where));
     const auto role = m.value("role", json(nullptr));
     if (!role.is_string() || (role != "system" && role != "user" && role != "assistant"))
-      return bad(where + ".role", fmt::format("'{}.role' must be system, user or assistant, got {}",
-                                              where, shown(role)));
+      return field_error(where + ".role",
+                         fmt::format("'{}.role' must be system, user or assistant, got {}", where,
+                                     shown_json(role)));
     if (present(m, "images"))
-      return bad(where + ".images", fmt::format("'{}.images': Tessera serves text models", where));
+      return field_error(where + ".images",
+                         fmt::format("'{}.images': Tessera serves text models", where));
     if (present(m, "tool_calls"))
-      return bad(where + ".tool_calls",
-                 fmt::format("'{}.tool_calls': tool calls are not supported", where));
+      return field_error(where + ".tool_calls",
+                         fmt::format("'{}.tool_calls': tool calls are not supported", where));
     const auto content = m.value("content", json(""));
     if (!content.is_string())
-      return bad(where + ".content", fmt::format("'{}.content' must be a string", where));
+      return field_error(where + ".content", fmt::format("'{}.content' must be a string", where));
     r.messages.push_back({role.get<std::string>(), content.get<std::string>()});
   }
   return std::nullopt;
@@ -142,8 +132,8 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
                                                   std::string id, std::uint64_t seed,
                                                   bool* empty_prompt) {
   json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return bad("", "the request body is not valid JSON");
-  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  if (body.is_discarded()) return field_error("", "the request body is not valid JSON");
+  if (!body.is_object()) return field_error("", "the request body must be a JSON object");
   api_request out;
   out.dialect = dialect;
   out.stream = true;  // Ollama streams unless told not to
@@ -158,12 +148,12 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
   r.max_tokens = serving::max_tokens_limit;  // num_predict -1: until the model stops
   auto model = body.find("model");
   if (model == body.end() || !model->is_string() || model->get<std::string>().empty())
-    return bad("model", "'model' must name a model (GET /api/tags lists them)");
+    return field_error("model", "'model' must name a model (GET /api/tags lists them)");
   out.model_as_sent = model->get<std::string>();
   r.model = ollama_model_name(out.model_as_sent);
   if (r.model.size() > serving::max_model_bytes)
-    return bad("model", fmt::format("'model' is {} bytes, at most {}", r.model.size(),
-                                    serving::max_model_bytes));
+    return field_error("model", fmt::format("'model' is {} bytes, at most {}", r.model.size(),
+                                            serving::max_model_bytes));
   for (auto [key, what] : {std::pair{"images", "Tessera serves text models"},
                            {"format", "structured output is not supported"},
                            {"template", "the model's own chat template is used"},
@@ -171,22 +161,22 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
                            {"tools", "tool calls are not supported"},
                            {"suffix", "insertion is not supported"}})
     if (present(body, key))
-      return bad(key, fmt::format("'{}' is not supported by Tessera ({})", key, what));
+      return field_error(key, fmt::format("'{}' is not supported by Tessera ({})", key, what));
   if (dialect == api_dialect::ollama_chat) {
     out.kind = api_kind::chat;
     if (auto e = parse_chat(body, r)) return *e;
   } else {
     auto p = body.find("prompt");
     if (p != body.end() && !p->is_null() && !p->is_string())
-      return bad("prompt", "'prompt' must be a string");
+      return field_error("prompt", "'prompt' must be a string");
     const std::string prompt = p == body.end() || p->is_null() ? "" : p->get<std::string>();
     if (empty_prompt != nullptr) *empty_prompt = prompt.empty();
     auto sys = body.find("system");
     if (sys != body.end() && !sys->is_null() && !sys->is_string())
-      return bad("system", "'system' must be a string");
+      return field_error("system", "'system' must be a string");
     auto raw = body.find("raw");
     if (raw != body.end() && !raw->is_null() && !raw->is_boolean())
-      return bad("raw", "'raw' must be true or false");
+      return field_error("raw", "'raw' must be true or false");
     if (raw != body.end() && raw->is_boolean() && raw->get<bool>()) {
       // raw: the prompt as it is, no template.
       out.kind = api_kind::completion;
@@ -200,11 +190,11 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
     }
   }
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return bad("stream", "'stream' must be true or false");
+    if (!it->is_boolean()) return field_error("stream", "'stream' must be true or false");
     out.stream = it->get<bool>();
   }
   if (auto e = parse_options(body, out)) return *e;
-  if (auto v = serving::validate(r); !v) return bad("", v.error().message);
+  if (auto v = serving::validate(r); !v) return field_error("", v.error().message);
   return out;
 }
 

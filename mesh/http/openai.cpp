@@ -9,11 +9,8 @@
 #include "mesh/serving/follower.hpp"
 
 namespace tessera::mesh::http {
-namespace {
 
-using json = nlohmann::json;
-
-api_error bad(std::string param, std::string message) {
+api_error field_error(std::string param, std::string message) {
   api_error e;
   e.status = 400;
   e.param = std::move(param);
@@ -21,10 +18,22 @@ api_error bad(std::string param, std::string message) {
   return e;
 }
 
-std::string shown(const json& v) {
+std::string shown_json(const nlohmann::json& v) {
   std::string s = dump(v);
   if (s.size() > 40) s = s.substr(0, 40) + "...";
   return s;
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+api_error bad(std::string param, std::string message) {
+  return field_error(std::move(param), std::move(message));
+}
+
+std::string shown(const json& v) {
+  return shown_json(v);
 }
 
 /// A number field in [lo, hi]; absent or null leaves `out` alone.

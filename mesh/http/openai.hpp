@@ -78,6 +78,11 @@ struct api_error {
                                                                  std::string id,
                                                                  std::uint64_t seed);
 
+/// A 400 naming the field `param` (shared by the OpenAI and Ollama parsers).
+[[nodiscard]] api_error field_error(std::string param, std::string message);
+/// A JSON value as an error message quotes it: at most 40 characters.
+[[nodiscard]] std::string shown_json(const nlohmann::json& v);
+
 /// Maps a serving failure (the client's error) to the API's status and error object.
 [[nodiscard]] api_error error_of(const error& e);
 /// The same for a request of `kind`: a prompt longer than the context names its field (400,
