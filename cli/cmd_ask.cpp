@@ -34,6 +34,7 @@ struct ask_args {
   bool json = false;
   std::string id;
   std::uint32_t timeout_s = 120;
+  std::uint32_t wait_s = 3;  // for a first connection; 0: as long as --timeout
   std::uint32_t stall_ms = 3000;
   std::string client_key;  // client access key file (else TESSERA_CLIENT_KEY, else none)
 };
@@ -57,6 +58,7 @@ int ask(const ask_args& a) {
     co.peers.push_back(*e);
   }
   co.deadline_ms = a.timeout_s * 1000;
+  co.unreachable_ms = a.wait_s * 1000;
   co.stall_ms = a.stall_ms;
   {
     std::optional<std::string> file;
@@ -145,6 +147,10 @@ void register_ask(CLI::App& root, int& exit_code) {
   cmd->add_option("--id", a->id, "request id (default: a random one)");
   cmd->add_option("--timeout", a->timeout_s, "give up after this many seconds (default 120)")
       ->check(CLI::Range(1u, 86400u));
+  cmd->add_option("--wait", a->wait_s,
+                  "give up when no peer accepts a connection within this many seconds "
+                  "(default 3; 0: keep trying until --timeout, e.g. while the peers start)")
+      ->check(CLI::Range(0u, 86400u));
   cmd->add_option("--stall-ms", a->stall_ms,
                   "resume on another peer after this much silence (default 3000)")
       ->check(CLI::Range(100u, 600000u));

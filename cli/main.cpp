@@ -49,10 +49,26 @@ int main(int argc, char** argv) {
                                                                  : tessera::log::format::text);
     if (!r) throw CLI::ValidationError("--log-level", r.error().message);
   });
+  // Exit codes: 0 success, 1 failure, 2 usage (an unknown command, option or value), whatever
+  // the CLI library's own numbers are.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "tessera: unknown command '%s' (commands: %s; tessera --help)\n",
+                   argv[1], names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints the help, the version or the error
+    return code == 0 ? 0 : 2;
   }
   return exit_code;
 }

@@ -120,38 +120,25 @@ std::int32_t sampler::sample(std::span<float> logits, std::span<const std::int32
   const auto n = static_cast<std::int32_t>(logits.size());
   if (n == 0) return -1;
 
-  // Repetition penalty (llama.cpp): a positive logit is divided, a negative one multiplied, once
-  // per distinct token of the window.
-  if (o_.repeat_penalty != 1.0f && o_.repeat_window > 0 && !history.empty()) {
-    const std::size_t w = std::min<std::size_t>(history.size(), static_cast<std::size_t>(o_.repeat_window));
-    const auto recent = history.subspan(history.size() - w);
-    for (std::size_t i = 0; i < recent.size(); ++i) {
-      const std::int32_t id = recent[i];
-      if (id < 0 || id >= n) continue;
-      if (std::find(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(i), id) !=
-          recent.begin() + static_cast<std::ptrdiff_t>(i))
-        continue;  // already penalised
-      float& l = logits[static_cast<std::size_t>(id)];
-      l = l > 0 ? l / o_.repeat_penalty : l * o_.repeat_penalty;
-    }
-  }
-  // Frequency and presence penalties (OpenAI's, over llama.cpp's window): once per distinct token,
-  // by how often it occurs there.
-  if ((o_.frequency_penalty != 0.0f || o_.presence_penalty != 0.0f) && o_.repeat_window > 0 &&
-      !history.empty()) {
+  // Penalties over the window (llama.cpp's), once per distinct token of it, knowing how often it
+  // occurs there: repetition (a positive logit divided, a negative one multiplied), then
+  // OpenAI's frequency (per occurrence) and presence (once) subtracted.
+  const bool repeat = o_.repeat_penalty != 1.0f;
+  const bool counted = o_.frequency_penalty != 0.0f || o_.presence_penalty != 0.0f;
+  if ((repeat || counted) && o_.repeat_window > 0 && !history.empty()) {
     const std::size_t w =
         std::min<std::size_t>(history.size(), static_cast<std::size_t>(o_.repeat_window));
     const auto recent = history.subspan(history.size() - w);
     for (std::size_t i = 0; i < recent.size(); ++i) {
       const std::int32_t id = recent[i];
       if (id < 0 || id >= n) continue;
-      if (std::find(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(i), id) !=
-          recent.begin() + static_cast<std::ptrdiff_t>(i))
-        continue;  // counted at its first occurrence
-      const auto count =
-          std::count(recent.begin() + static_cast<std::ptrdiff_t>(i), recent.end(), id);
-      logits[static_cast<std::size_t>(id)] -=
-          static_cast<float>(count) * o_.frequency_penalty + o_.presence_penalty;
+      const auto at = recent.begin() + static_cast<std::ptrdiff_t>(i);
+      if (std::find(recent.begin(), at, id) != at) continue;  // done at its first occurrence
+      float& l = logits[static_cast<std::size_t>(id)];
+      if (repeat) l = l > 0 ? l / o_.repeat_penalty : l * o_.repeat_penalty;
+      if (counted)
+        l -= static_cast<float>(std::count(at, recent.end(), id)) * o_.frequency_penalty +
+             o_.presence_penalty;
     }
   }
 

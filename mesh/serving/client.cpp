@@ -251,6 +251,16 @@ result<outcome> client::ask(request r, const std::function<void(const token_even
       s.read_handshake_events();
       if (auto why = s.all_refused()) return error{errc::unauthorized, *why};
     }
+    if (s.opt.unreachable_ms > 0 && s.shook_hands.empty() && !f.accepted() &&
+        now_us() > std::uint64_t{s.opt.unreachable_ms} * 1000) {
+      std::string where;
+      for (const auto& p : s.opt.peers)
+        where += fmt::format("{}{}:{}", where.empty() ? "" : ", ", p.host, p.request_port);
+      return make_error(errc::timeout,
+                        "no peer answers at {}: none accepted a connection within {} ms (is a "
+                        "node running there, with these client ports?)",
+                        where, s.opt.unreachable_ms);
+    }
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     zmq::message_t t, body;
     if (!s.sub.recv(t, zmq::recv_flags::dontwait)) continue;

@@ -38,6 +38,9 @@ struct client_options {
   std::uint32_t stall_ms = 3000;        ///< silence after "accepted" this long: resume elsewhere
   std::uint32_t deadline_ms = 120'000;  ///< the whole request, whatever happens
   std::uint32_t max_attempts = 32;      ///< resumptions before giving up (explicit error)
+  /// Give up (errc::timeout, naming the peers) when no peer completed a connection and none
+  /// answered within this long: nothing is listening there. 0: wait out the deadline.
+  std::uint32_t unreachable_ms = 0;
   /// The cluster's client access key, for peers started with --client-auth (CURVE on both
   /// client sockets). Empty: plain connections, as open peers expect.
   std::optional<transport::control::client_access> access;

@@ -149,6 +149,9 @@ TEST(GatewayRoutes, AModelByIdAndAWrongMethodAreAnsweredAsOpenAiDoes) {
   auto unknown = c.Get("/v2/nothing");
   ASSERT_TRUE(unknown);
   EXPECT_EQ(unknown->status, 404);
+  auto icon = c.Get("/favicon.ico");  // a browser's every page: no icon, no 404
+  ASSERT_TRUE(icon);
+  EXPECT_EQ(icon->status, 204);
   (*g)->stop(0);
 }
 

@@ -697,13 +697,7 @@ void write_moe_model(const std::string& path) {
 TEST_P(ServingClusterMoe, ExpertParallelGroupsAnswerAsOneProcess) {
   ASSERT_NO_FATAL_FAILURE(write_moe_model(model_));
   start_all(GetParam());
-  std::vector<std::vector<std::string>> groups;
-  const auto end = std::chrono::steady_clock::now() + 90s;
-  while (std::chrono::steady_clock::now() < end) {
-    groups = groups_of(0);
-    if (groups.size() == 1 && groups[0].size() == 3) break;
-    std::this_thread::sleep_for(300ms);
-  }
+  const auto groups = wait_one_group(3);
   ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
   ASSERT_EQ(groups[0].size(), 3u) << cluster_->logs();
   constexpr std::uint32_t n = 48;
