@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "mesh/serving/client.hpp"
 
@@ -48,7 +49,7 @@ int ask(const ask_args& a) {
       j["error"] = why;
       std::printf("%s\n", j.dump().c_str());
     }
-    std::fprintf(stderr, "tessera ask: %s\n", why.c_str());
+    log::say(fmt::format("tessera ask: {}", why), true);
     return code;
   };
   sv::client_options co;

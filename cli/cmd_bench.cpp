@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "cli/progress.hpp"
 #include "inference/gguf/gguf.hpp"
@@ -81,7 +82,7 @@ result<std::string> preset_file(const bench_args& a, const std::string& type_nam
   const std::string path = fmt::format("{}/synth-{}-{}-{}-seed{}.gguf", dir, a.preset, a.arch,
                                        type_name, cfg->seed);
   if (auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}}); f) return path;
-  std::fprintf(stderr, "tessera bench: synthesising %s ...\n", path.c_str());
+  log::say(fmt::format("tessera bench: synthesising {} ...", path));
   auto r = inf::gguf::write_synthetic_model(*cfg, path);
   if (!r) return std::move(r).error();
   return path;

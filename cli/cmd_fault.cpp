@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "mesh/runtime/runtime.hpp"
 #include "transport/bulk/link.hpp"
@@ -258,20 +259,20 @@ int network_fault(const options& o, std::string text) {
   // cluster's state.
   auto cmd = faults::parse_fault_command(text);
   if (!cmd) {
-    std::fprintf(stderr, "tessera fault: %s\n", cmd.error().message.c_str());
+    log::say(fmt::format("tessera fault: {}", cmd.error().message), true);
     return 2;
   }
   auto ms = discover(o);
   if (!ms) {
-    std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
+    log::say(fmt::format("tessera fault: {}", ms.error().message), true);
     return 1;
   }
   if (auto r = resolve_all(*ms, cmd->side_a); !r) {
-    std::fprintf(stderr, "tessera fault: %s\n", r.error().message.c_str());
+    log::say(fmt::format("tessera fault: {}", r.error().message), true);
     return 2;
   }
   if (auto r = resolve_all(*ms, cmd->side_b); !r) {
-    std::fprintf(stderr, "tessera fault: %s\n", r.error().message.c_str());
+    log::say(fmt::format("tessera fault: {}", r.error().message), true);
     return 2;
   }
   const std::string body = transport::control::encode_fault_command(*cmd);
@@ -315,7 +316,7 @@ int network_fault(const options& o, std::string text) {
 int list_faults(const options& o) {
   auto ms = discover(o);
   if (!ms) {
-    std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
+    log::say(fmt::format("tessera fault: {}", ms.error().message), true);
     return 1;
   }
   json report = json::array();
@@ -433,16 +434,17 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
     const std::string cache = cache_path(o);
     auto cached = load_members(cache);
     if (!cached) {
-      std::fprintf(stderr, "tessera fault: %s\n", ms.error().message.c_str());
+      log::say(fmt::format("tessera fault: {}", ms.error().message), true);
       return 1;
     }
-    std::fprintf(stderr, "tessera fault: no node answered; using the member table cached at %s\n",
-                 cache.c_str());
+    log::say(
+        fmt::format("tessera fault: no node answered; using the member table cached at {}", cache),
+        true);
     ms = std::move(cached);
   }
   auto m = resolve(*ms, name);
   if (!m) {
-    std::fprintf(stderr, "tessera fault: %s\n", m.error().message.c_str());
+    log::say(fmt::format("tessera fault: {}", m.error().message), true);
     return 2;
   }
   const member& t = **m;
@@ -603,7 +605,7 @@ void register_fault(CLI::App& root, int& exit_code) {
     } else if (verb == "kill" || verb == "stop" || verb == "pause" || verb == "resume" ||
                verb == "restart") {
       if (o.words.size() != 2) {
-        std::fprintf(stderr, "tessera fault: '%s' takes one node\n", verb.c_str());
+        log::say(fmt::format("tessera fault: '{}' takes one node", verb), true);
         exit_code = 2;
         return;
       }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "transport/control/cluster_key.hpp"
 
@@ -42,7 +43,7 @@ struct keygen_options {
 int write_client_key(const keygen_options& o) {
   namespace tc = tessera::transport::control;
   auto fail = [](const std::string& why) {
-    std::fprintf(stderr, "tessera keygen: %s\n", why.c_str());
+    log::say(fmt::format("tessera keygen: {}", why), true);
     return 1;
   };
   std::optional<std::string> from;
@@ -81,12 +82,12 @@ int run_keygen(const keygen_options& o) {
   }
   auto secret = tc::generate_cluster_secret();
   if (!secret) {
-    std::fprintf(stderr, "tessera keygen: %s\n", secret.error().describe().c_str());
+    log::say(fmt::format("tessera keygen: {}", secret.error().describe()), true);
     return 1;
   }
   auto keys = tc::derive_cluster_keys(*secret);
   if (!keys) {
-    std::fprintf(stderr, "tessera keygen: %s\n", keys.error().describe().c_str());
+    log::say(fmt::format("tessera keygen: {}", keys.error().describe()), true);
     return 1;
   }
   const auto fmt = o.format == "z85" ? tc::secret_format::z85 : tc::secret_format::hex;
@@ -94,7 +95,7 @@ int run_keygen(const keygen_options& o) {
   if (!o.output.empty()) {
     auto w = tc::write_secret_file(o.output, text, o.force);
     if (!w) {
-      std::fprintf(stderr, "tessera keygen: %s\n", w.error().describe().c_str());
+      log::say(fmt::format("tessera keygen: {}", w.error().describe()), true);
       return 1;
     }
     if (o.json) {

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "inference/gguf/synth.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
@@ -36,7 +37,7 @@ int run_synth(const synth_args& a) {
   using namespace tessera::inference::gguf;
   auto cfg = synth_preset(a.preset, a.arch);
   if (!cfg) {
-    std::fprintf(stderr, "tessera model synth: %s\n", cfg.error().message.c_str());
+    log::say(fmt::format("tessera model synth: {}", cfg.error().message), true);
     return 1;
   }
   if (a.dim) cfg->dim = *a.dim;
@@ -55,14 +56,14 @@ int run_synth(const synth_args& a) {
   cfg->tied_embeddings = a.tied;
   auto type = parse_tensor_type(a.type);
   if (!type) {
-    std::fprintf(stderr, "tessera model synth: --type: %s\n", type.error().message.c_str());
+    log::say(fmt::format("tessera model synth: --type: {}", type.error().message), true);
     return 1;
   }
   cfg->type = *type;
   auto t0 = std::chrono::steady_clock::now();
   auto r = write_synthetic_model(*cfg, a.output);
   if (!r) {
-    std::fprintf(stderr, "tessera model synth: %s\n", r.error().message.c_str());
+    log::say(fmt::format("tessera model synth: {}", r.error().message), true);
     return 1;
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -77,7 +78,7 @@ int run_info(const std::string& path, bool json) {
   using namespace tessera::inference::gguf;
   auto s = summarize_model(path);
   if (!s) {
-    std::fprintf(stderr, "tessera model info: %s\n", s.error().message.c_str());
+    log::say(fmt::format("tessera model info: {}", s.error().message), true);
     return 1;
   }
   std::string out = json ? to_json(*s) + "\n" : to_text(*s);
@@ -99,7 +100,7 @@ constexpr std::uintmax_t kMaxTokenizeBytes = 256u << 20;
 int run_tokenize(const tokenize_args& a) {
   namespace inf = tessera::inference;
   const auto fail = [](const std::string& why) {
-    std::fprintf(stderr, "tessera model tokenize: %s\n", why.c_str());
+    log::say(fmt::format("tessera model tokenize: {}", why), true);
     return 1;
   };
   if (a.text.empty() == a.file.empty()) return fail("give the text or --file, not both");

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "cli/progress.hpp"
 #include "mesh/node/options.hpp"
@@ -24,7 +25,7 @@ void register_node(CLI::App& root, int& exit_code) {
   cmd->callback([&exit_code] {
     auto resolved = options->resolve(mesh::process_environment());
     if (!resolved) {
-      std::fprintf(stderr, "tessera node: %s\n", resolved.error().message.c_str());
+      log::say(fmt::format("tessera node: {}", resolved.error().message), true);
       exit_code = 2;
       return;
     }
@@ -74,23 +75,22 @@ void register_node(CLI::App& root, int& exit_code) {
     };
     auto rt = mesh::runtime::node_runtime::start(ro);
     if (!rt) {
-      std::fprintf(stderr, "tessera node: %s\n", rt.error().message.c_str());
+      log::say(fmt::format("tessera node: {}", rt.error().message), true);
       exit_code = 1;
       return;
     }
-    std::fprintf(stderr, "tessera node: %s listening on %s\n", (*rt)->node_id().c_str(),
-                 (*rt)->endpoint().c_str());
+    log::say(fmt::format("tessera node: {} listening on {}", (*rt)->node_id(), (*rt)->endpoint()));
     for (;;) {
       timespec ts{0, 100'000'000};
       int sig = sigtimedwait(&set, nullptr, &ts);
       if (sig == SIGTERM || sig == SIGINT) {
         (*rt)->leave_and_stop();
-        std::fprintf(stderr, "tessera node: left the mesh (signal %d)\n", sig);
+        log::say(fmt::format("tessera node: left the mesh (signal {})", sig));
         exit_code = 0;
         return;
       }
       if ((*rt)->failed()) {
-        std::fprintf(stderr, "tessera node: %s\n", (*rt)->fatal_error().c_str());
+        log::say(fmt::format("tessera node: {}", (*rt)->fatal_error()), true);
         exit_code = 1;
         return;
       }

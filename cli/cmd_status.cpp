@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <string>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "mesh/runtime/runtime.hpp"
 
@@ -22,7 +23,7 @@ void register_status(CLI::App& root, int& exit_code) {
   cmd->callback([&exit_code] {
     auto doc = mesh::runtime::query_status(connect, key_file, timeout_ms);
     if (!doc) {
-      std::fprintf(stderr, "tessera status: %s\n", doc.error().message.c_str());
+      log::say(fmt::format("tessera status: {}", doc.error().message), true);
       exit_code = 1;
       return;
     }
@@ -33,7 +34,7 @@ void register_status(CLI::App& root, int& exit_code) {
     }
     auto text = mesh::runtime::format_status(*doc);
     if (!text) {
-      std::fprintf(stderr, "tessera status: %s\n", text.error().message.c_str());
+      log::say(fmt::format("tessera status: {}", text.error().message), true);
       exit_code = 1;
       return;
     }

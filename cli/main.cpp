@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <string>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "actors/base/log.hpp"
@@ -14,7 +15,7 @@ int not_yet(const char* command, int issue) {
 }
 
 int fail(const char* command, const std::string& message) {
-  std::fprintf(stderr, "tessera %s: %s\n", command, message.c_str());
+  tessera::log::say(fmt::format("tessera {}: {}", command, message), true);
   return 1;
 }
 }  // namespace tessera::cli

@@ -1,6 +1,9 @@
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "actors/base/assert.hpp"
@@ -41,6 +44,64 @@ void assert_fail(const char* expr, const char* file, int line, const std::string
 }  // namespace detail
 
 namespace log {
+namespace {
+format g_format = format::text;  // set by init(), before any thread logs
+
+// %* in the json pattern: the message as a JSON string's inside.
+class json_message final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const std::string e = json_escape(std::string_view(msg.payload.data(), msg.payload.size()));
+    dest.append(e.data(), e.data() + e.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<json_message>();
+  }
+};
+}  // namespace
+
+std::string json_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 8);
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        else
+          out += c;
+    }
+  }
+  return out;
+}
+
+void say(std::string_view text, bool error) {
+  if (g_format == format::json) {
+    if (error)
+      spdlog::error("{}", text);
+    else
+      spdlog::info("{}", text);
+    return;
+  }
+  std::fprintf(stderr, "%.*s\n", static_cast<int>(text.size()), text.data());
+}
+
 result<void> init(std::string_view level, format fmt) {
   auto lvl = spdlog::level::from_str(std::string(level));
   if (lvl == spdlog::level::off && level != "off") {
@@ -51,9 +112,12 @@ result<void> init(std::string_view level, format fmt) {
   // Idempotent: tests and examples may call init() more than once per process.
   spdlog::drop("tessera");
   auto logger = spdlog::stderr_color_mt("tessera");
+  g_format = fmt;
   if (fmt == format::json) {
-    logger->set_pattern(
-        R"({"ts":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","pid":%P,"thread":%t,"msg":"%v"})");
+    auto f = std::make_unique<spdlog::pattern_formatter>();
+    f->add_flag<json_message>('*').set_pattern(
+        R"({"ts":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","pid":%P,"thread":%t,"msg":"%*"})");
+    logger->set_formatter(std::move(f));
   } else {
     logger->set_pattern("%H:%M:%S.%e %^%L%$ [%P] %v");
   }

@@ -13,6 +13,16 @@ enum class format { text, json };
 
 /// Configures the default logger once per process: level ("trace".."off") and line format.
 /// Logs go to stderr so that stdout stays clean for data (`--json` outputs, streamed tokens).
+/// In json format every line is one JSON object, the message escaped.
 [[nodiscard]] result<void> init(std::string_view level, format fmt = format::text);
+
+/// A command's own message for its user on stderr ("tessera node: listening on ..."): as it is
+/// in text format, a log line (one JSON object) in json format, so that the stream stays
+/// machine-readable. `error` picks the level.
+void say(std::string_view text, bool error = false);
+
+/// `text` as the inside of a JSON string (quotes, backslashes and control characters escaped;
+/// bytes that are not UTF-8 pass as they are).
+[[nodiscard]] std::string json_escape(std::string_view text);
 
 }  // namespace tessera::log
