@@ -222,6 +222,11 @@ int run_serving_demo(const demo_options& o) {
   std::printf("3. waiting for the mesh: a leader, a view and a serving plan on every peer\n");
   check(ready, fmt::format("every peer holds the plan ({} replicas of '{}') after {:.2f} s",
                            o.peers, model_name, mesh_s));
+  // Where a newcomer points a browser, curl or an OpenAI / Ollama client while the peers run.
+  for (const auto& p : peers)
+    std::printf(
+        "   http://127.0.0.1:%u/  dashboard, OpenAI /v1/chat/completions, Ollama /api/chat\n",
+        p.port + 4);
 
   // 4. Requests through the pub-sub client: any peer takes them in, the plan picks the server.
   if (ready) {
