@@ -136,9 +136,13 @@ result<void> actor_cell::enqueue(message_node* node, bool bypass_bound) noexcept
 }
 
 void actor_cell::start() {
-  scheduled_.store(true, std::memory_order_seq_cst);
-  intrusive_add_ref(this);
-  sys_.scheduler_->schedule(this);
+  // The ref is published (table, name) before start(): a message sent in between has scheduled
+  // the cell already, and scheduling it again ran one actor on two workers at once (TSan in CI:
+  // RestartBoundExceededEscalatesToTheParentSupervisor). Its first resume runs on_start either way.
+  if (!scheduled_.exchange(true, std::memory_order_seq_cst)) {
+    intrusive_add_ref(this);
+    sys_.scheduler_->schedule(this);
+  }
 }
 
 bool actor_cell::quiescent() const noexcept {
