@@ -75,16 +75,11 @@ std::optional<api_error> parse_options(const json& body, api_request& out) {
     r.max_tokens = v < 0 || v > serving::max_tokens_limit ? serving::max_tokens_limit
                                                           : static_cast<std::uint32_t>(v);
   }
-  if (auto s = o.find("stop"); s != o.end() && !s->is_null()) {
-    // The OpenAI parser's rules (a string or up to four).
-    auto parsed = parse_request(api_kind::completion,
-                                dump(json{{"model", "m"}, {"prompt", "p"}, {"stop", *s}}), "x", 0);
-    if (auto* err = std::get_if<api_error>(&parsed)) {
-      err->param = "options.stop";
-      err->message = "'options." + err->message.substr(1);
-      return *err;
-    }
-    out.stop = std::get<api_request>(parsed).stop;
+  // The OpenAI parser's rules (a string or up to four), its errors naming options.stop.
+  if (auto err = parse_stop(o, out.stop)) {
+    err->param = "options.stop";
+    err->message = "'options." + err->message.substr(1);
+    return err;
   }
   return std::nullopt;
 }

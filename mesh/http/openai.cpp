@@ -163,7 +163,9 @@ std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
   return std::nullopt;
 }
 
-std::optional<api_error> parse_stop(const json& body, std::vector<std::string>& out) {
+}  // namespace
+
+std::optional<api_error> parse_stop(const nlohmann::json& body, std::vector<std::string>& out) {
   auto it = body.find("stop");
   if (it == body.end() || it->is_null()) return std::nullopt;
   const auto one = [&](const json& v, const std::string& where) -> std::optional<api_error> {
@@ -188,6 +190,8 @@ std::optional<api_error> parse_stop(const json& body, std::vector<std::string>& 
     if (auto e = one((*it)[i], fmt::format("stop[{}]", i))) return e;
   return std::nullopt;
 }
+
+namespace {
 
 // Chat: logprobs (bool) and top_logprobs (0..20, only with logprobs). Completions (legacy):
 // logprobs is the number of alternatives, 0..5.

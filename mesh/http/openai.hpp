@@ -78,6 +78,12 @@ struct api_error {
                                                                  std::string id,
                                                                  std::uint64_t seed);
 
+/// The "stop" field of `body` (absent or null: none; a string or up to max_stop_sequences
+/// strings of at most max_stop_sequence_bytes; empty ones stop nothing) appended to `out`.
+/// Errors name "stop" (OpenAI's body; Ollama's options object takes the same rules).
+[[nodiscard]] std::optional<api_error> parse_stop(const nlohmann::json& body,
+                                                  std::vector<std::string>& out);
+
 /// A 400 naming the field `param` (shared by the OpenAI and Ollama parsers).
 [[nodiscard]] api_error field_error(std::string param, std::string message);
 /// A JSON value as an error message quotes it: at most 40 characters.
