@@ -208,15 +208,13 @@ result<hparams> read_hparams(const gguf::file& f) {
     n_used = *u;
   }
   // A qwen3moe file's feed_forward_length is the dense FFN some variants have; its experts' width
-  // is expert_feed_forward_length. Mixtral's experts have feed_forward_length.
-  auto ffn = moe ? get_dim(f, p + "expert_feed_forward_length",
-                           f.find_value(p + "feed_forward_length") != nullptr
-                               ? std::optional<std::int64_t>(static_cast<std::int64_t>(
-                                     f.get_uint(p + "feed_forward_length").value_or(0)))
-                               : std::nullopt)
-                 : get_dim(f, p + "feed_forward_length");
+  // is expert_feed_forward_length. Mixtral's experts have feed_forward_length. (An MoE file with
+  // neither is told the expert key is missing.)
+  const bool expert_key = moe && (f.find_value(p + "expert_feed_forward_length") != nullptr ||
+                                  f.find_value(p + "feed_forward_length") == nullptr);
+  auto ffn = get_dim(f, p + (expert_key ? "expert_feed_forward_length" : "feed_forward_length"));
   if (!ffn) return std::move(ffn).error();
-  if (moe && (*ffn < 1 || *ffn > max_reasonable / n_expert))
+  if (moe && *ffn > max_reasonable / n_expert)
     return make_error(errc::corrupt, "{}: the experts' FFN width {} is outside [1, {}]", f.name(),
                       *ffn, max_reasonable / n_expert);
   auto ctx = get_dim(f, p + "context_length", 2048);
