@@ -90,8 +90,12 @@ std::string ndjson(const json& j) {
 struct relay {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> pieces;  // each token's bytes not written yet, one per token
-  std::deque<serving::token_logprob> logprobs;  // theirs, when the request asked for them
+  /// One token not written yet: its bytes, and its log-probabilities when the request asked.
+  struct piece {
+    std::string text;
+    std::optional<serving::token_logprob> logprob;
+  };
+  std::deque<piece> pieces;
   std::uint32_t tokens = 0;
   std::optional<result<serving::outcome>> end;  // set once: the outcome or the error
   std::atomic<bool> cancel{false};
@@ -432,9 +436,10 @@ struct gateway::impl {
                                              r->request,
                                              [&](const serving::token_event& t) {
                                                std::lock_guard lock(rl->mu);
-                                               rl->pieces.emplace_back(t.text);
-                                               if (t.logprob != nullptr)
-                                                 rl->logprobs.push_back(*t.logprob);
+                                               rl->pieces.push_back({std::string(t.text),
+                                                                     t.logprob != nullptr
+                                                                         ? std::optional(*t.logprob)
+                                                                         : std::nullopt});
                                                ++rl->tokens;
                                                rl->cv.notify_all();
                                              },
@@ -498,8 +503,7 @@ struct gateway::impl {
     std::string carry;
     bool stopped = false;  // a stop sequence appeared: the text ends before it
     for (;;) {
-      std::deque<std::string> pieces;
-      std::deque<serving::token_logprob> lps;
+      std::deque<relay::piece> pieces;
       std::optional<result<serving::outcome>> end;
       std::uint32_t tokens = 0;
       {
@@ -511,16 +515,14 @@ struct gateway::impl {
           return false;  // closes the connection: the client sees the stream cut
         }
         pieces.swap(rl.pieces);
-        lps.swap(rl.logprobs);
         tokens = rl.tokens;
         if (rl.end) end = std::move(rl.end);
       }
       // One event per token (docs/HTTP.md), however many arrived since the last round.
-      for (std::size_t k = 0; k < pieces.size(); ++k) {
+      for (auto& piece : pieces) {
         if (stopped) break;  // tokens generated before the peer heard the cancel
-        const std::string& piece = pieces[k];
-        if (k < lps.size()) pending_lp.push_back(std::move(lps[k]));
-        carry += piece;
+        if (piece.logprob) pending_lp.push_back(std::move(*piece.logprob));
+        carry += piece.text;
         std::size_t n = utf8_complete_prefix(carry);
         if (!r.stop.empty()) {
           if (const auto at = find_stop(carry, r.stop); at != std::string_view::npos) {
