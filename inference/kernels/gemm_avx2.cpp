@@ -7,6 +7,8 @@
 // below 2 * 128 * 127 and never saturate the int16 lanes.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "inference/kernels/gemm_tiles.hpp"
 
 #define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -346,6 +348,78 @@ TESSERA_AVX2 void quantize_row_q8_0_avx2(const float* x, void* y, std::int64_t n
   }
 }
 
+namespace {
+
+// ---- q8_0 in panels (layout in gemm_kernels.hpp) ---------------------------------------------
+// The AVX-512 kernel's arithmetic in two ymm halves (rows 0-7, 8-15), without VNNI: the stored
+// w + 128 is turned back into w (an xor), multiplied in the maddubs form above and widened to
+// int32 lanes, each the row's exact block sum. The same integers, conversions, multiplies and
+// FMAs per lane as the AVX-512 and scalar kernels: the same bits.
+template <int T>
+struct q8_0_panel_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
+    const std::int64_t nb = g.cols / qk8_0;
+    const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
+    const auto* scales = reinterpret_cast<const std::uint16_t*>(q + nb * 512);
+    const block_q8_0_act* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
+    __m256 lo[T], hi[T];
+    for (int t = 0; t < T; ++t)
+      lo[t] = hi[t] = _mm256_setzero_ps();
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const std::uint8_t* qb = q + b * 512;
+      __m256i sl[T], sh[T];
+      for (int t = 0; t < T; ++t)
+        sl[t] = sh[t] = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i wl = _mm256_xor_si256(load256(qb + 64 * k), bias);
+        const __m256i wh = _mm256_xor_si256(load256(qb + 64 * k + 32), bias);
+        const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
+        for (int t = 0; t < T; ++t) {
+          std::int32_t four;
+          std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
+          const __m256i xb = _mm256_set1_epi32(four);
+          sl[t] = _mm256_add_epi32(
+              sl[t], _mm256_madd_epi16(_mm256_maddubs_epi16(al, _mm256_sign_epi8(xb, wl)), ones));
+          sh[t] = _mm256_add_epi32(
+              sh[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ah, _mm256_sign_epi8(xb, wh)), ones));
+        }
+      }
+      const __m256 dl = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows)));
+      const __m256 dh = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows + 8)));
+      for (int t = 0; t < T; ++t) {
+        const __m256 dx = _mm256_set1_ps(x[t][b].d);
+        lo[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sl[t]), _mm256_mul_ps(dl, dx), lo[t]);
+        hi[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh[t]), _mm256_mul_ps(dh, dx), hi[t]);
+      }
+    }
+    const std::int64_t r0 = p * panel_rows;
+    for (int t = 0; t < T; ++t) {
+      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, lo[t]);
+      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0 + 8, hi[t]);
+    }
+  }
+};
+
+void gemm_q8_0_panels(const gemm_args& g) noexcept {
+  constexpr int max_t = 3;
+  static constexpr tile_fn tiles[max_t] = {&q8_0_panel_tile<1>::run, &q8_0_panel_tile<2>::run,
+                                           &q8_0_panel_tile<3>::run};
+  for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+      tiles[nt - 1](g, p, t0);
+    }
+  }
+}
+
+}  // namespace
+
 const kernel_table& avx2_kernels() noexcept {
   static const kernel_table table = [] {
     kernel_table k{};
@@ -356,6 +430,7 @@ const kernel_table& avx2_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 2>;
     k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
+    k.q8_0_panels = gemm_q8_0_panels;
     return k;
   }();
   return table;

@@ -15,6 +15,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "inference/kernels/gemm_tiles.hpp"
 
 #define TESSERA_AVX512 \
@@ -441,6 +443,91 @@ struct q6_k_tile {
   }
 };
 
+// ---- q8_0 in panels (layout in gemm_kernels.hpp) ---------------------------------------------
+//
+// One 64-byte load holds 4 columns of the panel's 16 rows as unsigned bytes; vpdpbusd with the 4
+// activation bytes of those columns broadcast ({1to16} from memory) adds them into 16 int32 lanes,
+// lane i = row i. After the block's 8 groups each lane is the row's exact block sum (plus the
+// +128 surplus, taken off by starting from the activation block's bias), so a block costs one
+// conversion, one multiply and one FMA per 16 rows and token, where the row tiles paid them per 4
+// products. No horizontal sums: the 16 lanes are 16 outputs. One weight load serves T tokens.
+
+template <int T>
+struct q8_0_panel_tile {
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
+    const std::int64_t nb = g.cols / qk8_0;
+    const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
+    const auto* scales = reinterpret_cast<const std::uint16_t*>(q + nb * 512);
+    const block_q8_0_act* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_setzero_ps();
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const std::uint8_t* qb = q + b * 512;
+      if constexpr (T == 1) {
+        // Decode: one stream, but two dependency chains (integer sums: the same result).
+        __m512i s0 = _mm512_set1_epi32(x[0][b].bias), s1 = _mm512_setzero_si512();
+        const auto* xq = reinterpret_cast<const std::int32_t*>(x[0][b].qs);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(qb + 64 * k), _mm512_set1_epi32(xq[k]));
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(qb + 64 * k + 64),
+                                   _mm512_set1_epi32(xq[k + 1]));
+        }
+        const __m512 dw = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * panel_rows)));
+        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                 _mm512_mul_ps(dw, _mm512_set1_ps(x[0][b].d)), acc[0]);
+      } else {
+        __m512i s[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          s[t] = _mm512_set1_epi32(x[t][b].bias);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          const __m512i w = _mm512_loadu_si512(qb + 64 * k);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t) {
+            std::int32_t four;
+            std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
+            s[t] = _mm512_dpbusd_epi32(s[t], w, _mm512_set1_epi32(four));
+          }
+        }
+        const __m512 dw = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * panel_rows)));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]),
+                                   _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
+        }
+      }
+    }
+    const std::int64_t r0 = p * panel_rows;
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t]);
+  }
+};
+
+template <std::size_t... I>
+constexpr std::array<tile_fn, sizeof...(I)> make_panel_tiles(std::index_sequence<I...>) {
+  return {&q8_0_panel_tile<static_cast<int>(I) + 1>::run...};
+}
+
+void gemm_q8_0_panels(const gemm_args& g) noexcept {
+  constexpr int max_t = 8;
+  static constexpr auto tiles = make_panel_tiles(std::make_index_sequence<max_t>{});
+  for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+      tiles[static_cast<std::size_t>(nt - 1)](g, p, t0);
+    }
+  }
+}
+
 }  // namespace
 
 const kernel_table& avx512_kernels() noexcept {
@@ -453,6 +540,7 @@ const kernel_table& avx512_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 4>;
     k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
+    k.q8_0_panels = gemm_q8_0_panels;
     return k;
   }();
   return table;

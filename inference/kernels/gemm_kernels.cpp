@@ -1,5 +1,6 @@
 #include "inference/kernels/gemm_kernels.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -39,6 +40,8 @@ std::size_t activation_row_bytes(act_format f, std::int64_t cols) noexcept {
     case act_format::f32: return n * sizeof(float);
     case act_format::q8_0: return n / qk8_0 * sizeof(block_q8_0);
     case act_format::q8_k: return n / qk_k * sizeof(block_q8_k);
+    case act_format::q8_0_panel:
+      return n / qk8_0 * sizeof(block_q8_0_act);
   }
   return 0;
 }
@@ -86,6 +89,28 @@ void quantize_activations(act_format f, const float* x, std::uint8_t* out, std::
       }
       break;
     case act_format::q8_k: quantize_row_q8_k(x, out, cols); break;
+    case act_format::q8_0_panel: {
+      // Quantized as q8_0 (the same levels and scales on every ISA), then widened block by
+      // block; 32 blocks at a time through a small buffer on the stack.
+      constexpr std::int64_t step = 32;
+      block_q8_0 tmp[step];
+      auto* dst = reinterpret_cast<block_q8_0_act*>(out);
+      for (std::int64_t b0 = 0; b0 < cols / qk8_0; b0 += step) {
+        const std::int64_t nb = std::min<std::int64_t>(step, cols / qk8_0 - b0);
+        quantize_activations(act_format::q8_0, x + b0 * qk8_0, reinterpret_cast<std::uint8_t*>(tmp),
+                             nb * qk8_0, level);
+        for (std::int64_t b = 0; b < nb; ++b) {
+          block_q8_0_act& a = dst[b0 + b];
+          a.d = fp16_to_fp32(tmp[b].d);
+          std::int32_t sum = 0;
+          for (int i = 0; i < qk8_0; ++i)
+            sum += tmp[b].qs[i];
+          a.bias = -128 * sum;
+          std::memcpy(a.qs, tmp[b].qs, sizeof(a.qs));
+        }
+      }
+      break;
+    }
   }
 }
 

@@ -16,8 +16,29 @@
 namespace tessera::inference::detail {
 
 /// How activations are stored for a weight type: f32 rows for float weights, q8_0 blocks for
-/// q8_0/q4_0, q8_K blocks for the K-quants.
-enum class act_format { f32, q8_0, q8_k };
+/// q8_0/q4_0, q8_K blocks for the K-quants, q8_0 blocks with their scale widened and their sum
+/// taken (block_q8_0_act) for q8_0 weights in panels.
+enum class act_format { f32, q8_0, q8_k, q8_0_panel };
+
+/// The activation block of a q8_0 panel mat-mul: the same integer levels and fp16-rounded scale as
+/// a block_q8_0, with the scale already in f32 (broadcast straight from memory) and
+/// bias = -128 * sum(qs), which takes off what the VNNI kernel's unsigned weights (w + 128) add.
+struct block_q8_0_act {
+  float d;
+  std::int32_t bias;
+  std::int8_t qs[qk8_0];
+};
+static_assert(sizeof(block_q8_0_act) == 40);
+
+/// q8_0 weights in panels (weight_layout::panels, matmul.hpp): 16 rows side by side. For panel p,
+/// block b (32 columns), the 512 level bytes sit at p * panel + b * 512, 64 per group of 4 columns
+/// g: byte 4 i + j is row 16 p + i, column 32 b + 4 g + j, stored as level + 128 (unsigned, the
+/// form vpdpbusd multiplies); the 16 fp16 scales sit after all the panel's levels, at
+/// p * panel + nb * 512 + 32 b. A panel is as large as its 16 rows were (16 * nb * 34 bytes).
+inline constexpr int panel_rows = 16;
+[[nodiscard]] inline std::size_t q8_0_panel_bytes(std::int64_t cols) noexcept {
+  return static_cast<std::size_t>(cols / qk8_0) * panel_rows * sizeof(block_q8_0);
+}
 
 [[nodiscard]] act_format activation_format(tensor_type w) noexcept;
 /// Bytes of one activation row of `cols` elements (cols a multiple of the weight block size).
@@ -37,9 +58,11 @@ struct gemm_args {
 
 using gemm_fn = void (*)(const gemm_args&) noexcept;
 
-/// One kernel per weight type, in the order of type_slot().
+/// One kernel per weight type, in the order of type_slot(), and the panel kernels (the args' rows
+/// a multiple of panel_rows, w the first panel, w_stride unused).
 struct kernel_table {
   gemm_fn gemm[7];
+  gemm_fn q8_0_panels;
 };
 
 [[nodiscard]] int type_slot(tensor_type t) noexcept;

@@ -1,5 +1,6 @@
 // Scalar reference kernels: one (row, token) pair at a time, integer dot products per block and a
 // float sum over blocks. Every SIMD kernel is tested against these.
+#include <cmath>
 #include <cstring>
 
 #include "inference/kernels/gemm_kernels.hpp"
@@ -119,6 +120,33 @@ void gemm_pairs(const gemm_args& g) noexcept {
   }
 }
 
+// q8_0 in panels (gemm_kernels.hpp): each row's exact integer block sum, scaled by dw * dx and
+// added with one fused multiply-add per block, as every SIMD panel kernel does lane by lane, so all
+// ISAs give the same bits.
+void gemm_q8_0_panels(const gemm_args& g) noexcept {
+  const std::int64_t nb = g.cols / qk8_0;
+  const std::size_t panel = q8_0_panel_bytes(g.cols);
+  for (std::int64_t t = 0; t < g.n_tokens; ++t) {
+    const auto* x = reinterpret_cast<const block_q8_0_act*>(g.x + t * g.x_stride);
+    for (std::int64_t r = 0; r < g.rows; ++r) {
+      const std::uint8_t* p = g.w + static_cast<std::size_t>(r / panel_rows) * panel;
+      const std::int64_t i = r % panel_rows;
+      const auto* scales = reinterpret_cast<const std::uint16_t*>(p + nb * 512);
+      float sum = 0.0f;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        std::int32_t isum = 0;
+        for (int c = 0; c < qk8_0; ++c) {
+          const int level = static_cast<int>(p[b * 512 + (c / 4) * 64 + i * 4 + c % 4]) - 128;
+          isum += level * x[b].qs[c];
+        }
+        const float scale = fp16_to_fp32(scales[b * panel_rows + i]) * x[b].d;
+        sum = std::fma(static_cast<float>(isum), scale, sum);
+      }
+      g.y[t * g.y_stride + r] = sum;
+    }
+  }
+}
+
 }  // namespace
 
 const kernel_table& scalar_kernels() noexcept {
@@ -131,6 +159,7 @@ const kernel_table& scalar_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q4_0)] = gemm_pairs<dot_q4_0>;
     k.gemm[type_slot(tensor_type::q4_k)] = gemm_pairs<dot_q4_k>;
     k.gemm[type_slot(tensor_type::q6_k)] = gemm_pairs<dot_q6_k>;
+    k.q8_0_panels = gemm_q8_0_panels;
     return k;
   }();
   return table;

@@ -655,14 +655,56 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
 
   if (opts.on_progress) opts.on_progress(cursor, cursor);
 
+  // 4. The mat-mul weights that can be, in panels (matmul.hpp: q8_0 prefill and batches reuse each
+  //    weight load for 8 rows of activations). The token embedding stays in rows: it is looked up
+  //    by row. Tensors that run as one mat-mul (q|k|v, gate|up) are packed all or none.
+  std::vector<bool> in_panels(plan.size(), false);
+  auto cols_of = [&](const placement& pl) {
+    return pl.cols > 0 ? pl.cols : static_cast<std::int64_t>(pl.info->dims[0]);
+  };
+  auto packable = [&](std::size_t i) {
+    const placement& pl = plan[i];
+    const auto rows = static_cast<std::int64_t>(pl.chunk_rows > 0 ? pl.chunk_rows : pl.rows);
+    return opts.weight_panels && !pl.as_f32 && panels_supported(pl.info->type, rows, cols_of(pl));
+  };
+  auto pack = [&](std::initializer_list<std::size_t> together) {
+    for (std::size_t i : together)
+      if (!packable(i)) return;
+    for (std::size_t i : together) {
+      const placement& pl = plan[i];
+      if (pl.chunk_rows > 0) {
+        for (std::uint64_t k = 0; k < pl.rows / pl.chunk_rows; ++k)
+          pack_panels(pl.info->type, m->arena_ + pl.offset + k * pl.chunk_stride,
+                      static_cast<std::int64_t>(pl.chunk_rows), cols_of(pl));
+      } else {
+        pack_panels(pl.info->type, m->arena_ + pl.offset, static_cast<std::int64_t>(pl.rows),
+                    cols_of(pl));
+      }
+      in_panels[i] = true;
+    }
+  };
+  for (const layer_plan& l : lp) {
+    pack({l.wq, l.wk, l.wv});
+    pack({l.wo});
+    if (l.router) {
+      pack({*l.exp_gate, *l.exp_up});
+      pack({*l.exp_down});
+    } else {
+      pack({l.gate, l.up});
+      pack({l.down});
+    }
+  }
+  if (out_i) pack({*out_i});
+
   auto view = [&](std::size_t i) {
     const placement& pl = plan[i];
     weight_view w;
     w.type = pl.info->type;
-    w.cols = pl.cols > 0 ? pl.cols : static_cast<std::int64_t>(pl.info->dims[0]);
+    w.cols = cols_of(pl);
     w.rows = static_cast<std::int64_t>(pl.rows);
     w.data = m->arena_ + pl.offset;
     w.row_stride_bytes = 0;
+    w.layout = in_panels[i] ? weight_layout::panels : weight_layout::rows;
     return w;
   };
   auto floats = [&](std::size_t i) {
@@ -1107,6 +1149,7 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   float* k = ws.k_.data();
   float* v = ws.v_.data();
   const bool fused = L.wq.type == L.wk.type && L.wk.type == L.wv.type &&
+                     L.wq.layout == L.wk.layout && L.wk.layout == L.wv.layout &&
                      static_cast<const std::byte*>(L.wk.data) ==
                          static_cast<const std::byte*>(L.wq.data) + inference::weight_bytes(L.wq) &&
                      static_cast<const std::byte*>(L.wv.data) ==
@@ -1225,10 +1268,10 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   }
 
   const std::int64_t ffn = H.ffn;
-  const bool fused_ffn = L.w_gate.type == L.w_up.type &&
-                         static_cast<const std::byte*>(L.w_up.data) ==
-                             static_cast<const std::byte*>(L.w_gate.data) +
-                                 inference::weight_bytes(L.w_gate);
+  const bool fused_ffn =
+      L.w_gate.type == L.w_up.type && L.w_gate.layout == L.w_up.layout &&
+      static_cast<const std::byte*>(L.w_up.data) ==
+          static_cast<const std::byte*>(L.w_gate.data) + inference::weight_bytes(L.w_gate);
   float* gate = ws.gate_.data();
   float* up = ws.up_.data();
   if (fused_ffn) {

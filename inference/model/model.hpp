@@ -125,6 +125,9 @@ struct load_options {
   shard_spec shard{};
   /// Refuse models whose weights (this shard's) exceed this many bytes.
   std::uint64_t max_weight_bytes = std::uint64_t{64} << 30;
+  /// Store the q8_0 mat-mul weights in panels (matmul.hpp's weight_layout) where their shape
+  /// allows. Off: every weight in GGUF's rows (the kernels before issue 35; benchmarks compare).
+  bool weight_panels = true;
   /// Called on the loading thread after each tensor: bytes of weights in place so far, of all
   /// (a progress bar for a model that takes seconds to read). Empty: not called.
   std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)> on_progress;

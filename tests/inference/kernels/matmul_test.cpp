@@ -222,6 +222,114 @@ TEST(matmul, honours_a_row_stride_wider_than_the_row) {
   EXPECT_EQ(y, run_matmul(m, x, 1));
 }
 
+// ---- panels (issue 35) ---------------------------------------------------------------------
+
+matrix in_panels(const matrix& m) {
+  matrix p = m;
+  pack_panels(p.type, p.data.data(), p.rows, p.cols);
+  return p;
+}
+
+std::vector<float> run_panels(const matrix& p, const std::vector<float>& x, std::int64_t n_tokens,
+                              thread_pool* pool = nullptr) {
+  std::vector<float> y(static_cast<std::size_t>(n_tokens * p.rows), -1.0f);
+  weight_view w = p.view();
+  w.layout = weight_layout::panels;
+  auto r = matmul(w, x.data(), n_tokens, y.data(), pool);
+  EXPECT_TRUE(r) << (r ? "" : r.error().message);
+  return y;
+}
+
+TEST(matmul_panels, packing_is_a_permutation_unpack_gives_the_rows_back) {
+  const auto m = make_matrix(tensor_type::q8_0, 48, 160, 31);
+  auto p = in_panels(m);
+  EXPECT_NE(p.data, m.data);
+  EXPECT_EQ(p.data.size(), m.data.size());  // 16 rows take the same bytes in both layouts
+  unpack_panels(p.type, p.data.data(), p.rows, p.cols);
+  EXPECT_EQ(p.data, m.data);
+  EXPECT_TRUE(panels_supported(tensor_type::q8_0, 32, 64));
+  EXPECT_FALSE(panels_supported(tensor_type::q8_0, 24, 64));  // not whole panels
+  EXPECT_FALSE(panels_supported(tensor_type::q4_k, 32, 256));
+  EXPECT_FALSE(panels_supported(tensor_type::f16, 32, 64));
+}
+
+TEST(matmul_panels, every_isa_gives_the_same_bits_and_the_rows_value_within_rounding) {
+  isa_guard guard;
+  for (std::int64_t cols : {32, 64, 96, 1024}) {
+    for (std::int64_t rows : {16, 48}) {
+      for (std::int64_t n_tokens : {1, 3, 8, 13}) {
+        const auto m =
+            make_matrix(tensor_type::q8_0, rows, cols, static_cast<std::uint32_t>(rows * 7 + cols));
+        const auto p = in_panels(m);
+        const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 17);
+        ASSERT_TRUE(set_active_isa(isa::scalar));
+        const auto rows_ref = run_matmul(m, x, n_tokens);
+        const auto ref = run_panels(p, x, n_tokens);
+        for (isa level : supported_isas()) {
+          ASSERT_TRUE(set_active_isa(level));
+          // The same integer block sums and the same float operations per lane on every ISA.
+          ASSERT_EQ(run_panels(p, x, n_tokens), ref)
+              << to_string(level) << " rows " << rows << " cols " << cols << " n " << n_tokens;
+        }
+        // Against the row layout: the same block products, summed in another order.
+        for (std::int64_t t = 0; t < n_tokens; ++t) {
+          for (std::int64_t r = 0; r < rows; ++r) {
+            double mag = 0;
+            for (std::int64_t c = 0; c < cols; ++c)
+              mag += std::fabs(double(m.dequantized[r * cols + c]) * x[t * cols + c]);
+            ASSERT_NEAR(ref[t * rows + r], rows_ref[t * rows + r], 2e-5 * mag + 1e-6);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(matmul_panels, threads_and_decode_equal_the_batch_bit_for_bit) {
+  isa_guard guard;
+  auto pool2 = thread_pool::create(2);
+  auto pool3 = thread_pool::create(3);
+  ASSERT_TRUE(pool2 && pool3);
+  const std::int64_t rows = 80, cols = 256, n_tokens = 19;
+  const auto p = in_panels(make_matrix(tensor_type::q8_0, rows, cols, 41));
+  const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 43);
+  for (isa level : supported_isas()) {
+    ASSERT_TRUE(set_active_isa(level));
+    const auto batch = run_panels(p, x, n_tokens);
+    EXPECT_EQ(run_panels(p, x, n_tokens, pool2->get()), batch) << to_string(level);
+    EXPECT_EQ(run_panels(p, x, n_tokens, pool3->get()), batch) << to_string(level);
+    for (std::int64_t t = 0; t < n_tokens; ++t) {
+      const std::vector<float> xt(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+      const auto yt = run_panels(p, xt, 1, pool2->get());
+      for (std::int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(yt[r], batch[t * rows + r]) << to_string(level) << " t " << t << " r " << r;
+    }
+  }
+}
+
+TEST(matmul_panels, weights_that_cannot_be_in_panels_are_refused) {
+  const auto m = make_matrix(tensor_type::q8_0, 24, 64, 3);
+  std::vector<float> x(64, 1.0f), y(24, 7.0f);
+  weight_view w = m.view();
+  w.layout = weight_layout::panels;
+  auto r = matmul(w, x.data(), 1, y.data());
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("panels"), std::string::npos) << r.error().message;
+  EXPECT_EQ(y, std::vector<float>(24, 7.0f));
+  const auto f = make_matrix(tensor_type::f16, 32, 64, 3);
+  w = f.view();
+  w.layout = weight_layout::panels;
+  EXPECT_FALSE(matmul(w, x.data(), 1, y.data()));
+}
+
+TEST(matmul_panels, every_isa_has_its_own_panel_kernel) {
+  EXPECT_NE(detail::kernels_for(isa::scalar).q8_0_panels,
+            detail::kernels_for(isa::avx2).q8_0_panels);
+  EXPECT_NE(detail::kernels_for(isa::avx2).q8_0_panels,
+            detail::kernels_for(isa::avx512).q8_0_panels);
+  EXPECT_NE(detail::kernels_for(isa::scalar).q8_0_panels, nullptr);
+}
+
 #if defined(__SANITIZE_ADDRESS__)
 // ASan builds: the library's SIMD kernel files are not instrumented and their callers check the
 // ranges a kernel touches (detail::check_rows_addressable); this executable links instrumented copies
