@@ -406,6 +406,109 @@ struct q8_0_panel_tile {
   }
 };
 
+// ---- q4_K in panels ---------------------------------------------------------------------------
+// The AVX-512 kernel's integers in two ymm halves: vpmaddubsw of the levels (0..15) and the
+// activations sums a sub-block into int16 lanes without overflow (16 products of at most 15 * 127
+// per lane: 30,480; the activations are clamped to +-127), vpmaddwd widens them, vpmulld applies
+// the row's scale; the mins by vpmaddwd of (m, m) against the activation's bsums pairs. Same sums,
+// same float operations.
+template <int T>
+struct q4_k_panel_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
+    const std::int64_t nb = g.cols / qk_k;
+    const std::uint8_t* panel =
+        g.w + static_cast<std::size_t>(p) * panel_bytes(tensor_type::q4_k, g.cols);
+    const block_q8_k* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
+    __m256 acc[T][2];
+    for (int t = 0; t < T; ++t)
+      acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    alignas(32) std::int32_t sc[8][16], mm[8][16];
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const std::uint8_t* sb = panel + b * q4_k_panel_block;
+      for (int i = 0; i < panel_rows; ++i) {
+        std::uint8_t packed[12], s8[8], m8[8];
+        for (int k = 0; k < 12; ++k)
+          packed[k] = sb[2048 + k * panel_rows + i];
+        q4_k_unpack_scales(packed, s8, m8);
+        for (int j = 0; j < 8; ++j) {
+          sc[j][i] = s8[j];
+          mm[j][i] = m8[j] | (m8[j] << 16);
+        }
+      }
+      __m256i itot[T][2];
+      for (int t = 0; t < T; ++t)
+        itot[t][0] = itot[t][1] = _mm256_setzero_si256();
+      for (int s = 0; s < 8; ++s) {
+        __m256i is[T][2];
+        for (int t = 0; t < T; ++t)
+          is[t][0] = is[t][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const int k = 4 * s + c;
+          for (int h = 0; h < 2; ++h) {
+            const __m256i raw = load256(sb + 64 * k + 32 * h);
+            const __m256i lo = _mm256_and_si256(raw, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            for (int t = 0; t < T; ++t) {
+              std::int32_t a, b2;
+              std::memcpy(&a, x[t][b].qs + 8 * k, 4);
+              std::memcpy(&b2, x[t][b].qs + 8 * k + 4, 4);
+              is[t][h] = _mm256_add_epi16(
+                  is[t][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
+                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b2))));
+            }
+          }
+        }
+        for (int t = 0; t < T; ++t) {
+          for (int h = 0; h < 2; ++h) {
+            const __m256i scale = load256(&sc[s][8 * h]);
+            itot[t][h] = _mm256_add_epi32(
+                itot[t][h], _mm256_mullo_epi32(_mm256_madd_epi16(is[t][h], ones), scale));
+          }
+        }
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2240 + 16 * h)));
+        const __m256 dmin =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2272 + 16 * h)));
+        for (int t = 0; t < T; ++t) {
+          __m256i msum = _mm256_setzero_si256();
+          for (int s = 0; s < 8; ++s) {
+            std::int32_t pair;
+            std::memcpy(&pair, x[t][b].bsums + 2 * s, 4);
+            msum = _mm256_add_epi32(
+                msum, _mm256_madd_epi16(load256(&mm[s][8 * h]), _mm256_set1_epi32(pair)));
+          }
+          const __m256 dx = _mm256_set1_ps(x[t][b].d);
+          acc[t][h] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(itot[t][h]), _mm256_mul_ps(d, dx), acc[t][h]);
+          acc[t][h] =
+              _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), acc[t][h]);
+        }
+      }
+    }
+    const std::int64_t r0 = p * panel_rows;
+    for (int t = 0; t < T; ++t) {
+      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t][0]);
+      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0 + 8, acc[t][1]);
+    }
+  }
+};
+
+void gemm_q4_k_panels(const gemm_args& g) noexcept {
+  constexpr int max_t = 2;
+  static constexpr tile_fn tiles[max_t] = {&q4_k_panel_tile<1>::run, &q4_k_panel_tile<2>::run};
+  for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+      tiles[nt - 1](g, p, t0);
+    }
+  }
+}
+
 void gemm_q8_0_panels(const gemm_args& g) noexcept {
   constexpr int max_t = 3;
   static constexpr tile_fn tiles[max_t] = {&q8_0_panel_tile<1>::run, &q8_0_panel_tile<2>::run,
@@ -431,6 +534,7 @@ const kernel_table& avx2_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
     k.q8_0_panels = gemm_q8_0_panels;
+    k.q4_k_panels = gemm_q4_k_panels;
     return k;
   }();
   return table;

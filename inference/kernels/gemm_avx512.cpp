@@ -512,17 +512,123 @@ struct q8_0_panel_tile {
   }
 };
 
-template <std::size_t... I>
-constexpr std::array<tile_fn, sizeof...(I)> make_panel_tiles(std::index_sequence<I...>) {
-  return {&q8_0_panel_tile<static_cast<int>(I) + 1>::run...};
+// ---- q4_K in panels (layout in gemm_kernels.hpp) ---------------------------------------------
+//
+// The levels (0..15) are vpdpbusd's unsigned operand as stored: a 64-byte chunk holds two groups
+// of 4 columns of the 16 rows (low and high nibbles). Per sub-block of 32 columns each int32 lane
+// collects its row's exact dot product, multiplied by the row's 6-bit scale (vpmulld) into the
+// super-block's sum; the mins are taken off as sum_s m_s * bsum_s with vpdpwssd (the activation's
+// int16 block sums in pairs against each row's min, duplicated). Both sums are the exact integers
+// of the row kernels, then two FMAs per super-block.
+
+// The 16 rows' unpacked scales (int32 lanes) and mins (the same min in both int16 halves of a
+// lane) of one super-block, from its k-major scale bytes (see q4_k_unpack_scales).
+TESSERA_AVX512_INLINE void q4_k_panel_scales(const std::uint8_t* sb, __m512i (&sc)[8],
+                                             __m512i (&mm)[8]) {
+  __m128i S[12];
+  for (int k = 0; k < 12; ++k)
+    S[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * k));
+  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+  auto top2 = [&](__m128i v) {  // (v >> 6) << 4, per byte
+    return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, 6), m3), 4);
+  };
+  for (int j = 0; j < 8; ++j) {
+    __m128i s8, m8;
+    if (j < 4) {
+      s8 = _mm_and_si128(S[j], m63);
+      m8 = _mm_and_si128(S[j + 4], m63);
+    } else {
+      s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m15), top2(S[j - 4]));
+      m8 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m15), top2(S[j]));
+    }
+    sc[j] = _mm512_cvtepu8_epi32(s8);
+    const __m512i m32 = _mm512_cvtepu8_epi32(m8);
+    mm[j] = _mm512_or_si512(m32, _mm512_slli_epi32(m32, 16));
+  }
 }
 
-void gemm_q8_0_panels(const gemm_args& g) noexcept {
-  constexpr int max_t = 8;
-  static constexpr auto tiles = make_panel_tiles(std::make_index_sequence<max_t>{});
+template <int T>
+struct q4_k_panel_tile {
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
+    const std::int64_t nb = g.cols / qk_k;
+    const std::uint8_t* panel =
+        g.w + static_cast<std::size_t>(p) * panel_bytes(tensor_type::q4_k, g.cols);
+    const block_q8_k* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    alignas(64) __m512i sc[8], mm[8];
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const std::uint8_t* sb = panel + b * q4_k_panel_block;
+      q4_k_panel_scales(sb, sc, mm);
+      __m512i itot[T];
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        itot[t] = _mm512_setzero_si512();
+      for (int s = 0; s < 8; ++s) {
+        __m512i is[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          is[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const int k = 4 * s + c;
+          const __m512i raw = _mm512_loadu_si512(sb + 64 * k);
+          const __m512i lo = _mm512_and_si512(raw, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t) {
+            std::int32_t a, b2;
+            std::memcpy(&a, x[t][b].qs + 8 * k, 4);
+            std::memcpy(&b2, x[t][b].qs + 8 * k + 4, 4);
+            is[t] = _mm512_dpbusd_epi32(is[t], lo, _mm512_set1_epi32(a));
+            is[t] = _mm512_dpbusd_epi32(is[t], hi, _mm512_set1_epi32(b2));
+          }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          itot[t] = _mm512_add_epi32(itot[t], _mm512_mullo_epi32(is[t], sc[s]));
+      }
+      const __m512 d =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2240)));
+      const __m512 dmin =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 2272)));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        __m512i msum = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+          std::int32_t pair;
+          std::memcpy(&pair, x[t][b].bsums + 2 * s, 4);
+          msum = _mm512_dpwssd_epi32(msum, mm[s], _mm512_set1_epi32(pair));
+        }
+        const __m512 dx = _mm512_set1_ps(x[t][b].d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(itot[t]), _mm512_mul_ps(d, dx), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[t]);
+      }
+    }
+    const std::int64_t r0 = p * panel_rows;
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t]);
+  }
+};
+
+template <template <int> class Tile, std::size_t... I>
+constexpr std::array<tile_fn, sizeof...(I)> make_panel_tiles(std::index_sequence<I...>) {
+  return {&Tile<static_cast<int>(I) + 1>::run...};
+}
+
+// Panels outer (each stays in L1/L2 for all the tokens), up to MaxT tokens per tile.
+template <template <int> class Tile, int MaxT>
+void drive_panels(const gemm_args& g) noexcept {
+  static constexpr auto tiles = make_panel_tiles<Tile>(std::make_index_sequence<MaxT>{});
   for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
-    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
-      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += MaxT) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(MaxT, g.n_tokens - t0));
       tiles[static_cast<std::size_t>(nt - 1)](g, p, t0);
     }
   }
@@ -540,7 +646,8 @@ const kernel_table& avx512_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 4>;
     k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
-    k.q8_0_panels = gemm_q8_0_panels;
+    k.q8_0_panels = drive_panels<q8_0_panel_tile, 8>;
+    k.q4_k_panels = drive_panels<q4_k_panel_tile, 8>;
     return k;
   }();
   return table;

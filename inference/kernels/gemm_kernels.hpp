@@ -35,9 +35,25 @@ static_assert(sizeof(block_q8_0_act) == 40);
 /// g: byte 4 i + j is row 16 p + i, column 32 b + 4 g + j, stored as level + 128 (unsigned, the
 /// form vpdpbusd multiplies); the 16 fp16 scales sit after all the panel's levels, at
 /// p * panel + nb * 512 + 32 b. A panel is as large as its 16 rows were (16 * nb * 34 bytes).
+///
+/// q4_K weights in panels: per super-block b (256 columns) of panel p, 2304 bytes at
+/// p * panel + b * 2304:
+///   [0, 2048)     levels: 64-byte chunk k (k < 32), byte 4 i + j: low nibble = row i, column
+///                 256 b + 8 k + j; high nibble = column 256 b + 8 k + 4 + j (levels 0..15, the
+///                 unsigned operand of vpdpbusd as they are);
+///   [2048, 2240)  the 12 packed scale bytes, byte k of all 16 rows together (k * 16 + i), so
+///                 16 rows' 6-bit scales and mins unpack with a few vector shifts;
+///   [2240, 2272)  d of the 16 rows (fp16); [2272, 2304) dmin.
 inline constexpr int panel_rows = 16;
+inline constexpr std::size_t q4_k_panel_block = 2304;
+static_assert(q4_k_panel_block == panel_rows * sizeof(block_q4_k));
 [[nodiscard]] inline std::size_t q8_0_panel_bytes(std::int64_t cols) noexcept {
   return static_cast<std::size_t>(cols / qk8_0) * panel_rows * sizeof(block_q8_0);
+}
+/// Bytes of one panel (16 rows) of a type panels support.
+[[nodiscard]] inline std::size_t panel_bytes(tensor_type t, std::int64_t cols) noexcept {
+  return t == tensor_type::q8_0 ? q8_0_panel_bytes(cols)
+                                : static_cast<std::size_t>(cols / qk_k) * q4_k_panel_block;
 }
 
 [[nodiscard]] act_format activation_format(tensor_type w) noexcept;
@@ -62,7 +78,8 @@ using gemm_fn = void (*)(const gemm_args&) noexcept;
 /// a multiple of panel_rows, w the first panel, w_stride unused).
 struct kernel_table {
   gemm_fn gemm[7];
-  gemm_fn q8_0_panels;
+  gemm_fn q8_0_panels;  ///< q8_0 weights, act_format::q8_0_panel activations
+  gemm_fn q4_k_panels;  ///< q4_K weights, act_format::q8_k activations
 };
 
 [[nodiscard]] int type_slot(tensor_type t) noexcept;

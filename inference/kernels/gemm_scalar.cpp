@@ -147,6 +147,46 @@ void gemm_q8_0_panels(const gemm_args& g) noexcept {
   }
 }
 
+// q4_K in panels (gemm_kernels.hpp): per super-block the exact integer sums of the scaled levels
+// and of the mins (as the row kernels), then two fused multiply-adds, as the SIMD panel kernels do
+// lane by lane.
+void gemm_q4_k_panels(const gemm_args& g) noexcept {
+  const std::int64_t nb = g.cols / qk_k;
+  const std::size_t panel = panel_bytes(tensor_type::q4_k, g.cols);
+  for (std::int64_t t = 0; t < g.n_tokens; ++t) {
+    const auto* x = reinterpret_cast<const block_q8_k*>(g.x + t * g.x_stride);
+    for (std::int64_t r = 0; r < g.rows; ++r) {
+      const std::uint8_t* p = g.w + static_cast<std::size_t>(r / panel_rows) * panel;
+      const std::int64_t i = r % panel_rows;
+      float sum = 0.0f;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* sb = p + b * q4_k_panel_block;
+        std::uint8_t packed[12], sc[8], m[8];
+        for (int k = 0; k < 12; ++k)
+          packed[k] = sb[2048 + k * panel_rows + i];
+        q4_k_unpack_scales(packed, sc, m);
+        std::int32_t isum = 0, msum = 0;
+        for (int s = 0; s < 8; ++s) {
+          std::int32_t dot = 0;
+          for (int c = 32 * s; c < 32 * s + 32; ++c) {
+            const std::uint8_t byte = sb[(c / 8) * 64 + i * 4 + c % 4];
+            const int level = (c % 8) >= 4 ? byte >> 4 : byte & 0xF;
+            dot += level * x[b].qs[c];
+          }
+          isum += sc[s] * dot;
+          msum += m[s] * (x[b].bsums[2 * s] + x[b].bsums[2 * s + 1]);
+        }
+        std::uint16_t d, dmin;
+        std::memcpy(&d, sb + 2240 + 2 * i, 2);
+        std::memcpy(&dmin, sb + 2272 + 2 * i, 2);
+        sum = std::fma(static_cast<float>(isum), fp16_to_fp32(d) * x[b].d, sum);
+        sum = std::fma(-static_cast<float>(msum), fp16_to_fp32(dmin) * x[b].d, sum);
+      }
+      g.y[t * g.y_stride + r] = sum;
+    }
+  }
+}
+
 }  // namespace
 
 const kernel_table& scalar_kernels() noexcept {
@@ -160,6 +200,7 @@ const kernel_table& scalar_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q4_k)] = gemm_pairs<dot_q4_k>;
     k.gemm[type_slot(tensor_type::q6_k)] = gemm_pairs<dot_q6_k>;
     k.q8_0_panels = gemm_q8_0_panels;
+    k.q4_k_panels = gemm_q4_k_panels;
     return k;
   }();
   return table;

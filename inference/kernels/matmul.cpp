@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "inference/kernels/gemm_kernels.hpp"
@@ -45,8 +46,8 @@ result<row_layout> validate(const weight_view& w, const float* x, std::int64_t n
   if (w.layout == weight_layout::panels &&
       (!panels_supported(w.type, w.rows, w.cols) || stride != *row)) {
     return make_error(errc::invalid_argument,
-                      "matmul: a {}x{} {} weight cannot be in panels (q8_0, rows a multiple of {}, "
-                      "no row stride)",
+                      "matmul: a {}x{} {} weight cannot be in panels (q8_0 or q4_K, rows a "
+                      "multiple of {}, no row stride)",
                       w.rows, w.cols, to_string(w.type), detail::panel_rows);
   }
   if (w.rows > 0 && n_tokens > 0 && (w.data == nullptr || x == nullptr || y == nullptr)) {
@@ -55,67 +56,120 @@ result<row_layout> validate(const weight_view& w, const float* x, std::int64_t n
   return row_layout{*row, stride};
 }
 
-// Panel p's level byte of (row i of the panel, column c) and its scale, in the panel at `panel`.
-std::size_t panel_level_offset(std::int64_t i, std::int64_t c) noexcept {
+// Where panel bytes live (layouts in gemm_kernels.hpp). q8_0: the level byte of (panel row i,
+// column c). q4_K: the byte holding the nibble of (row i, column c) within its super-block, and
+// whether it is the high nibble.
+std::size_t q8_0_level_offset(std::int64_t i, std::int64_t c) noexcept {
   const std::int64_t b = c / qk8_0, g = (c % qk8_0) / 4, j = c % 4;
   return static_cast<std::size_t>(b * 512 + g * 64 + i * 4 + j);
+}
+std::pair<std::size_t, bool> q4_k_level_offset(std::int64_t i, std::int64_t c) noexcept {
+  const std::int64_t k = c / 8, j = c % 4;
+  return {static_cast<std::size_t>(k * 64 + i * 4 + j), (c % 8) >= 4};
+}
+// The level (0..15) of element e of a q4_K block, and storing one (GGUF's nibble order).
+int q4_k_get(const block_q4_k& b, int e) noexcept {
+  const int l = e % 64;
+  const std::uint8_t byte = b.qs[32 * (e / 64) + l % 32];
+  return l < 32 ? (byte & 0xF) : (byte >> 4);
+}
+void q4_k_set(block_q4_k& b, int e, int level) noexcept {
+  const int l = e % 64;
+  std::uint8_t& byte = b.qs[32 * (e / 64) + l % 32];
+  byte = l < 32 ? static_cast<std::uint8_t>((byte & 0xF0) | level)
+                : static_cast<std::uint8_t>((byte & 0x0F) | (level << 4));
+}
+
+// Converts one panel between 16 plain rows (`rows`) and the panel layout (`panel`), either way.
+void convert_panel(tensor_type type, std::uint8_t* rows, std::uint8_t* panel, std::int64_t cols,
+                   bool to_panel) {
+  const int n = detail::panel_rows;
+  if (type == tensor_type::q8_0) {
+    const std::int64_t nb = cols / qk8_0;
+    auto* blocks = reinterpret_cast<block_q8_0*>(rows);
+    auto* scales = reinterpret_cast<std::uint16_t*>(panel + nb * 512);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t b = 0; b < nb; ++b) {
+        block_q8_0& blk = blocks[i * nb + b];
+        std::uint16_t& d = scales[b * n + i];
+        if (to_panel)
+          std::memcpy(&d, &blk.d, sizeof(d));
+        else
+          std::memcpy(&blk.d, &d, sizeof(d));
+        for (int k = 0; k < qk8_0; ++k) {
+          std::uint8_t& level = panel[q8_0_level_offset(i, b * qk8_0 + k)];
+          if (to_panel)
+            level = static_cast<std::uint8_t>(static_cast<std::uint8_t>(blk.qs[k]) ^ 0x80u);
+          else
+            blk.qs[k] = static_cast<std::int8_t>(level ^ 0x80u);
+        }
+      }
+    }
+    return;
+  }
+  const std::int64_t nb = cols / qk_k;
+  auto* blocks = reinterpret_cast<block_q4_k*>(rows);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::uint8_t* sb = panel + b * detail::q4_k_panel_block;
+    auto* d = reinterpret_cast<std::uint16_t*>(sb + 2240);
+    auto* dmin = reinterpret_cast<std::uint16_t*>(sb + 2272);
+    if (to_panel) std::memset(sb, 0, 2048);
+    for (std::int64_t i = 0; i < n; ++i) {
+      block_q4_k& blk = blocks[i * nb + b];
+      if (to_panel) {
+        std::memcpy(&d[i], &blk.d, 2);
+        std::memcpy(&dmin[i], &blk.dmin, 2);
+        for (int k = 0; k < 12; ++k)
+          sb[2048 + k * n + i] = blk.scales[k];
+        for (int e = 0; e < qk_k; ++e) {
+          const auto [off, high] = q4_k_level_offset(i, e);
+          sb[off] = static_cast<std::uint8_t>(sb[off] | (q4_k_get(blk, e) << (high ? 4 : 0)));
+        }
+      } else {
+        std::memcpy(&blk.d, &d[i], 2);
+        std::memcpy(&blk.dmin, &dmin[i], 2);
+        for (int k = 0; k < 12; ++k)
+          blk.scales[k] = sb[2048 + k * n + i];
+        for (int e = 0; e < qk_k; ++e) {
+          const auto [off, high] = q4_k_level_offset(i, e);
+          q4_k_set(blk, e, high ? sb[off] >> 4 : sb[off] & 0xF);
+        }
+      }
+    }
+  }
+}
+
+void convert_panels(tensor_type type, void* data, std::int64_t rows, std::int64_t cols,
+                    bool to_panel) {
+  TESSERA_ASSERT(panels_supported(type, rows, cols), "panels: {}x{} {}", rows, cols,
+                 to_string(type));
+  const std::size_t panel = detail::panel_bytes(type, cols);
+  std::vector<std::uint8_t> copy(panel);
+  auto* base = static_cast<std::uint8_t*>(data);
+  for (std::int64_t p = 0; p < rows / detail::panel_rows; ++p) {
+    std::uint8_t* at = base + static_cast<std::size_t>(p) * panel;
+    std::memcpy(copy.data(), at, panel);
+    if (to_panel)
+      convert_panel(type, copy.data(), at, cols, true);
+    else
+      convert_panel(type, at, copy.data(), cols, false);
+  }
 }
 
 }  // namespace
 
 bool panels_supported(tensor_type type, std::int64_t rows, std::int64_t cols) noexcept {
-  return type == tensor_type::q8_0 && rows > 0 && rows % detail::panel_rows == 0 && cols > 0 &&
-         cols % qk8_0 == 0;
+  if (rows <= 0 || rows % detail::panel_rows != 0 || cols <= 0) return false;
+  return (type == tensor_type::q8_0 && cols % qk8_0 == 0) ||
+         (type == tensor_type::q4_k && cols % qk_k == 0);
 }
 
 void pack_panels(tensor_type type, void* data, std::int64_t rows, std::int64_t cols) {
-  TESSERA_ASSERT(panels_supported(type, rows, cols), "pack_panels: {}x{} {}", rows, cols,
-                 to_string(type));
-  const std::size_t panel = detail::q8_0_panel_bytes(cols);
-  const std::int64_t nb = cols / qk8_0;
-  std::vector<std::uint8_t> plain(panel);
-  auto* base = static_cast<std::uint8_t*>(data);
-  for (std::int64_t p = 0; p < rows / detail::panel_rows; ++p) {
-    std::uint8_t* out = base + static_cast<std::size_t>(p) * panel;
-    std::memcpy(plain.data(), out, panel);  // 16 rows, one after another
-    const auto* blocks = reinterpret_cast<const block_q8_0*>(plain.data());
-    auto* scales = reinterpret_cast<std::uint16_t*>(out + nb * 512);
-    for (std::int64_t i = 0; i < detail::panel_rows; ++i) {
-      for (std::int64_t b = 0; b < nb; ++b) {
-        const block_q8_0& blk = blocks[i * nb + b];
-        std::memcpy(&scales[b * detail::panel_rows + i], &blk.d, sizeof(blk.d));
-        for (int k = 0; k < qk8_0; ++k) {
-          out[panel_level_offset(i, b * qk8_0 + k)] =
-              static_cast<std::uint8_t>(static_cast<std::uint8_t>(blk.qs[k]) ^ 0x80u);
-        }
-      }
-    }
-  }
+  convert_panels(type, data, rows, cols, true);
 }
 
 void unpack_panels(tensor_type type, void* data, std::int64_t rows, std::int64_t cols) {
-  TESSERA_ASSERT(panels_supported(type, rows, cols), "unpack_panels: {}x{} {}", rows, cols,
-                 to_string(type));
-  const std::size_t panel = detail::q8_0_panel_bytes(cols);
-  const std::int64_t nb = cols / qk8_0;
-  std::vector<std::uint8_t> packed(panel);
-  auto* base = static_cast<std::uint8_t*>(data);
-  for (std::int64_t p = 0; p < rows / detail::panel_rows; ++p) {
-    std::uint8_t* out = base + static_cast<std::size_t>(p) * panel;
-    std::memcpy(packed.data(), out, panel);
-    const auto* scales = reinterpret_cast<const std::uint16_t*>(packed.data() + nb * 512);
-    auto* blocks = reinterpret_cast<block_q8_0*>(out);
-    for (std::int64_t i = 0; i < detail::panel_rows; ++i) {
-      for (std::int64_t b = 0; b < nb; ++b) {
-        block_q8_0& blk = blocks[i * nb + b];
-        std::memcpy(&blk.d, &scales[b * detail::panel_rows + i], sizeof(blk.d));
-        for (int k = 0; k < qk8_0; ++k) {
-          blk.qs[k] =
-              static_cast<std::int8_t>(packed[panel_level_offset(i, b * qk8_0 + k)] ^ 0x80u);
-        }
-      }
-    }
-  }
+  convert_panels(type, data, rows, cols, false);
 }
 
 std::size_t weight_bytes(const weight_view& w) noexcept {
@@ -140,10 +194,13 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
 
   const isa level = active_isa();
   const bool panels = w.layout == weight_layout::panels;
-  const detail::gemm_fn gemm = panels ? detail::kernels_for(level).q8_0_panels
-                                      : detail::kernels_for(level).gemm[detail::type_slot(w.type)];
-  const detail::act_format format =
-      panels ? detail::act_format::q8_0_panel : detail::activation_format(w.type);
+  const auto& table = detail::kernels_for(level);
+  const detail::gemm_fn gemm =
+      !panels ? table.gemm[detail::type_slot(w.type)]
+              : (w.type == tensor_type::q8_0 ? table.q8_0_panels : table.q4_k_panels);
+  const detail::act_format format = panels && w.type == tensor_type::q8_0
+                                        ? detail::act_format::q8_0_panel
+                                        : detail::activation_format(w.type);
   const std::size_t x_stride = detail::activation_row_bytes(format, w.cols);
   const int n_threads = pool ? pool->size() : 1;
 

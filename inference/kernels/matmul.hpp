@@ -21,11 +21,11 @@ namespace tessera::inference {
 
 /// How a weight matrix's bytes are arranged.
 ///  - rows: GGUF's own layout, one row after another.
-///  - panels: (q8_0 only) 16 rows interleaved so that one 64-byte load holds 4 columns of 16 rows
-///    (layout in gemm_kernels.hpp). A mat-mul then needs no horizontal sums: each int32 lane of a
-///    vpdpbusd is one row's exact block sum, and prefill reuses one weight load for 8 tokens where
-///    the row tiles paid a conversion and a multiply per 4 products (issue 35). 16 rows take the
-///    same bytes in both layouts, so a run of whole panels is the same byte range as its rows.
+///  - panels: (q8_0 and q4_K) 16 rows interleaved so that one 64-byte load holds 4 columns of 16
+///    rows (layouts in gemm_kernels.hpp). A mat-mul then needs no horizontal sums: each int32 lane
+///    of a vpdpbusd is one row's exact block sum, and prefill reuses one weight load for 8 tokens
+///    where the row tiles paid a conversion and a multiply per 4 products (issue 35). 16 rows take
+///    the same bytes in both layouts, so a run of whole panels is the same byte range as its rows.
 enum class weight_layout : std::uint8_t { rows, panels };
 
 /// A weight matrix: `rows` rows of `cols` elements of `type`; row r starts at

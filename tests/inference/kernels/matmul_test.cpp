@@ -240,44 +240,57 @@ std::vector<float> run_panels(const matrix& p, const std::vector<float>& x, std:
   return y;
 }
 
+constexpr tensor_type panel_types[] = {tensor_type::q8_0, tensor_type::q4_k};
+
 TEST(matmul_panels, packing_is_a_permutation_unpack_gives_the_rows_back) {
-  const auto m = make_matrix(tensor_type::q8_0, 48, 160, 31);
-  auto p = in_panels(m);
-  EXPECT_NE(p.data, m.data);
-  EXPECT_EQ(p.data.size(), m.data.size());  // 16 rows take the same bytes in both layouts
-  unpack_panels(p.type, p.data.data(), p.rows, p.cols);
-  EXPECT_EQ(p.data, m.data);
+  for (tensor_type type : panel_types) {
+    const auto m = make_matrix(type, 48, block_elements(type) == 256 ? 512 : 160, 31);
+    auto p = in_panels(m);
+    EXPECT_NE(p.data, m.data);
+    EXPECT_EQ(p.data.size(), m.data.size());  // 16 rows take the same bytes in both layouts
+    unpack_panels(p.type, p.data.data(), p.rows, p.cols);
+    EXPECT_EQ(p.data, m.data) << to_string(type);
+  }
   EXPECT_TRUE(panels_supported(tensor_type::q8_0, 32, 64));
   EXPECT_FALSE(panels_supported(tensor_type::q8_0, 24, 64));  // not whole panels
-  EXPECT_FALSE(panels_supported(tensor_type::q4_k, 32, 256));
+  EXPECT_TRUE(panels_supported(tensor_type::q4_k, 32, 256));
+  EXPECT_FALSE(panels_supported(tensor_type::q6_k, 32, 256));
   EXPECT_FALSE(panels_supported(tensor_type::f16, 32, 64));
+}
+
+std::vector<std::int64_t> panel_cols(tensor_type type) {
+  return block_elements(type) == 256 ? std::vector<std::int64_t>{256, 768, 1024}
+                                     : std::vector<std::int64_t>{32, 64, 96, 1024};
 }
 
 TEST(matmul_panels, every_isa_gives_the_same_bits_and_the_rows_value_within_rounding) {
   isa_guard guard;
-  for (std::int64_t cols : {32, 64, 96, 1024}) {
-    for (std::int64_t rows : {16, 48}) {
-      for (std::int64_t n_tokens : {1, 3, 8, 13}) {
-        const auto m =
-            make_matrix(tensor_type::q8_0, rows, cols, static_cast<std::uint32_t>(rows * 7 + cols));
-        const auto p = in_panels(m);
-        const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 17);
-        ASSERT_TRUE(set_active_isa(isa::scalar));
-        const auto rows_ref = run_matmul(m, x, n_tokens);
-        const auto ref = run_panels(p, x, n_tokens);
-        for (isa level : supported_isas()) {
-          ASSERT_TRUE(set_active_isa(level));
-          // The same integer block sums and the same float operations per lane on every ISA.
-          ASSERT_EQ(run_panels(p, x, n_tokens), ref)
-              << to_string(level) << " rows " << rows << " cols " << cols << " n " << n_tokens;
-        }
-        // Against the row layout: the same block products, summed in another order.
-        for (std::int64_t t = 0; t < n_tokens; ++t) {
-          for (std::int64_t r = 0; r < rows; ++r) {
-            double mag = 0;
-            for (std::int64_t c = 0; c < cols; ++c)
-              mag += std::fabs(double(m.dequantized[r * cols + c]) * x[t * cols + c]);
-            ASSERT_NEAR(ref[t * rows + r], rows_ref[t * rows + r], 2e-5 * mag + 1e-6);
+  for (tensor_type type : panel_types) {
+    for (std::int64_t cols : panel_cols(type)) {
+      for (std::int64_t rows : {16, 48}) {
+        for (std::int64_t n_tokens : {1, 3, 8, 13}) {
+          const auto m = make_matrix(type, rows, cols, static_cast<std::uint32_t>(rows * 7 + cols));
+          const auto p = in_panels(m);
+          const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 17);
+          ASSERT_TRUE(set_active_isa(isa::scalar));
+          const auto rows_ref = run_matmul(m, x, n_tokens);
+          const auto ref = run_panels(p, x, n_tokens);
+          for (isa level : supported_isas()) {
+            ASSERT_TRUE(set_active_isa(level));
+            // The same integer sums and the same float operations per lane on every ISA.
+            ASSERT_EQ(run_panels(p, x, n_tokens), ref)
+                << to_string(type) << " " << to_string(level) << " rows " << rows << " cols "
+                << cols << " n " << n_tokens;
+          }
+          // Against the row layout: the same products, summed in another order.
+          for (std::int64_t t = 0; t < n_tokens; ++t) {
+            for (std::int64_t r = 0; r < rows; ++r) {
+              double mag = 0;
+              for (std::int64_t c = 0; c < cols; ++c)
+                mag += std::fabs(double(m.dequantized[r * cols + c]) * x[t * cols + c]);
+              ASSERT_NEAR(ref[t * rows + r], rows_ref[t * rows + r], 2e-5 * mag + 1e-6)
+                  << to_string(type) << " rows " << rows << " cols " << cols << " r " << r;
+            }
           }
         }
       }
@@ -290,19 +303,22 @@ TEST(matmul_panels, threads_and_decode_equal_the_batch_bit_for_bit) {
   auto pool2 = thread_pool::create(2);
   auto pool3 = thread_pool::create(3);
   ASSERT_TRUE(pool2 && pool3);
-  const std::int64_t rows = 80, cols = 256, n_tokens = 19;
-  const auto p = in_panels(make_matrix(tensor_type::q8_0, rows, cols, 41));
-  const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 43);
-  for (isa level : supported_isas()) {
-    ASSERT_TRUE(set_active_isa(level));
-    const auto batch = run_panels(p, x, n_tokens);
-    EXPECT_EQ(run_panels(p, x, n_tokens, pool2->get()), batch) << to_string(level);
-    EXPECT_EQ(run_panels(p, x, n_tokens, pool3->get()), batch) << to_string(level);
-    for (std::int64_t t = 0; t < n_tokens; ++t) {
-      const std::vector<float> xt(x.begin() + t * cols, x.begin() + (t + 1) * cols);
-      const auto yt = run_panels(p, xt, 1, pool2->get());
-      for (std::int64_t r = 0; r < rows; ++r)
-        ASSERT_EQ(yt[r], batch[t * rows + r]) << to_string(level) << " t " << t << " r " << r;
+  const std::int64_t rows = 80, cols = 512, n_tokens = 19;
+  for (tensor_type type : panel_types) {
+    const auto p = in_panels(make_matrix(type, rows, cols, 41));
+    const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 43);
+    for (isa level : supported_isas()) {
+      ASSERT_TRUE(set_active_isa(level));
+      const auto batch = run_panels(p, x, n_tokens);
+      EXPECT_EQ(run_panels(p, x, n_tokens, pool2->get()), batch) << to_string(level);
+      EXPECT_EQ(run_panels(p, x, n_tokens, pool3->get()), batch) << to_string(level);
+      for (std::int64_t t = 0; t < n_tokens; ++t) {
+        const std::vector<float> xt(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+        const auto yt = run_panels(p, xt, 1, pool2->get());
+        for (std::int64_t r = 0; r < rows; ++r)
+          ASSERT_EQ(yt[r], batch[t * rows + r])
+              << to_string(type) << " " << to_string(level) << " t " << t << " r " << r;
+      }
     }
   }
 }
@@ -328,6 +344,11 @@ TEST(matmul_panels, every_isa_has_its_own_panel_kernel) {
   EXPECT_NE(detail::kernels_for(isa::avx2).q8_0_panels,
             detail::kernels_for(isa::avx512).q8_0_panels);
   EXPECT_NE(detail::kernels_for(isa::scalar).q8_0_panels, nullptr);
+  EXPECT_NE(detail::kernels_for(isa::scalar).q4_k_panels,
+            detail::kernels_for(isa::avx2).q4_k_panels);
+  EXPECT_NE(detail::kernels_for(isa::avx2).q4_k_panels,
+            detail::kernels_for(isa::avx512).q4_k_panels);
+  EXPECT_NE(detail::kernels_for(isa::scalar).q4_k_panels, nullptr);
 }
 
 #if defined(__SANITIZE_ADDRESS__)
