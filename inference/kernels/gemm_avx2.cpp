@@ -509,6 +509,48 @@ void gemm_q4_k_panels(const gemm_args& g) noexcept {
   }
 }
 
+// ---- f16 in panels: the AVX-512 kernel's lanes in two ymm halves ------------------------------
+template <int T>
+struct f16_panel_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
+    const auto* w = reinterpret_cast<const std::uint16_t*>(
+        g.w + static_cast<std::size_t>(p) * panel_bytes(tensor_type::f16, g.cols));
+    const float* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const float*>(g.x + (t0 + t) * g.x_stride);
+    __m256 lo[T], hi[T];
+    for (int t = 0; t < T; ++t)
+      lo[t] = hi[t] = _mm256_setzero_ps();
+    for (std::int64_t c = 0; c < g.cols; ++c) {
+      const __m256 wl =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * panel_rows)));
+      const __m256 wh = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * panel_rows + 8)));
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = _mm256_set1_ps(x[t][c]);
+        lo[t] = _mm256_fmadd_ps(wl, xv, lo[t]);
+        hi[t] = _mm256_fmadd_ps(wh, xv, hi[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + p * panel_rows, lo[t]);
+      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + p * panel_rows + 8, hi[t]);
+    }
+  }
+};
+
+void gemm_f16_panels(const gemm_args& g) noexcept {
+  constexpr int max_t = 4;
+  static constexpr tile_fn tiles[max_t] = {&f16_panel_tile<1>::run, &f16_panel_tile<2>::run,
+                                           &f16_panel_tile<3>::run, &f16_panel_tile<4>::run};
+  for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+      tiles[nt - 1](g, p, t0);
+    }
+  }
+}
+
 void gemm_q8_0_panels(const gemm_args& g) noexcept {
   constexpr int max_t = 3;
   static constexpr tile_fn tiles[max_t] = {&q8_0_panel_tile<1>::run, &q8_0_panel_tile<2>::run,
@@ -535,6 +577,7 @@ const kernel_table& avx2_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
     k.q8_0_panels = gemm_q8_0_panels;
     k.q4_k_panels = gemm_q4_k_panels;
+    k.f16_panels = gemm_f16_panels;
     return k;
   }();
   return table;

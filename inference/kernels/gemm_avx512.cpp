@@ -617,6 +617,76 @@ struct q4_k_panel_tile {
   }
 };
 
+// ---- f16 in panels ---------------------------------------------------------------------------
+//
+// Column c of a panel is one 32-byte load, converted once (vcvtph2ps) and used by every token of
+// the tile: one FMA per 16 rows and token, against the activation broadcast from memory. P panels
+// side by side keep enough independent FMA chains when there are few tokens (decode: 4 panels);
+// each lane still adds its row's products in column order, so the tile shape never changes a
+// value. The FMA units bound this (about 16 products per cycle): f16 prefill cannot pass the f32
+// peak without rounding the weights to bf16, which these kernels do not.
+template <int P, int T>
+struct f16_panel_tile {
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t p0, std::int64_t t0) noexcept {
+    const std::size_t panel = panel_bytes(tensor_type::f16, g.cols);
+    const std::uint16_t* w[P];
+    for (int q = 0; q < P; ++q)
+      w[q] = reinterpret_cast<const std::uint16_t*>(g.w + static_cast<std::size_t>(p0 + q) * panel);
+    const float* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const float*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[P][T];
+#pragma GCC unroll 8
+    for (int q = 0; q < P; ++q)
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        acc[q][t] = _mm512_setzero_ps();
+    for (std::int64_t c = 0; c < g.cols; ++c) {
+#pragma GCC unroll 8
+      for (int q = 0; q < P; ++q) {
+        const __m512 wv = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[q] + c * panel_rows)));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          acc[q][t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[t][c]), acc[q][t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < P; ++q)
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + (p0 + q) * panel_rows, acc[q][t]);
+  }
+};
+
+// 8 tokens per panel; fewer tokens take more panels at once (at least 8 FMA chains where the
+// rows allow).
+void gemm_f16_panels(const gemm_args& g) noexcept {
+  const std::int64_t np = g.rows / panel_rows;
+  const std::int64_t whole = g.n_tokens / 8 * 8;
+  // Panels outer: a panel stays in cache while every group of 8 tokens uses it.
+  for (std::int64_t p = 0; p < np; ++p)
+    for (std::int64_t t0 = 0; t0 < whole; t0 += 8)
+      f16_panel_tile<1, 8>::run(g, p, t0);
+  const std::int64_t t0 = whole, left = g.n_tokens - whole;
+  if (left == 0) return;
+  using fn = void (*)(const gemm_args&, std::int64_t, std::int64_t) noexcept;
+  static constexpr fn four[8] = {&f16_panel_tile<4, 1>::run, &f16_panel_tile<4, 2>::run,
+                                 &f16_panel_tile<2, 3>::run, &f16_panel_tile<2, 4>::run,
+                                 &f16_panel_tile<2, 5>::run, &f16_panel_tile<2, 6>::run,
+                                 &f16_panel_tile<1, 7>::run, nullptr};
+  static constexpr fn one[8] = {&f16_panel_tile<1, 1>::run, &f16_panel_tile<1, 2>::run,
+                                &f16_panel_tile<1, 3>::run, &f16_panel_tile<1, 4>::run,
+                                &f16_panel_tile<1, 5>::run, &f16_panel_tile<1, 6>::run,
+                                &f16_panel_tile<1, 7>::run, nullptr};
+  const int width = left <= 2 ? 4 : (left <= 6 ? 2 : 1);
+  std::int64_t p = 0;
+  for (; p + width <= np; p += width)
+    four[left - 1](g, p, t0);
+  for (; p < np; ++p)
+    one[left - 1](g, p, t0);
+}
+
 template <template <int> class Tile, std::size_t... I>
 constexpr std::array<tile_fn, sizeof...(I)> make_panel_tiles(std::index_sequence<I...>) {
   return {&Tile<static_cast<int>(I) + 1>::run...};
@@ -648,6 +718,7 @@ const kernel_table& avx512_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;
     k.q8_0_panels = drive_panels<q8_0_panel_tile, 8>;
     k.q4_k_panels = drive_panels<q4_k_panel_tile, 8>;
+    k.f16_panels = gemm_f16_panels;
     return k;
   }();
   return table;

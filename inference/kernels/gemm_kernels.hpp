@@ -50,10 +50,19 @@ static_assert(q4_k_panel_block == panel_rows * sizeof(block_q4_k));
 [[nodiscard]] inline std::size_t q8_0_panel_bytes(std::int64_t cols) noexcept {
   return static_cast<std::size_t>(cols / qk8_0) * panel_rows * sizeof(block_q8_0);
 }
+///
+/// f16 weights in panels: column-major, column c's 16 values (fp16) at p * panel + 32 c.
+///
 /// Bytes of one panel (16 rows) of a type panels support.
 [[nodiscard]] inline std::size_t panel_bytes(tensor_type t, std::int64_t cols) noexcept {
-  return t == tensor_type::q8_0 ? q8_0_panel_bytes(cols)
-                                : static_cast<std::size_t>(cols / qk_k) * q4_k_panel_block;
+  switch (t) {
+    case tensor_type::q8_0:
+      return q8_0_panel_bytes(cols);
+    case tensor_type::q4_k:
+      return static_cast<std::size_t>(cols / qk_k) * q4_k_panel_block;
+    default:
+      return static_cast<std::size_t>(cols) * panel_rows * sizeof(std::uint16_t);
+  }
 }
 
 [[nodiscard]] act_format activation_format(tensor_type w) noexcept;
@@ -80,6 +89,7 @@ struct kernel_table {
   gemm_fn gemm[7];
   gemm_fn q8_0_panels;  ///< q8_0 weights, act_format::q8_0_panel activations
   gemm_fn q4_k_panels;  ///< q4_K weights, act_format::q8_k activations
+  gemm_fn f16_panels;   ///< f16 weights, f32 activations
 };
 
 [[nodiscard]] int type_slot(tensor_type t) noexcept;

@@ -187,6 +187,24 @@ void gemm_q4_k_panels(const gemm_args& g) noexcept {
   }
 }
 
+// f16 in panels: each row's products added in column order with one fused multiply-add each, as
+// the SIMD panel kernels do lane by lane.
+void gemm_f16_panels(const gemm_args& g) noexcept {
+  const std::size_t panel = panel_bytes(tensor_type::f16, g.cols);
+  for (std::int64_t t = 0; t < g.n_tokens; ++t) {
+    const auto* x = reinterpret_cast<const float*>(g.x + t * g.x_stride);
+    for (std::int64_t r = 0; r < g.rows; ++r) {
+      const auto* p = reinterpret_cast<const std::uint16_t*>(
+          g.w + static_cast<std::size_t>(r / panel_rows) * panel);
+      const std::int64_t i = r % panel_rows;
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < g.cols; ++c)
+        sum = std::fma(fp16_to_fp32(p[c * panel_rows + i]), x[c], sum);
+      g.y[t * g.y_stride + r] = sum;
+    }
+  }
+}
+
 }  // namespace
 
 const kernel_table& scalar_kernels() noexcept {
@@ -201,6 +219,7 @@ const kernel_table& scalar_kernels() noexcept {
     k.gemm[type_slot(tensor_type::q6_k)] = gemm_pairs<dot_q6_k>;
     k.q8_0_panels = gemm_q8_0_panels;
     k.q4_k_panels = gemm_q4_k_panels;
+    k.f16_panels = gemm_f16_panels;
     return k;
   }();
   return table;

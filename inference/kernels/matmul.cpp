@@ -46,8 +46,8 @@ result<row_layout> validate(const weight_view& w, const float* x, std::int64_t n
   if (w.layout == weight_layout::panels &&
       (!panels_supported(w.type, w.rows, w.cols) || stride != *row)) {
     return make_error(errc::invalid_argument,
-                      "matmul: a {}x{} {} weight cannot be in panels (q8_0 or q4_K, rows a "
-                      "multiple of {}, no row stride)",
+                      "matmul: a {}x{} {} weight cannot be in panels (q8_0, q4_K or f16, "
+                      "rows a multiple of {}, no row stride)",
                       w.rows, w.cols, to_string(w.type), detail::panel_rows);
   }
   if (w.rows > 0 && n_tokens > 0 && (w.data == nullptr || x == nullptr || y == nullptr)) {
@@ -84,6 +84,19 @@ void q4_k_set(block_q4_k& b, int e, int level) noexcept {
 void convert_panel(tensor_type type, std::uint8_t* rows, std::uint8_t* panel, std::int64_t cols,
                    bool to_panel) {
   const int n = detail::panel_rows;
+  if (type == tensor_type::f16) {  // column-major: column c's 16 values at 32 c
+    auto* r16 = reinterpret_cast<std::uint16_t*>(rows);
+    auto* p16 = reinterpret_cast<std::uint16_t*>(panel);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        if (to_panel)
+          p16[c * n + i] = r16[i * cols + c];
+        else
+          r16[i * cols + c] = p16[c * n + i];
+      }
+    }
+    return;
+  }
   if (type == tensor_type::q8_0) {
     const std::int64_t nb = cols / qk8_0;
     auto* blocks = reinterpret_cast<block_q8_0*>(rows);
@@ -161,7 +174,7 @@ void convert_panels(tensor_type type, void* data, std::int64_t rows, std::int64_
 bool panels_supported(tensor_type type, std::int64_t rows, std::int64_t cols) noexcept {
   if (rows <= 0 || rows % detail::panel_rows != 0 || cols <= 0) return false;
   return (type == tensor_type::q8_0 && cols % qk8_0 == 0) ||
-         (type == tensor_type::q4_k && cols % qk_k == 0);
+         (type == tensor_type::q4_k && cols % qk_k == 0) || type == tensor_type::f16;
 }
 
 void pack_panels(tensor_type type, void* data, std::int64_t rows, std::int64_t cols) {
@@ -195,9 +208,10 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
   const isa level = active_isa();
   const bool panels = w.layout == weight_layout::panels;
   const auto& table = detail::kernels_for(level);
-  const detail::gemm_fn gemm =
-      !panels ? table.gemm[detail::type_slot(w.type)]
-              : (w.type == tensor_type::q8_0 ? table.q8_0_panels : table.q4_k_panels);
+  const detail::gemm_fn gemm = !panels                       ? table.gemm[detail::type_slot(w.type)]
+                               : w.type == tensor_type::q8_0 ? table.q8_0_panels
+                               : w.type == tensor_type::q4_k ? table.q4_k_panels
+                                                             : table.f16_panels;
   const detail::act_format format = panels && w.type == tensor_type::q8_0
                                         ? detail::act_format::q8_0_panel
                                         : detail::activation_format(w.type);

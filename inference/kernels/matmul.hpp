@@ -21,7 +21,7 @@ namespace tessera::inference {
 
 /// How a weight matrix's bytes are arranged.
 ///  - rows: GGUF's own layout, one row after another.
-///  - panels: (q8_0 and q4_K) 16 rows interleaved so that one 64-byte load holds 4 columns of 16
+///  - panels: (q8_0, q4_K, f16) 16 rows interleaved so that one load holds a few columns of 16
 ///    rows (layouts in gemm_kernels.hpp). A mat-mul then needs no horizontal sums: each int32 lane
 ///    of a vpdpbusd is one row's exact block sum, and prefill reuses one weight load for 8 tokens
 ///    where the row tiles paid a conversion and a multiply per 4 products (issue 35). 16 rows take

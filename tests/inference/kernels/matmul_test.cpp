@@ -240,11 +240,17 @@ std::vector<float> run_panels(const matrix& p, const std::vector<float>& x, std:
   return y;
 }
 
-constexpr tensor_type panel_types[] = {tensor_type::q8_0, tensor_type::q4_k};
+constexpr tensor_type panel_types[] = {tensor_type::q8_0, tensor_type::q4_k, tensor_type::f16};
 
 TEST(matmul_panels, packing_is_a_permutation_unpack_gives_the_rows_back) {
   for (tensor_type type : panel_types) {
     const auto m = make_matrix(type, 48, block_elements(type) == 256 ? 512 : 160, 31);
+    if (type == tensor_type::f16) {
+      // Column c of the first panel is the first 16 rows' column c.
+      const auto p0 = in_panels(m);
+      EXPECT_EQ(0, std::memcmp(p0.data.data() + 2 * 16 * 5 + 2 * 3,
+                               m.data.data() + 2 * (3 * 160 + 5), 2));
+    }
     auto p = in_panels(m);
     EXPECT_NE(p.data, m.data);
     EXPECT_EQ(p.data.size(), m.data.size());  // 16 rows take the same bytes in both layouts
@@ -255,12 +261,19 @@ TEST(matmul_panels, packing_is_a_permutation_unpack_gives_the_rows_back) {
   EXPECT_FALSE(panels_supported(tensor_type::q8_0, 24, 64));  // not whole panels
   EXPECT_TRUE(panels_supported(tensor_type::q4_k, 32, 256));
   EXPECT_FALSE(panels_supported(tensor_type::q6_k, 32, 256));
-  EXPECT_FALSE(panels_supported(tensor_type::f16, 32, 64));
+  EXPECT_TRUE(panels_supported(tensor_type::f16, 32, 7));
+  EXPECT_FALSE(panels_supported(tensor_type::f32, 32, 64));
 }
 
 std::vector<std::int64_t> panel_cols(tensor_type type) {
-  return block_elements(type) == 256 ? std::vector<std::int64_t>{256, 768, 1024}
-                                     : std::vector<std::int64_t>{32, 64, 96, 1024};
+  switch (block_elements(type)) {
+    case 256:
+      return {256, 768, 1024};
+    case 32:
+      return {32, 64, 96, 1024};
+    default:
+      return {1, 7, 100, 1024};
+  }
 }
 
 TEST(matmul_panels, every_isa_gives_the_same_bits_and_the_rows_value_within_rounding) {
@@ -332,7 +345,7 @@ TEST(matmul_panels, weights_that_cannot_be_in_panels_are_refused) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message.find("panels"), std::string::npos) << r.error().message;
   EXPECT_EQ(y, std::vector<float>(24, 7.0f));
-  const auto f = make_matrix(tensor_type::f16, 32, 64, 3);
+  const auto f = make_matrix(tensor_type::f32, 32, 64, 3);
   w = f.view();
   w.layout = weight_layout::panels;
   EXPECT_FALSE(matmul(w, x.data(), 1, y.data()));
@@ -349,6 +362,8 @@ TEST(matmul_panels, every_isa_has_its_own_panel_kernel) {
   EXPECT_NE(detail::kernels_for(isa::avx2).q4_k_panels,
             detail::kernels_for(isa::avx512).q4_k_panels);
   EXPECT_NE(detail::kernels_for(isa::scalar).q4_k_panels, nullptr);
+  EXPECT_NE(detail::kernels_for(isa::scalar).f16_panels, detail::kernels_for(isa::avx2).f16_panels);
+  EXPECT_NE(detail::kernels_for(isa::avx2).f16_panels, detail::kernels_for(isa::avx512).f16_panels);
 }
 
 #if defined(__SANITIZE_ADDRESS__)
