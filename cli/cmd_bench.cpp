@@ -55,7 +55,7 @@ struct bench_args {
   std::uint64_t bandwidth_mib = 256;
   std::vector<std::int64_t> depths{0};
   int batch = 1;
-  std::vector<std::string> layouts{"panels"};
+  std::vector<std::string> layouts{"panels"};  // rows | panels (q4_K, f16) | all (q8_0 too)
 };
 
 struct stats {
@@ -144,7 +144,9 @@ result<row> bench_one(const bench_args& a, const std::string& path, int threads,
   auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
   if (!f) return std::move(f).error();
   mdl::load_options lo;
-  lo.weight_panels = layout == "panels";
+  lo.weight_panels = layout == "rows"  ? mdl::load_options::panels::rows
+                     : layout == "all" ? mdl::load_options::panels::all
+                                       : mdl::load_options::panels::faster;
   progress_bar bar(fmt::format("loading {}", std::filesystem::path(path).filename().string()));
   lo.on_progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.update(done, total); };
   auto m = mdl::model::load(*f, lo);
@@ -295,8 +297,8 @@ int run(const bench_args& a) {
     if (d < 0 || d > 131072) return fail("bench", "--depth values must be in [0, 131072]");
   if (a.batch < 1 || a.batch > 64) return fail("bench", "--batch must be in [1, 64]");
   for (const auto& l : a.layouts)
-    if (l != "rows" && l != "panels")
-      return fail("bench", fmt::format("--layout {}: expected rows or panels", l));
+    if (l != "rows" && l != "panels" && l != "all")
+      return fail("bench", fmt::format("--layout {}: expected rows, panels or all", l));
   // The compute peak of one thread with the kernels' own tier: prefill's ceiling.
   auto peak = inf::measure_compute(inf::active_isa());
   if (!peak) return fail("bench", peak.error().message);
@@ -417,8 +419,9 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_option("--batch", a->batch,
                   "streams decoding together in one batch; tg is their aggregate (default 1)");
   cmd->add_option("--layout", a->layouts,
-                  "q8_0 weight layout: panels (default) or rows (the kernels before panels); "
-                  "e.g. rows,panels")
+                  "weight layout: panels (default: q4_K and f16 in panels), all (q8_0 too: "
+                  "faster prefill, slower decode) or rows (the kernels before panels); e.g. "
+                  "rows,panels,all")
       ->delimiter(',');
   cmd->add_flag("--profile", a->profile, "time each forward-pass stage of decode");
   cmd->add_flag("--json", a->json, "machine-readable output");

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include "inference/kernels/attention.hpp"
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/quant.hpp"
 
@@ -79,58 +80,6 @@ void apply_rope(float* x, std::int64_t n_heads, std::int64_t head_dim, const flo
       }
     }
   }
-}
-
-// e^x for 8 floats (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial,
-// relative error ~1e-7); inputs below -87 flush to ~0, which is what softmax needs.
-__attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) noexcept {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-// In-place softmax of attention scores (n >= 1, all finite): the vector exp is what makes
-// attention cheap next to the mat-muls at long contexts (std::exp is ~20 ns per score).
-__attribute__((target("avx2,fma"))) void softmax_avx2(float* x, std::int64_t n) noexcept {
-  std::int64_t i = 0;
-  __m256 vmax = _mm256_set1_ps(-3.4e38f);
-  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  float mx = lanes[0];
-  for (int k = 1; k < 8; ++k) mx = std::max(mx, lanes[k]);
-  for (; i < n; ++i) mx = std::max(mx, x[i]);
-  const __m256 vm = _mm256_set1_ps(mx);
-  __m256 vsum = _mm256_setzero_ps();
-  i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
-    _mm256_storeu_ps(x + i, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  _mm256_store_ps(lanes, vsum);
-  double sum = 0;
-  for (float l : lanes) sum += l;
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
-  i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-  const float inv_s = static_cast<float>(1.0 / sum);
-  for (; i < n; ++i) x[i] *= inv_s;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -655,9 +604,10 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
 
   if (opts.on_progress) opts.on_progress(cursor, cursor);
 
-  // 4. The mat-mul weights that can be, in panels (matmul.hpp: q8_0 prefill and batches reuse each
-  //    weight load for 8 rows of activations). The token embedding stays in rows: it is looked up
-  //    by row. Tensors that run as one mat-mul (q|k|v, gate|up) are packed all or none.
+  // 4. The mat-mul weights that can be, in panels (matmul.hpp: prefill and batches reuse each
+  //    weight load for 8 rows of activations; load_options::weight_panels says which types). The
+  //    token embedding stays in rows: it is looked up by row. Tensors that run as one mat-mul
+  //    (q|k|v, gate|up) are packed all or none.
   std::vector<bool> in_panels(plan.size(), false);
   auto cols_of = [&](const placement& pl) {
     return pl.cols > 0 ? pl.cols : static_cast<std::int64_t>(pl.info->dims[0]);
@@ -665,7 +615,11 @@ result<std::unique_ptr<model>> model::load_or_check(const gguf::file& f, const l
   auto packable = [&](std::size_t i) {
     const placement& pl = plan[i];
     const auto rows = static_cast<std::int64_t>(pl.chunk_rows > 0 ? pl.chunk_rows : pl.rows);
-    return opts.weight_panels && !pl.as_f32 && panels_supported(pl.info->type, rows, cols_of(pl));
+    const tensor_type t = pl.info->type;
+    const bool wanted = opts.weight_panels == load_options::panels::all ||
+                        (opts.weight_panels == load_options::panels::faster &&
+                         (t == tensor_type::q4_k || t == tensor_type::f16));
+    return wanted && !pl.as_f32 && panels_supported(t, rows, cols_of(pl));
   };
   auto pack = [&](std::initializer_list<std::size_t> together) {
     for (std::size_t i : together)
@@ -811,8 +765,15 @@ result<std::unique_ptr<workspace>> workspace::create(const model& m, std::int64_
                  -2.0 * static_cast<double>(i) / static_cast<double>(H.head_dim));
   w->rope_cos_.resize(B * static_cast<std::size_t>(half));
   w->rope_sin_.resize(B * static_cast<std::size_t>(half));
-  w->scores_.resize(static_cast<std::size_t>(threads) * static_cast<std::size_t>(n_ctx) *
-                    static_cast<std::size_t>(m.kv_group()));  // query heads per KV head
+  // Per thread: one attention block's scratch (its rows' query heads of one KV head).
+  w->scores_.resize(
+      static_cast<std::size_t>(threads) *
+      attention_scratch_floats(attention_block_rows * m.kv_group(), n_ctx, H.head_dim));
+  w->block_first_.resize(B + 1);
+  const auto slots = static_cast<std::size_t>(threads * attention_block_rows * m.kv_group());
+  w->block_q_.resize(slots);
+  w->block_out_.resize(slots);
+  w->block_n_att_.resize(slots);
   w->row_ctx_.resize(B);
   w->row_pos_.resize(B);
   return w;
@@ -838,7 +799,8 @@ result<std::unique_ptr<context>> context::create(const model& m, const context_o
   c->n_ctx_ = opts.n_ctx;
   c->max_batch_ = std::min(opts.max_batch, opts.n_ctx);
   const auto cache = static_cast<std::size_t>(m.n_local_layers()) *
-                     static_cast<std::size_t>(opts.n_ctx) * static_cast<std::size_t>(H.kv_dim());
+                     static_cast<std::size_t>(key_cache_positions(opts.n_ctx)) *
+                     static_cast<std::size_t>(H.kv_dim());
   c->k_cache_.assign(cache, 0);
   c->v_cache_.assign(cache, 0);
   auto ws = workspace::create(m, c->max_batch_, opts.n_ctx, opts.pool ? opts.pool->size() : 1);
@@ -1169,17 +1131,21 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   }
   lap(&stage_times::qkv_s);
 
-  // Each row's KV cache: its own sequence's, at this layer.
+  // Each row's KV cache: its own sequence's, at this layer, one KV head after another; keys in
+  // panels of 16 positions, values position-major (attention.hpp).
   const std::int64_t local = il - m.shard().first_layer;
-  auto k_cache = [&](std::int64_t t) {
-    context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
-    return c->k_cache_.data() +
-           static_cast<std::size_t>(local * c->n_ctx_ * kvd);
+  auto head_cache = [&](const std::vector<std::uint16_t>& cache, std::int64_t t, std::int64_t g) {
+    const context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
+    const std::int64_t per_head = key_cache_positions(c->n_ctx_) * hd;
+    return cache.data() + static_cast<std::size_t>((local * H.n_head_kv + g) * per_head);
   };
-  auto v_cache = [&](std::int64_t t) {
-    context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
-    return c->v_cache_.data() +
-           static_cast<std::size_t>(local * c->n_ctx_ * kvd);
+  auto k_cache = [&](std::int64_t t, std::int64_t g) {
+    return const_cast<std::uint16_t*>(
+        head_cache(ws.row_ctx_[static_cast<std::size_t>(t)]->k_cache_, t, g));
+  };
+  auto v_cache = [&](std::int64_t t, std::int64_t g) {
+    return const_cast<std::uint16_t*>(
+        head_cache(ws.row_ctx_[static_cast<std::size_t>(t)]->v_cache_, t, g));
   };
   per_token(pool, n, [&](std::int64_t t) {
     float* qt = q + t * q_stride;
@@ -1197,44 +1163,64 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
     apply_rope(qt, H.n_head, hd, cs, sn, H.rope);
     apply_rope(kt, H.n_head_kv, hd, cs, sn, H.rope);
     const std::int64_t p = ws.row_pos_[static_cast<std::size_t>(t)];
-    fp32_to_fp16_row(kt, k_cache(t) + p * kvd, kvd);
-    fp32_to_fp16_row(vt, v_cache(t) + p * kvd, kvd);
+    for (std::int64_t g = 0; g < H.n_head_kv; ++g) {
+      store_key_f16(kt + g * hd, hd, k_cache(t, g), p);
+      fp32_to_fp16_row(vt + g * hd, v_cache(t, g) + p * hd, hd);
+    }
   });
   lap(&stage_times::rope_s);
 
-  // Attention: work items are (token, KV head) pairs; the query heads of a group share the keys.
-  // Every row has been written to its cache above, so a row also sees the rows before it of its
-  // own sequence in this pass (causal), and never another sequence's. In a tensor-parallel slice
-  // whose ends cut a GQA group, the first and last KV heads serve only the slice's part of their
-  // query heads.
+  // Attention: work items are (block, KV head) pairs, a block being up to attention_block_rows
+  // consecutive rows of one sequence; the query heads of a group and the rows of a block share
+  // each key and value load. Every row has been written to its cache above, so a row also sees
+  // the rows before it of its own sequence in this pass (causal), and never another sequence's.
+  // In a tensor-parallel slice whose ends cut a GQA group, the first and last KV heads serve only
+  // the slice's part of their query heads.
   {
     const std::int64_t group = m.kv_group();
     const std::int64_t q_first = m.shard().head_begin, q_end = q_first + H.n_head;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* att = ws.att_.data();
-    const bool simd = active_isa() != isa::scalar;
+    std::int64_t* block_first = ws.block_first_.data();
+    std::int64_t n_blocks = 0;
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (n_blocks == 0 || t - block_first[n_blocks - 1] == attention_block_rows ||
+          ws.row_ctx_[static_cast<std::size_t>(t)] !=
+              ws.row_ctx_[static_cast<std::size_t>(block_first[n_blocks - 1])])
+        block_first[n_blocks++] = t;
+    }
+    block_first[n_blocks] = n;
+    const std::size_t per_thread = ws.scores_.size() / static_cast<std::size_t>(ws.threads_);
     auto work = [&](int index, int size) {
-      float* scores = ws.scores_.data() + static_cast<std::size_t>(index) *
-                                              static_cast<std::size_t>(ws.n_ctx_ * group);
-      for (std::int64_t item = index; item < n * H.n_head_kv; item += size) {
-        const std::int64_t t = item / H.n_head_kv, g = item % H.n_head_kv;
+      float* scratch = ws.scores_.data() + static_cast<std::size_t>(index) * per_thread;
+      const std::size_t slots = static_cast<std::size_t>(attention_block_rows * group);
+      const float** qs = ws.block_q_.data() + static_cast<std::size_t>(index) * slots;
+      float** outs = ws.block_out_.data() + static_cast<std::size_t>(index) * slots;
+      std::int64_t* n_att = ws.block_n_att_.data() + static_cast<std::size_t>(index) * slots;
+      for (std::int64_t item = index; item < n_blocks * H.n_head_kv; item += size) {
+        const std::int64_t b = item / H.n_head_kv, g = item % H.n_head_kv;
         const std::int64_t kv = m.kv_first() + g;  // global KV head
         const std::int64_t h0 = std::max(q_first, kv * group) - q_first;  // local query heads
         const std::int64_t hn = std::min(q_end, (kv + 1) * group) - q_first - h0;
-        const std::int64_t n_att = ws.row_pos_[static_cast<std::size_t>(t)] + 1;
-        const std::uint16_t* kc = k_cache(t);
-        const std::uint16_t* vc = v_cache(t);
-        attention_scores_f16(q + t * q_stride + h0 * hd, hn, hd, kc + g * hd, kvd, n_att, hd,
-                             scale, scores);
-        for (std::int64_t i = 0; i < hn; ++i) {
-          if (simd) {
-            softmax_avx2(scores + i * n_att, n_att);
-          } else {
-            softmax(scores + i * n_att, n_att);
+        std::int64_t nq = 0;
+        for (std::int64_t t = block_first[b]; t < block_first[b + 1]; ++t) {
+          for (std::int64_t i = 0; i < hn; ++i, ++nq) {
+            qs[nq] = q + t * q_stride + (h0 + i) * hd;
+            outs[nq] = att + t * qd + (h0 + i) * hd;
+            n_att[nq] = ws.row_pos_[static_cast<std::size_t>(t)] + 1;
           }
-          attention_values_f16(scores + i * n_att, n_att, vc + g * hd, kvd, hd,
-                               att + t * qd + (h0 + i) * hd);
         }
+        attention_block a;
+        a.q = qs;
+        a.out = outs;
+        a.n_att = n_att;
+        a.n_q = nq;
+        a.keys = k_cache(block_first[b], g);
+        a.values = v_cache(block_first[b], g);
+        a.head_dim = hd;
+        a.scale = scale;
+        a.scratch = scratch;
+        attend_f16(a);
       }
     };
     if (pool != nullptr && (pool->size() > 1 || pool->gated())) {

@@ -125,9 +125,14 @@ struct load_options {
   shard_spec shard{};
   /// Refuse models whose weights (this shard's) exceed this many bytes.
   std::uint64_t max_weight_bytes = std::uint64_t{64} << 30;
-  /// Store the q8_0 mat-mul weights in panels (matmul.hpp's weight_layout) where their shape
-  /// allows. Off: every weight in GGUF's rows (the kernels before issue 35; benchmarks compare).
-  bool weight_panels = true;
+  /// Which mat-mul weights are stored in panels (matmul.hpp's weight_layout) where their shape
+  /// allows:
+  ///  - rows: none, every weight in GGUF's rows (the kernels before issue 35);
+  ///  - faster: q4_K and f16, whose panel kernels beat the row kernels at decode and prefill alike;
+  ///  - all: q8_0 too, for prefill-heavy work: its prefill runs ~2x faster in panels, but its
+  ///    decode ~25% slower (bench/RESULTS.md, issue 35), so it is not the default.
+  enum class panels { rows, faster, all };
+  panels weight_panels = panels::faster;
   /// Called on the loading thread after each tensor: bytes of weights in place so far, of all
   /// (a progress bar for a model that takes seconds to read). Empty: not called.
   std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)> on_progress;
@@ -271,7 +276,13 @@ class workspace {
   std::vector<std::pair<std::int32_t, float>> choice_;
   std::vector<std::int64_t> expert_offset_, expert_fill_;
   std::vector<std::pair<std::int64_t, float>> expert_rows_;
-  std::vector<float> scores_;  // per thread: n_ctx * (n_head / n_head_kv) floats
+  // Attention (attention.hpp): per thread, one block's scratch and its queries' pointers and
+  // lengths; the first row of each block of the pass.
+  std::vector<float> scores_;
+  std::vector<const float*> block_q_;
+  std::vector<float*> block_out_;
+  std::vector<std::int64_t> block_n_att_;
+  std::vector<std::int64_t> block_first_;
   // RoPE cos/sin for the positions of the current pass, [n][head_dim / 2] each: computed once per
   // pass rather than once per layer and per q/k.
   std::vector<double> inv_freq_;
@@ -283,6 +294,10 @@ class workspace {
   std::vector<float> logits_;     // eval_batch: the rows that want logits, [k][n_vocab]
   std::vector<token_id> tokens_;  // eval_batch: every item's tokens, in row order
 };
+
+/// Attention runs on blocks of up to this many consecutive rows of one sequence (a prefill chunk's
+/// tokens): their query heads share every key and value load (attention.hpp).
+inline constexpr std::int64_t attention_block_rows = 8;
 
 /// One sequence's share of a batched forward pass (eval_batch).
 struct batch_item {

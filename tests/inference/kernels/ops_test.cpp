@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "inference/kernels/attention.hpp"
 #include "inference/kernels/bandwidth.hpp"
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/quant.hpp"
@@ -72,35 +73,83 @@ TEST(ops, softmax_swiglu_add) {
   EXPECT_EQ(out, (std::vector<float>{-1.0f, 5.0f, 5.0f}));
 }
 
-TEST(ops, attention_over_an_f16_cache_on_every_isa) {
+// A reference for one query: scores in double, softmax in double, the weighted sum in double.
+std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& kf,
+                                        const std::vector<float>& vf, int n_att, int head_dim,
+                                        double scale) {
+  std::vector<double> sc(static_cast<std::size_t>(n_att));
+  double mx = -1e300, sum = 0;
+  for (int j = 0; j < n_att; ++j) {
+    double dot = 0;
+    for (int d = 0; d < head_dim; ++d)
+      dot += double(q[d]) * fp16_to_fp32(fp32_to_fp16(kf[j * head_dim + d]));
+    sc[j] = scale * dot;
+    mx = std::max(mx, sc[j]);
+  }
+  for (auto& x : sc)
+    sum += (x = std::exp(x - mx));
+  std::vector<double> out(static_cast<std::size_t>(head_dim), 0.0);
+  for (int j = 0; j < n_att; ++j)
+    for (int d = 0; d < head_dim; ++d)
+      out[d] += sc[j] / sum * fp16_to_fp32(fp32_to_fp16(vf[j * head_dim + d]));
+  return out;
+}
+
+TEST(attention, a_block_matches_the_reference_and_each_query_alone_bit_for_bit) {
   isa_guard guard;
-  const int n_ctx = 13, head_dim = 40, n_q = 3, stride = 2 * head_dim;  // two KV heads interleaved
-  const auto kf = random_floats(n_ctx * stride, 4), vf = random_floats(n_ctx * stride, 5);
-  std::vector<std::uint16_t> k(kf.size()), v(vf.size());
-  fp32_to_fp16_row(kf.data(), k.data(), static_cast<std::int64_t>(k.size()));
-  fp32_to_fp16_row(vf.data(), v.data(), static_cast<std::int64_t>(v.size()));
-  const auto q = random_floats(n_q * head_dim, 6);
-  const auto p = random_floats(n_ctx, 7);
-  for (isa level : supported_isas()) {
-    ASSERT_TRUE(set_active_isa(level));
-    std::vector<float> scores(n_q * n_ctx);
-    attention_scores_f16(q.data(), n_q, head_dim, k.data() + head_dim, stride, n_ctx, head_dim,
-                         0.5f, scores.data());
-    for (int i = 0; i < n_q; ++i) {
-      for (int j = 0; j < n_ctx; ++j) {
-        double ref = 0;
-        for (int d = 0; d < head_dim; ++d) {
-          ref += double(q[i * head_dim + d]) * fp16_to_fp32(k[j * stride + head_dim + d]);
-        }
-        EXPECT_NEAR(scores[i * n_ctx + j], 0.5 * ref, 1e-4) << to_string(level);
-      }
+  for (int head_dim : {40, 64, 128}) {
+    const int n_ctx = 37, n_q = 10;  // queries see 28..37 positions (a causal prefill block)
+    const auto kf = random_floats(n_ctx * head_dim, 4), vf = random_floats(n_ctx * head_dim, 5);
+    std::vector<std::uint16_t> keys(
+        static_cast<std::size_t>(key_cache_positions(n_ctx) * head_dim));
+    std::vector<std::uint16_t> values(static_cast<std::size_t>(n_ctx * head_dim));
+    for (int j = 0; j < n_ctx; ++j) {
+      store_key_f16(kf.data() + j * head_dim, head_dim, keys.data(), j);
+      fp32_to_fp16_row(vf.data() + j * head_dim, values.data() + j * head_dim, head_dim);
     }
-    std::vector<float> out(head_dim);
-    attention_values_f16(p.data(), n_ctx, v.data(), stride, head_dim, out.data());
-    for (int d = 0; d < head_dim; ++d) {
-      double ref = 0;
-      for (int j = 0; j < n_ctx; ++j) ref += double(p[j]) * fp16_to_fp32(v[j * stride + d]);
-      EXPECT_NEAR(out[d], ref, 1e-4) << to_string(level);
+    const auto qf = random_floats(n_q * head_dim, 6);
+    std::vector<std::int64_t> n_att(n_q);
+    for (int i = 0; i < n_q; ++i)
+      n_att[i] = n_ctx - 9 + i % 10;
+    std::vector<float> scratch(attention_scratch_floats(n_q, n_ctx, head_dim));
+    auto run = [&](int first, int count) {
+      std::vector<float> out(static_cast<std::size_t>(count * head_dim), -1.0f);
+      std::vector<const float*> qs;
+      std::vector<float*> outs;
+      for (int i = 0; i < count; ++i) {
+        qs.push_back(qf.data() + (first + i) * head_dim);
+        outs.push_back(out.data() + i * head_dim);
+      }
+      attention_block a;
+      a.q = qs.data();
+      a.out = outs.data();
+      a.n_att = n_att.data() + first;
+      a.n_q = count;
+      a.keys = keys.data();
+      a.values = values.data();
+      a.head_dim = head_dim;
+      a.scale = 0.3f;
+      a.scratch = scratch.data();
+      attend_f16(a);
+      return out;
+    };
+    for (isa level : supported_isas()) {
+      ASSERT_TRUE(set_active_isa(level));
+      const auto block = run(0, n_q);
+      for (int i = 0; i < n_q; ++i) {
+        const std::vector<float> qi(qf.begin() + i * head_dim, qf.begin() + (i + 1) * head_dim);
+        const auto ref = attention_reference(qi, kf, vf, static_cast<int>(n_att[i]), head_dim, 0.3);
+        for (int d = 0; d < head_dim; ++d)
+          ASSERT_NEAR(block[i * head_dim + d], ref[d], 2e-5)
+              << to_string(level) << " hd " << head_dim << " q " << i << " d " << d;
+        // Alone (decode) or in another block: the same bits.
+        const auto alone = run(i, 1);
+        for (int d = 0; d < head_dim; ++d)
+          ASSERT_EQ(alone[d], block[i * head_dim + d]) << to_string(level) << " q " << i;
+      }
+      const auto tail = run(3, 5);
+      for (int d = 0; d < 5 * head_dim; ++d)
+        ASSERT_EQ(tail[d], block[3 * head_dim + d]);
     }
   }
 }

@@ -425,36 +425,60 @@ TEST(ModelContext, KvCacheFullIsAnErrorAndChangesNothing) {
   EXPECT_FALSE(context::create(**m, {0, 4, nullptr}));
 }
 
+// Every weight layout (issue 35's panels and GGUF's rows): the same contract.
 TEST(ModelContext, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
+  using layout = load_options::panels;
   for (auto type : {tensor_type::f16, tensor_type::q8_0}) {
     for (const char* arch : {"llama", "qwen3"}) {
-      model_file mf(small(arch, type), "inv");
-      auto f = open(mf.path);
-      auto m = model::load(f);
-      ASSERT_TRUE(m) << m.error().message;
-      const std::vector<token_id> tokens = {1, 17, 300, 45, 599, 2, 88, 88, 7};
-      const auto all = run_logits(**m, tokens, 64, 1);
-      for (float v : all) ASSERT_TRUE(std::isfinite(v));
-      EXPECT_EQ(run_logits(**m, tokens, 1, 1), all) << arch << " decode path";
-      EXPECT_EQ(run_logits(**m, tokens, 4, 1), all) << arch << " chunked prefill";
-      EXPECT_EQ(run_logits(**m, tokens, 64, 2), all) << arch << " two threads";
-      // Two pipeline shards chained by hidden states.
-      auto a = model::load(f, {shard_spec::layers(0, 1)});
-      auto b = model::load(f, {shard_spec::layers(1, -1)});
-      ASSERT_TRUE(a && b);
-      EXPECT_FALSE((*a)->has_output());
-      EXPECT_FALSE((*b)->has_embedding());
-      auto ca = context::create(**a, {64, 64, nullptr});
-      auto cb = context::create(**b, {64, 64, nullptr});
-      ASSERT_TRUE(ca && cb);
-      std::vector<float> logits(all.size()), hidden(tokens.size() * 64);
-      EXPECT_FALSE((*ca)->eval(tokens, logits_mode::all, logits));  // no output layer
-      EXPECT_FALSE((*cb)->eval(tokens, logits_mode::all, logits));  // no embedding
-      ASSERT_TRUE((*ca)->eval(tokens, logits_mode::none, {}, hidden));
-      ASSERT_TRUE((*cb)->eval_hidden(hidden, static_cast<std::int64_t>(tokens.size()),
-                                     logits_mode::all, logits));
-      EXPECT_EQ(logits, all) << arch << " layer shards";
-      EXPECT_LT((*a)->weight_bytes_total(), (*m)->weight_bytes_total());
+      std::vector<float> in_rows;
+      for (layout lay : {layout::rows, layout::faster, layout::all}) {
+        SCOPED_TRACE(::testing::Message()
+                     << to_string(type) << " layout " << static_cast<int>(lay));
+        model_file mf(small(arch, type), "inv");
+        auto f = open(mf.path);
+        load_options lo;
+        lo.weight_panels = lay;
+        auto m = model::load(f, lo);
+        ASSERT_TRUE(m) << m.error().message;
+        const bool panels = type == tensor_type::f16 ? lay != layout::rows : lay == layout::all;
+        EXPECT_EQ((*m)->layer(0).w_down.layout,
+                  panels ? weight_layout::panels : weight_layout::rows);
+        const std::vector<token_id> tokens = {1, 17, 300, 45, 599, 2, 88, 88, 7};
+        const auto all = run_logits(**m, tokens, 64, 1);
+        for (float v : all)
+          ASSERT_TRUE(std::isfinite(v));
+        EXPECT_EQ(run_logits(**m, tokens, 1, 1), all) << arch << " decode path";
+        EXPECT_EQ(run_logits(**m, tokens, 4, 1), all) << arch << " chunked prefill";
+        EXPECT_EQ(run_logits(**m, tokens, 64, 2), all) << arch << " two threads";
+        // Another layout: the same products summed in another order.
+        if (in_rows.empty()) in_rows = all;
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i < all.size(); ++i) {
+          num += (all[i] - in_rows[i]) * (all[i] - in_rows[i]);
+          den += in_rows[i] * in_rows[i];
+        }
+        EXPECT_LT(std::sqrt(num / den), type == tensor_type::f16 ? 1e-4 : 1e-2) << arch;
+        // Two pipeline shards chained by hidden states.
+        load_options la = lo, lb = lo;
+        la.shard = shard_spec::layers(0, 1);
+        lb.shard = shard_spec::layers(1, -1);
+        auto a = model::load(f, la);
+        auto b = model::load(f, lb);
+        ASSERT_TRUE(a && b);
+        EXPECT_FALSE((*a)->has_output());
+        EXPECT_FALSE((*b)->has_embedding());
+        auto ca = context::create(**a, {64, 64, nullptr});
+        auto cb = context::create(**b, {64, 64, nullptr});
+        ASSERT_TRUE(ca && cb);
+        std::vector<float> logits(all.size()), hidden(tokens.size() * 64);
+        EXPECT_FALSE((*ca)->eval(tokens, logits_mode::all, logits));  // no output layer
+        EXPECT_FALSE((*cb)->eval(tokens, logits_mode::all, logits));  // no embedding
+        ASSERT_TRUE((*ca)->eval(tokens, logits_mode::none, {}, hidden));
+        ASSERT_TRUE((*cb)->eval_hidden(hidden, static_cast<std::int64_t>(tokens.size()),
+                                       logits_mode::all, logits));
+        EXPECT_EQ(logits, all) << arch << " layer shards";
+        EXPECT_LT((*a)->weight_bytes_total(), (*m)->weight_bytes_total());
+      }
     }
   }
 }
@@ -720,10 +744,13 @@ TEST(ModelContext, TensorParallelShardsMatchTheFullModel) {
         num += (got[0][i] - want[i]) * (got[0][i] - want[i]);
         den += want[i] * want[i];
       }
-      // f32: only the order of additions differs. q8_0: those last-bit differences can flip the
-      // rounding of a quantized activation (one int8 level of a block), so the bound is that of
-      // activation quantization (compare_reference.py measures ~1e-2 against float64).
-      EXPECT_LT(std::sqrt(num / den), type == tensor_type::f32 ? 1e-5 : 1e-2)
+      // f32: only the order of additions differs; this random model's 16-wide heads, normed per
+      // head (qwen3's q/k norms), amplify those last bits at a few positions (qwen3moe split at
+      // head 3: 1.3e-5 with the blocked attention of issue 35, the rest <= 2e-6); a real error is
+      // orders of magnitude larger. q8_0: those last-bit differences can flip the rounding of a
+      // quantized activation (one int8 level of a block), so the bound is that of activation
+      // quantization (compare_reference.py measures ~1e-2 against float64).
+      EXPECT_LT(std::sqrt(num / den), type == tensor_type::f32 ? 5e-5 : 1e-2)
           << arch << " " << to_string(type);
       EXPECT_LT(shards[0]->weight_bytes_total(), (*full)->weight_bytes_total());
       }
