@@ -15,7 +15,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "inference/kernels/gemm_tiles.hpp"
 
@@ -144,107 +146,140 @@ using f16_tile = float_tile<tensor_type::f16, R, T>;
 template <int R, int T>
 using bf16_tile = float_tile<tensor_type::bf16, R, T>;
 
-// ---- q8_0 --------------------------------------------------------------------------------------
+// ---- q8_0 in GGUF's rows: exact block sums ---------------------------------------------------
+//
+// The same arithmetic as the panel kernels below (gemm_kernels.hpp): per row and block the exact
+// integer dot product, then one conversion, one multiply (dw * dx) and one FMA into the row's sum,
+// blocks in order. Decode and small batches read 16 rows at a time from their rows — the access
+// pattern of the old row tiles, prefetched the same way, which streams DRAM ~35% faster here than
+// reading panels (bench/RESULTS.md, issue 35) — and reduce the 16 rows' lanes with a transpose;
+// prefill (n_tokens >= q8_0_pack_tokens) packs each group of 16 rows into a panel in a scratch
+// buffer once and runs the panel tiles over all its tokens. Rows past the last whole group take
+// one row at a time. Whichever path a (row, token) takes, its value has the same bits.
 
-template <int R, int T>
-struct q8_0_tile {
-  // Blocks b and b + 1 (or only b when `single`) of every row and token of the tile.
-  TESSERA_AVX512_INLINE static void step(const block_q8_0* const* w, const block_q8_0* const* x,
-                                         std::int64_t b, bool single, __m512 (&acc)[R][T]) {
-    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-    __m512i xu[T];
-    __m512 dx[T];
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      xu[t] = _mm512_xor_si512(pair512(x[t][b].qs, single ? nullptr : x[t][b + 1].qs), bias);
-      dx[t] = half_pair(x[t][b].d, single ? std::uint16_t{0} : x[t][b + 1].d);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      // Prefill reuses each row for every token group: ~800 bytes ahead in the row.
-      _mm_prefetch(reinterpret_cast<const char*>(w[r] + b + 24), _MM_HINT_T0);
-      const __m512i wq = pair512(w[r][b].qs, single ? nullptr : w[r][b + 1].qs);
-      const __m512i neg_sum = _mm512_sub_epi32(
-          _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
-      const __m512 dw = half_pair(w[r][b].d, single ? std::uint16_t{0} : w[r][b + 1].d);
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) {
-        const __m512i p = _mm512_dpbusd_epi32(neg_sum, xu[t], wq);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[t]), acc[r][t]);
-      }
-    }
+// Lane i of the result: the sum of the 8 int32 lanes of row i, from z[k] (k < 4) = rows (k, k + 4)
+// and z[k + 4] = rows (8 + k, 12 + k) in their 256-bit halves.
+TESSERA_AVX512_INLINE __m512i sum_rows16(const __m512i (&z)[8]) {
+  __m512i t[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    t[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * j], z[2 * j + 1]),
+                            _mm512_unpackhi_epi32(z[2 * j], z[2 * j + 1]));
+  const __m512i u0 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+  const __m512i u1 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The fp16 scales d of 16 rows' blocks (a gather was ~30% of a decode step here).
+template <int I>
+TESSERA_AVX512_INLINE __m128i insert_scale(__m128i v, const std::uint8_t* p) {
+  std::uint16_t d;
+  std::memcpy(&d, p, sizeof(d));
+  return _mm_insert_epi16(v, d, I);
+}
+TESSERA_AVX512_INLINE __m256i scales16(const std::uint8_t* col, std::int64_t stride) {
+  __m128i h[2];
+#pragma GCC unroll 2
+  for (int q = 0; q < 2; ++q) {
+    const std::uint8_t* c = col + 8 * q * stride;
+    __m128i v = _mm_setzero_si128();
+    v = insert_scale<0>(v, c);
+    v = insert_scale<1>(v, c + stride);
+    v = insert_scale<2>(v, c + 2 * stride);
+    v = insert_scale<3>(v, c + 3 * stride);
+    v = insert_scale<4>(v, c + 4 * stride);
+    v = insert_scale<5>(v, c + 5 * stride);
+    v = insert_scale<6>(v, c + 6 * stride);
+    v = insert_scale<7>(v, c + 7 * stride);
+    h[q] = v;
   }
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(h[0]), h[1], 1);
+}
 
-  // Decode in ymm halves (see reduce_add_pair): lo holds block b's lanes, hi block b + 1's. No
-  // token shares the per-row surplus here, so the roles swap: the weights are made unsigned
-  // (w + 128, one xor per row) and the surplus 128 * sum(x) is taken off once per step for all
-  // rows. The int32 lane sums are the same integers as step()'s, the float arithmetic per lane
-  // the same, so decode equals prefill bit for bit. Rows are prefetched ahead (gemm_tiles.hpp).
-  TESSERA_AVX512 static void run_decode(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
-    const block_q8_0* w[R];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
-    const auto* x = reinterpret_cast<const block_q8_0*>(g.x + t0 * g.x_stride);
-    __m256 lo[R], hi[R];
-    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
-    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-    const std::int64_t nb = g.cols / qk8_0;
-    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
-    for (std::int64_t b = 0; b < nb; b += 2) {
-      const bool single = b + 1 == nb;
-      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-      const __m256i xh = single ? _mm256_setzero_si256()
-                                : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + 1].qs));
-      const __m256i nl = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xl));
-      const __m256i nh = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xh));
-      const std::uint32_t dx_bits = x[b].d | (single ? 0u : std::uint32_t{x[b + 1].d} << 16);
-      const __m128 dx = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dx_bits)));
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        prefetch_ahead(w[r] + b, ahead);
-        prefetch_ahead(w[r] + b, ahead + 64);
-        const __m256i wl = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b].qs)), bias);
-        const __m256i wh = _mm256_xor_si256(
-            single ? _mm256_setzero_si256()
-                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r][b + 1].qs)),
-            bias);
-        const std::uint32_t dw_bits = w[r][b].d | (single ? 0u : std::uint32_t{w[r][b + 1].d} << 16);
-        const __m128 scale = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dw_bits))), dx);
-        lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nl, wl, xl)),
-                                _mm256_broadcastss_ps(scale), lo[r]);
-        hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nh, wh, xh)),
-                                _mm256_broadcastss_ps(_mm_movehdup_ps(scale)), hi[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) g.y[t0 * g.y_stride + r0 + r] = reduce_add_pair(lo[r], hi[r]);
-  }
+// The row of group lane i for z[] above.
+constexpr int rows16_order[8][2] = {{0, 4},  {1, 5},  {2, 6},   {3, 7},
+                                    {8, 12}, {9, 13}, {10, 14}, {11, 15}};
 
+template <int T>
+struct q8_0_rows16 {
   TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
-    if constexpr (T == 1) {
-      run_decode(g, r0, t0);
-      return;
-    }
-    const block_q8_0* w[R];
-    const block_q8_0* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_0*>(g.x + (t0 + t) * g.x_stride);
-    __m512 acc[R][T];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-    }
     const std::int64_t nb = g.cols / qk8_0;
-    std::int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) step(w, x, b, false, acc);
-    if (b < nb) step(w, x, b, true, acc);
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    const std::uint8_t* w0 = g.w + r0 * g.w_stride;
+    const auto stride = static_cast<std::int64_t>(g.w_stride);
+    const block_q8_0_act* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_setzero_ps();
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 32);
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
+      if (b % 2 == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < panel_rows; ++r) {
+          prefetch_ahead(col + r * stride, ahead);
+          prefetch_ahead(col + r * stride, ahead + 64);
+        }
+      }
+      // The 16 rows' levels as unsigned bytes (w + 128), two rows per register.
+      __m512i z[8];
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const std::uint8_t* a = col + rows16_order[k][0] * stride + 2;
+        const std::uint8_t* c = col + rows16_order[k][1] * stride + 2;
+        z[k] = _mm512_xor_si512(
+            _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), 1),
+            flip);
+      }
+      // The 16 rows' scales: 4 bytes from each row's block start, the low 2 are d.
+      const __m512 dw = _mm512_cvtph_ps(scales16(col, stride));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m512i xb = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs)));
+        __m512i p[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k)
+          p[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[k], xb);
+        const __m512i sum = _mm512_add_epi32(sum_rows16(p), _mm512_set1_epi32(x[t][b].bias));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                 _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
+      }
     }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t]);
   }
 };
+
+// One row, one token (the rows after the last whole group): the same integers and float
+// operations, one lane at a time.
+TESSERA_AVX512 void q8_0_row_exact(const gemm_args& g, std::int64_t r, std::int64_t t) noexcept {
+  const auto* w = reinterpret_cast<const block_q8_0*>(g.w + r * g.w_stride);
+  const auto* x = reinterpret_cast<const block_q8_0_act*>(g.x + t * g.x_stride);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < g.cols / qk8_0; ++b) {
+    const __m256i wq =
+        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)), flip);
+    const __m256i p = _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(), wq, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    const std::int32_t isum = _mm_cvtsi128_si32(s) + x[b].bias;
+    acc = std::fma(static_cast<float>(isum), half(w[b].d) * x[b].d, acc);
+  }
+  g.y[t * g.y_stride + r] = acc;
+}
 
 // ---- q4_0 --------------------------------------------------------------------------------------
 
@@ -759,6 +794,65 @@ void drive_panels(const gemm_args& g) noexcept {
   }
 }
 
+// Prefill: each group of 16 rows packed into a panel (gemm_kernels.hpp) once, then the panel tiles
+// for all the tokens: packing costs about one decode pass over the rows, repaid over this many
+// tokens.
+constexpr std::int64_t q8_0_pack_tokens = 24;
+
+void pack_rows16(const gemm_args& g, std::int64_t r0, std::uint8_t* panel) noexcept {
+  const std::int64_t nb = g.cols / qk8_0;
+  auto* scales = reinterpret_cast<std::uint16_t*>(panel + nb * 512);
+  for (std::int64_t i = 0; i < panel_rows; ++i) {
+    const auto* w = reinterpret_cast<const block_q8_0*>(g.w + (r0 + i) * g.w_stride);
+    for (std::int64_t b = 0; b < nb; ++b) {
+      scales[b * panel_rows + i] = w[b].d;
+      std::uint8_t* out = panel + b * 512 + i * 4;
+      for (int k = 0; k < 8; ++k) {
+        std::uint32_t four;
+        std::memcpy(&four, w[b].qs + 4 * k, 4);
+        four ^= 0x80808080u;
+        std::memcpy(out + 64 * k, &four, 4);
+      }
+    }
+  }
+}
+
+template <std::size_t... I>
+constexpr std::array<tile_fn, sizeof...(I)> make_rows16(std::index_sequence<I...>) {
+  return {&q8_0_rows16<static_cast<int>(I) + 1>::run...};
+}
+
+void gemm_q8_0_rows(const gemm_args& g) noexcept {
+  const std::int64_t whole = g.rows / panel_rows * panel_rows;
+  if (g.n_tokens >= q8_0_pack_tokens) {
+    static constexpr auto tiles = make_panel_tiles<q8_0_panel_tile>(std::make_index_sequence<8>{});
+    thread_local std::vector<std::uint8_t> scratch;
+    scratch.resize(q8_0_panel_bytes(g.cols));
+    for (std::int64_t r0 = 0; r0 < whole; r0 += panel_rows) {
+      pack_rows16(g, r0, scratch.data());
+      gemm_args one = g;
+      one.w = scratch.data();
+      one.rows = panel_rows;
+      one.y = g.y + r0;
+      for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += 8) {
+        const auto nt = static_cast<int>(std::min<std::int64_t>(8, g.n_tokens - t0));
+        tiles[static_cast<std::size_t>(nt - 1)](one, 0, t0);
+      }
+    }
+  } else {
+    static constexpr auto tiles = make_rows16(std::make_index_sequence<8>{});
+    for (std::int64_t r0 = 0; r0 < whole; r0 += panel_rows) {
+      for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += 8) {
+        const auto nt = static_cast<int>(std::min<std::int64_t>(8, g.n_tokens - t0));
+        tiles[static_cast<std::size_t>(nt - 1)](g, r0, t0);
+      }
+    }
+  }
+  for (std::int64_t r = whole; r < g.rows; ++r)
+    for (std::int64_t t = 0; t < g.n_tokens; ++t)
+      q8_0_row_exact(g, r, t);
+}
+
 void gemm_q8_0_panels(const gemm_args& g) noexcept {
   if (g.n_tokens == 1) {
     const std::int64_t np = g.rows / panel_rows;
@@ -780,7 +874,7 @@ const kernel_table& avx512_kernels() noexcept {
     k.gemm[type_slot(tensor_type::f32)] = drive_tiles<f32_tile, 4, 4>;
     k.gemm[type_slot(tensor_type::f16)] = drive_tiles<f16_tile, 4, 4>;
     k.gemm[type_slot(tensor_type::bf16)] = drive_tiles<bf16_tile, 4, 4>;
-    k.gemm[type_slot(tensor_type::q8_0)] = drive_tiles<q8_0_tile, 4, 4>;
+    k.gemm[type_slot(tensor_type::q8_0)] = gemm_q8_0_rows;
     k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 4>;
     k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;

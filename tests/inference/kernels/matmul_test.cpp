@@ -211,6 +211,29 @@ TEST(matmul, threads_tiles_and_token_batches_give_bit_identical_results) {
   }
 }
 
+// q8_0 on AVX-512 takes three paths — 16 rows from their rows (decode, small batches), packed
+// into a panel (prefill), one row at a time (the rows after the last 16) — with one arithmetic.
+TEST(matmul, q8_0_prefill_batches_and_decode_agree_bit_for_bit_on_every_path) {
+  isa_guard guard;
+  auto pool2 = thread_pool::create(2);
+  ASSERT_TRUE(pool2);
+  const std::int64_t rows = 53, cols = 192, n_tokens = 41;
+  const auto m = make_matrix(tensor_type::q8_0, rows, cols, 9);
+  const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 10);
+  for (isa level : supported_isas()) {
+    ASSERT_TRUE(set_active_isa(level));
+    const auto prefill = run_matmul(m, x, n_tokens);
+    EXPECT_EQ(run_matmul(m, x, n_tokens, pool2->get()), prefill) << to_string(level);
+    for (std::int64_t t0 = 0; t0 < n_tokens; t0 += 5) {  // batches of 5 (and 1 at the end)
+      const std::int64_t n = std::min<std::int64_t>(5, n_tokens - t0);
+      const std::vector<float> xb(x.begin() + t0 * cols, x.begin() + (t0 + n) * cols);
+      const auto yb = run_matmul(m, xb, n);
+      for (std::int64_t i = 0; i < n * rows; ++i)
+        ASSERT_EQ(yb[i], prefill[t0 * rows + i]) << to_string(level) << " t0 " << t0 << " i " << i;
+    }
+  }
+}
+
 TEST(matmul, honours_a_row_stride_wider_than_the_row) {
   const auto m = make_matrix(tensor_type::q8_0, 6, 64, 3);
   const std::size_t rb = *row_bytes(tensor_type::q8_0, 64);
