@@ -157,20 +157,24 @@ using bf16_tile = float_tile<tensor_type::bf16, R, T>;
 // buffer once and runs the panel tiles over all its tokens. Rows past the last whole group take
 // one row at a time. Whichever path a (row, token) takes, its value has the same bits.
 
-// Lane i of the result: the sum of the 8 int32 lanes of row i, from z[k] (k < 4) = rows (k, k + 4)
-// and z[k + 4] = rows (8 + k, 12 + k) in their 256-bit halves.
-TESSERA_AVX512_INLINE __m512i sum_rows16(const __m512i (&z)[8]) {
-  __m512i t[4];
+// Lane i of the result: the sum of the 8 int32 lanes of p[i]. In ymm halves: Zen 4 issues two
+// 256-bit shuffles a cycle but one 512-bit one, and rows paired in zmm registers also cost an
+// insert each.
+TESSERA_AVX512_INLINE __m512i sum_rows16(const __m256i (&p)[16]) {
+  __m256i t[8], u[4];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j)
+    t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
+                            _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j)
-    t[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * j], z[2 * j + 1]),
-                            _mm512_unpackhi_epi32(z[2 * j], z[2 * j + 1]));
-  const __m512i u0 =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
-  const __m512i u1 =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+    u[j] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * j], t[2 * j + 1]),
+                            _mm256_unpackhi_epi64(t[2 * j], t[2 * j + 1]));
+  const __m256i lo = _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
+                                      _mm256_permute2x128_si256(u[0], u[1], 0x31));
+  const __m256i hi = _mm256_add_epi32(_mm256_permute2x128_si256(u[2], u[3], 0x20),
+                                      _mm256_permute2x128_si256(u[2], u[3], 0x31));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
 // The fp16 scales d of 16 rows' blocks (a gather was ~30% of a decode step here).
@@ -199,10 +203,6 @@ TESSERA_AVX512_INLINE __m256i scales16(const std::uint8_t* col, std::int64_t str
   return _mm256_inserti128_si256(_mm256_castsi128_si256(h[0]), h[1], 1);
 }
 
-// The row of group lane i for z[] above.
-constexpr int rows16_order[8][2] = {{0, 4},  {1, 5},  {2, 6},   {3, 7},
-                                    {8, 12}, {9, 13}, {10, 14}, {11, 15}};
-
 template <int T>
 struct q8_0_rows16 {
   TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
@@ -216,7 +216,7 @@ struct q8_0_rows16 {
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_setzero_ps();
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 32);
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
@@ -227,29 +227,107 @@ struct q8_0_rows16 {
           prefetch_ahead(col + r * stride, ahead + 64);
         }
       }
-      // The 16 rows' levels as unsigned bytes (w + 128), two rows per register.
-      __m512i z[8];
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) {
-        const std::uint8_t* a = col + rows16_order[k][0] * stride + 2;
-        const std::uint8_t* c = col + rows16_order[k][1] * stride + 2;
-        z[k] = _mm512_xor_si512(
-            _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), 1),
-            flip);
-      }
-      // The 16 rows' scales: 4 bytes from each row's block start, the low 2 are d.
+      // The 16 rows' levels as unsigned bytes (w + 128).
+      __m256i z[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        z[r] = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + r * stride + 2)), flip);
+      // The 16 rows' scales d (the first 2 bytes of each row's block).
       const __m512 dw = _mm512_cvtph_ps(scales16(col, stride));
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        const __m512i xb = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs)));
-        __m512i p[8];
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k)
-          p[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[k], xb);
+        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
+        __m256i p[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r)
+          p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), z[r], xb);
         const __m512i sum = _mm512_add_epi32(sum_rows16(p), _mm512_set1_epi32(x[t][b].bias));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                 _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t]);
+  }
+};
+
+// 8 rows x 8 dwords (one ymm per row) transposed in place: r[g] then holds dword g of the 8 rows.
+TESSERA_AVX512_INLINE void transpose8x8(__m256i (&r)[8]) {
+  __m256i a[8], b[8];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    a[2 * j] = _mm256_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
+    a[2 * j + 1] = _mm256_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
+  }
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j) {
+    b[4 * j + 0] = _mm256_unpacklo_epi64(a[4 * j + 0], a[4 * j + 2]);
+    b[4 * j + 1] = _mm256_unpackhi_epi64(a[4 * j + 0], a[4 * j + 2]);
+    b[4 * j + 2] = _mm256_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
+    b[4 * j + 3] = _mm256_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
+  }
+  // b[0..3]: rows 0-3, dwords (0,4), (1,5), (2,6), (3,7) per 128-bit half; b[4..7]: rows 4-7.
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x20);
+    r[k + 4] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x31);
+  }
+}
+
+// Small batches (2 to q8_0_pack_tokens - 1 tokens): the 16 rows' block transposed in registers
+// into the panel form (lane = row, 4 columns per dword) once, then the panel tile's arithmetic for
+// each token: a block costs the loads and the transpose once and ~11 instructions per token,
+// where the row-sum path above pays its lane reduction per token.
+template <int T>
+struct q8_0_rows16_batch {
+  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
+    const std::int64_t nb = g.cols / qk8_0;
+    const std::uint8_t* w0 = g.w + r0 * g.w_stride;
+    const auto stride = static_cast<std::int64_t>(g.w_stride);
+    const block_q8_0_act* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
+    __m512 acc[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_setzero_ps();
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 32);
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
+      if (b % 2 == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < panel_rows; ++r) {
+          prefetch_ahead(col + r * stride, ahead);
+          prefetch_ahead(col + r * stride, ahead + 64);
+        }
+      }
+      __m256i lo[8], hi[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        lo[r] = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + r * stride + 2)), flip);
+        hi[r] = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + (r + 8) * stride + 2)), flip);
+      }
+      transpose8x8(lo);
+      transpose8x8(hi);
+      __m512i grp[8];
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k)
+        grp[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[k]), hi[k], 1);
+      const __m512 dw = _mm512_cvtph_ps(scales16(col, stride));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        __m512i sum = _mm512_set1_epi32(x[t][b].bias);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          std::int32_t four;
+          std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
+          sum = _mm512_dpbusd_epi32(sum, grp[k], _mm512_set1_epi32(four));
+        }
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
                                  _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
       }
@@ -818,8 +896,8 @@ void pack_rows16(const gemm_args& g, std::int64_t r0, std::uint8_t* panel) noexc
 }
 
 template <std::size_t... I>
-constexpr std::array<tile_fn, sizeof...(I)> make_rows16(std::index_sequence<I...>) {
-  return {&q8_0_rows16<static_cast<int>(I) + 1>::run...};
+constexpr std::array<tile_fn, sizeof...(I) + 1> make_rows16(std::index_sequence<I...>) {
+  return {&q8_0_rows16<1>::run, &q8_0_rows16_batch<static_cast<int>(I) + 2>::run...};
 }
 
 void gemm_q8_0_rows(const gemm_args& g) noexcept {
@@ -840,7 +918,7 @@ void gemm_q8_0_rows(const gemm_args& g) noexcept {
       }
     }
   } else {
-    static constexpr auto tiles = make_rows16(std::make_index_sequence<8>{});
+    static constexpr auto tiles = make_rows16(std::make_index_sequence<7>{});
     for (std::int64_t r0 = 0; r0 < whole; r0 += panel_rows) {
       for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += 8) {
         const auto nt = static_cast<int>(std::min<std::int64_t>(8, g.n_tokens - t0));
