@@ -343,6 +343,15 @@ int run(const bench_args& a) {
                 inf::gguf::human_bytes(r->bytes_per_token).c_str(), r->bandwidth_gb_s, th,
                 th == 1 ? "" : "s", r->pp_cpu.median, r->tg_cpu.median,
                 r->pp.median * r->macs_per_token / 1e9);
+            if (a.batch > 1) {
+              // A batch's decode is compute-bound too: its mat-mul MACs against the same peak.
+              const double gmacs = r->tg.median * r->macs_per_token / 1e9;
+              const bool int8 = r->type != "f32" && r->type != "f16" && r->type != "bf16";
+              const double peak_g = (int8 ? peak->int8_gmacs : peak->f32_gmacs) * th;
+              std::printf(
+                  "    batched decode: %d streams, %.1f G MAC/s, %.0f%% of the compute peak\n",
+                  a.batch, gmacs, peak_g > 0 ? 100.0 * gmacs / peak_g : 0.0);
+            }
             if (a.profile && r->decode_tokens > 0) {
               const auto& s = r->decode_stages;
               const double us = 1e6 / static_cast<double>(r->decode_tokens);
@@ -386,7 +395,8 @@ int run(const bench_args& a) {
                      {"peak_int8_gmacs", peak->int8_gmacs},
                      {"peak_f32_gmacs", peak->f32_gmacs},
                      {"peak_bf16_gmacs", peak->bf16_gmacs},
-                     {"pp_peak_fraction", pp_peak_fraction(r)}});
+                     {"pp_peak_fraction", pp_peak_fraction(r)},
+                     {"tg_gmacs", r.tg.median * r.macs_per_token / 1e9}});
     }
     std::printf("%s\n", out.dump(2).c_str());
   }

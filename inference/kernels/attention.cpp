@@ -89,6 +89,12 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void values_avx512(
   }
   for (std::int64_t j = 0; j < hi; ++j) {
     const std::uint16_t* row = v + j * hd + d0;
+    // Decode reads a long context's values once, from memory: prefetched ahead (into L2) as the
+    // weight streams are.
+    if (d0 == 0) {
+      __builtin_prefetch(row + 4096, 0, 1);
+      __builtin_prefetch(row + 4096 + 32, 0, 1);
+    }
     __m512 vv[4];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k)

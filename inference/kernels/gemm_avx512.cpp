@@ -810,8 +810,9 @@ struct f16_panel_tile {
     for (std::int64_t c = 0; c < g.cols; ++c) {
 #pragma GCC unroll 8
       for (int q = 0; q < P; ++q) {
-        // Decode streams P panels side by side: each prefetched ahead (two columns per line).
-        if (T <= 2 && c % 2 == 0) prefetch_ahead(w[q] + c * panel_rows, decode_prefetch_bytes);
+        // Decode (and attention's few queries over a key cache) streams P panels side by side:
+        // each prefetched ahead (two columns per line).
+        if (T <= 4 && c % 2 == 0) prefetch_ahead(w[q] + c * panel_rows, decode_prefetch_bytes);
         const __m512 wv = _mm512_cvtph_ps(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[q] + c * panel_rows)));
 #pragma GCC unroll 8
