@@ -293,12 +293,6 @@ int run(const bench_args& a) {
       files.push_back(*p);
     }
   }
-  for (std::int64_t d : a.depths)
-    if (d < 0 || d > 131072) return fail("bench", "--depth values must be in [0, 131072]");
-  if (a.batch < 1 || a.batch > 64) return fail("bench", "--batch must be in [1, 64]");
-  for (const auto& l : a.layouts)
-    if (l != "rows" && l != "panels" && l != "all")
-      return fail("bench", fmt::format("--layout {}: expected rows, panels or all", l));
   // The compute peak of one thread with the kernels' own tier: prefill's ceiling.
   auto peak = inf::measure_compute(inf::active_isa());
   if (!peak) return fail("bench", peak.error().message);
@@ -425,14 +419,17 @@ void register_bench(CLI::App& root, int& exit_code) {
   cmd->add_option("--bandwidth-mib", a->bandwidth_mib, "bandwidth probe buffer (default 256)");
   cmd->add_option("--depth", a->depths,
                   "context already filled before each figure, e.g. 0,1024,4096 (default 0)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{131072}));
   cmd->add_option("--batch", a->batch,
-                  "streams decoding together in one batch; tg is their aggregate (default 1)");
+                  "streams decoding together in one batch; tg is their aggregate (default 1)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--layout", a->layouts,
                   "weight layout: panels (default: q4_K and f16 in panels), all (q8_0 too: "
                   "faster prefill, slower decode) or rows (the kernels before panels); e.g. "
                   "rows,panels,all")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::IsMember({"rows", "panels", "all"}));
   cmd->add_flag("--profile", a->profile, "time each forward-pass stage of decode");
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([&exit_code, a] { exit_code = run(*a); });
