@@ -150,32 +150,13 @@ using bf16_tile = float_tile<tensor_type::bf16, R, T>;
 //
 // The same arithmetic as the panel kernels below (gemm_kernels.hpp): per row and block the exact
 // integer dot product, then one conversion, one multiply (dw * dx) and one FMA into the row's sum,
-// blocks in order. Decode and small batches read 16 rows at a time from their rows — the access
-// pattern of the old row tiles, prefetched the same way, which streams DRAM ~35% faster here than
-// reading panels (bench/RESULTS.md, issue 35) — and reduce the 16 rows' lanes with a transpose;
-// prefill (n_tokens >= q8_0_pack_tokens) packs each group of 16 rows into a panel in a scratch
-// buffer once and runs the panel tiles over all its tokens. Rows past the last whole group take
-// one row at a time. Whichever path a (row, token) takes, its value has the same bits.
-
-// Lane i of the result: the sum of the 8 int32 lanes of p[i]. In ymm halves: Zen 4 issues two
-// 256-bit shuffles a cycle but one 512-bit one, and rows paired in zmm registers also cost an
-// insert each.
-TESSERA_AVX512_INLINE __m512i sum_rows16(const __m256i (&p)[16]) {
-  __m256i t[8], u[4];
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j)
-    t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
-                            _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j)
-    u[j] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * j], t[2 * j + 1]),
-                            _mm256_unpackhi_epi64(t[2 * j], t[2 * j + 1]));
-  const __m256i lo = _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
-                                      _mm256_permute2x128_si256(u[0], u[1], 0x31));
-  const __m256i hi = _mm256_add_epi32(_mm256_permute2x128_si256(u[2], u[3], 0x20),
-                                      _mm256_permute2x128_si256(u[2], u[3], 0x31));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
+// blocks in order. Decode reads 8 rows at a time from their rows — the access pattern of the old
+// row tiles, prefetched ahead, which streams DRAM 25-30% faster here than reading panels
+// (bench/RESULTS.md, issue 35) — and reduces their lanes with a transpose; batches of 2 to
+// q8_0_pack_tokens - 1 transpose each 16-row block into panel form in registers; prefill packs
+// each group of 16 rows into a panel in a scratch buffer once and runs the panel tiles over all
+// its tokens. Rows past the last whole group take one row at a time. Whichever path a (row,
+// token) takes, its value has the same bits.
 
 // The fp16 scales d of 16 rows' blocks (a gather was ~30% of a decode step here).
 template <int I>
@@ -203,55 +184,67 @@ TESSERA_AVX512_INLINE __m256i scales16(const std::uint8_t* col, std::int64_t str
   return _mm256_inserti128_si256(_mm256_castsi128_si256(h[0]), h[1], 1);
 }
 
-template <int T>
-struct q8_0_rows16 {
-  TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
-    const std::int64_t nb = g.cols / qk8_0;
-    const std::uint8_t* w0 = g.w + r0 * g.w_stride;
-    const auto stride = static_cast<std::int64_t>(g.w_stride);
-    const block_q8_0_act* x[T];
-    for (int t = 0; t < T; ++t)
-      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
-    __m512 acc[T];
+// Decode (one token) takes 8 rows a step: per lane the arithmetic of the 16-row steps below (the
+// same bits), reduced with a transpose-add of the 8 rows' lanes. 8 row streams in flight, each
+// prefetched 24 rows ahead, streamed DRAM ~25% faster here than 16 (large Q8_0 decode 76 -> 93
+// tok/s; 16 or 32 rows ahead: a few % slower) — as fast as the old lane-wise row tiles.
+constexpr int rows8_prefetch_rows = 24;
+TESSERA_AVX512_INLINE __m256i sum_rows8(const __m256i (&p)[8]) {
+  __m256i t[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
+                            _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
+  const __m256i u0 =
+      _mm256_add_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
+  const __m256i u1 =
+      _mm256_add_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+TESSERA_AVX512 void q8_0_rows8_decode(const gemm_args& g, std::int64_t r0,
+                                      std::int64_t t0) noexcept {
+  const std::int64_t nb = g.cols / qk8_0;
+  const std::uint8_t* w0 = g.w + r0 * g.w_stride;
+  const auto stride = static_cast<std::int64_t>(g.w_stride);
+  const auto* x = reinterpret_cast<const block_q8_0_act*>(g.x + t0 * g.x_stride);
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const std::size_t ahead = decode_prefetch_ahead(g.w_stride, rows8_prefetch_rows);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
+    if (b % 2 == 0) {
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_setzero_ps();
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 32);
-    for (std::int64_t b = 0; b < nb; ++b) {
-      const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
-      if (b % 2 == 0) {
-#pragma GCC unroll 16
-        for (int r = 0; r < panel_rows; ++r) {
-          prefetch_ahead(col + r * stride, ahead);
-          prefetch_ahead(col + r * stride, ahead + 64);
-        }
-      }
-      // The 16 rows' levels as unsigned bytes (w + 128).
-      __m256i z[16];
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r)
-        z[r] = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + r * stride + 2)), flip);
-      // The 16 rows' scales d (the first 2 bytes of each row's block).
-      const __m512 dw = _mm512_cvtph_ps(scales16(col, stride));
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t][b].qs));
-        __m256i p[16];
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r)
-          p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), z[r], xb);
-        const __m512i sum = _mm512_add_epi32(sum_rows16(p), _mm512_set1_epi32(x[t][b].bias));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                                 _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
+      for (int r = 0; r < 8; ++r) {
+        prefetch_ahead(col + r * stride, ahead);
+        prefetch_ahead(col + r * stride, ahead + 64);
       }
     }
+    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    __m256i p[8];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t)
-      _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t]);
+    for (int r = 0; r < 8; ++r)
+      p[r] = _mm256_dpbusd_epi32(
+          _mm256_setzero_si256(),
+          _mm256_xor_si256(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + r * stride + 2)), flip),
+          xb);
+    __m128i v = _mm_setzero_si128();
+    v = insert_scale<0>(v, col);
+    v = insert_scale<1>(v, col + stride);
+    v = insert_scale<2>(v, col + 2 * stride);
+    v = insert_scale<3>(v, col + 3 * stride);
+    v = insert_scale<4>(v, col + 4 * stride);
+    v = insert_scale<5>(v, col + 5 * stride);
+    v = insert_scale<6>(v, col + 6 * stride);
+    v = insert_scale<7>(v, col + 7 * stride);
+    const __m256i sum = _mm256_add_epi32(sum_rows8(p), _mm256_set1_epi32(x[b].bias));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                          _mm256_mul_ps(_mm256_cvtph_ps(v), _mm256_set1_ps(x[b].d)), acc);
   }
-};
+  _mm256_storeu_ps(g.y + t0 * g.y_stride + r0, acc);
+}
 
 // 8 rows x 8 dwords (one ymm per row) transposed in place: r[g] then holds dword g of the 8 rows.
 TESSERA_AVX512_INLINE void transpose8x8(__m256i (&r)[8]) {
@@ -897,8 +890,8 @@ void pack_rows16(const gemm_args& g, std::int64_t r0, std::uint8_t* panel) noexc
 }
 
 template <std::size_t... I>
-constexpr std::array<tile_fn, sizeof...(I) + 1> make_rows16(std::index_sequence<I...>) {
-  return {&q8_0_rows16<1>::run, &q8_0_rows16_batch<static_cast<int>(I) + 2>::run...};
+constexpr std::array<tile_fn, sizeof...(I)> make_rows16(std::index_sequence<I...>) {
+  return {&q8_0_rows16_batch<static_cast<int>(I) + 1>::run...};
 }
 
 void gemm_q8_0_rows(const gemm_args& g) noexcept {
@@ -918,8 +911,15 @@ void gemm_q8_0_rows(const gemm_args& g) noexcept {
         tiles[static_cast<std::size_t>(nt - 1)](one, 0, t0);
       }
     }
+  } else if (g.n_tokens == 1) {
+    const std::int64_t eights = g.rows / 8 * 8;
+    for (std::int64_t r0 = 0; r0 < eights; r0 += 8)
+      q8_0_rows8_decode(g, r0, 0);
+    for (std::int64_t r = eights; r < g.rows; ++r)
+      q8_0_row_exact(g, r, 0);
+    return;
   } else {
-    static constexpr auto tiles = make_rows16(std::make_index_sequence<7>{});
+    static constexpr auto tiles = make_rows16(std::make_index_sequence<8>{});
     for (std::int64_t r0 = 0; r0 < whole; r0 += panel_rows) {
       for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += 8) {
         const auto nt = static_cast<int>(std::min<std::int64_t>(8, g.n_tokens - t0));

@@ -67,12 +67,8 @@ std::pair<std::size_t, bool> q4_k_level_offset(std::int64_t i, std::int64_t c) n
   const std::int64_t k = c / 8, j = c % 4;
   return {static_cast<std::size_t>(k * 64 + i * 4 + j), (c % 8) >= 4};
 }
-// The level (0..15) of element e of a q4_K block, and storing one (GGUF's nibble order).
-int q4_k_get(const block_q4_k& b, int e) noexcept {
-  const int l = e % 64;
-  const std::uint8_t byte = b.qs[32 * (e / 64) + l % 32];
-  return l < 32 ? (byte & 0xF) : (byte >> 4);
-}
+// Storing the level (0..15) of element e of a q4_K block (GGUF's nibble order: element e is in
+// qs[32 (e / 64) + e % 32], low nibble when e % 64 < 32).
 void q4_k_set(block_q4_k& b, int e, int level) noexcept {
   const int l = e % 64;
   std::uint8_t& byte = b.qs[32 * (e / 64) + l % 32];
@@ -126,7 +122,6 @@ void convert_panel(tensor_type type, std::uint8_t* rows, std::uint8_t* panel, st
     std::uint8_t* sb = panel + b * detail::q4_k_panel_block;
     auto* d = reinterpret_cast<std::uint16_t*>(sb + 2240);
     auto* dmin = reinterpret_cast<std::uint16_t*>(sb + 2272);
-    if (to_panel) std::memset(sb, 0, 2048);
     for (std::int64_t i = 0; i < n; ++i) {
       block_q4_k& blk = blocks[i * nb + b];
       if (to_panel) {
@@ -134,9 +129,15 @@ void convert_panel(tensor_type type, std::uint8_t* rows, std::uint8_t* panel, st
         std::memcpy(&dmin[i], &blk.dmin, 2);
         for (int k = 0; k < 12; ++k)
           sb[2048 + k * n + i] = blk.scales[k];
-        for (int e = 0; e < qk_k; ++e) {
-          const auto [off, high] = q4_k_level_offset(i, e);
-          sb[off] = static_cast<std::uint8_t>(sb[off] | (q4_k_get(blk, e) << (high ? 4 : 0)));
+        // Chunk k holds columns 8k..8k+7, all in one half of one 64-column group of GGUF's
+        // nibble order (q4_k_set): a straight loop, as loading a q4_K model packs every block.
+        for (int k = 0; k < 32; ++k) {
+          const std::uint8_t* src = blk.qs + 32 * (k / 8) + 8 * (k % 4);
+          const int shift = (k % 8) < 4 ? 0 : 4;
+          for (int j = 0; j < 4; ++j) {
+            const int lo = (src[j] >> shift) & 0xF, hi = (src[j + 4] >> shift) & 0xF;
+            sb[k * 64 + i * 4 + j] = static_cast<std::uint8_t>(lo | (hi << 4));
+          }
         }
       } else {
         std::memcpy(&blk.d, &d[i], 2);

@@ -14,6 +14,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "inference/gguf/gguf.hpp"
+#include "inference/tokenizer/tokenizer.hpp"
 #include "tests/mesh/cluster/cluster_fixture.hpp"
 #include "tests/support/child_process.hpp"
 
@@ -140,8 +142,25 @@ class HttpGateway : public ::testing::Test {
     EXPECT_TRUE(out) << out.error().describe();
     if (!out) return {};
     std::istringstream lines(*out);
-    for (std::string line; std::getline(lines, line);)
-      if (line.starts_with("{")) return json::parse(line).at("text").get<std::string>();
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.starts_with("{")) continue;
+      const json j = json::parse(line);
+      std::string text = j.at("text").get<std::string>();
+      // The cluster streams every token's bytes as they are; `tessera run` drops the one space
+      // an SPM model's first generated token starts with (docs/PROTOCOL.md, `text`). Put it back.
+      const auto f =
+          inference::gguf::file::open(model_, {inference::gguf::load_mode::headers_only, {}});
+      EXPECT_TRUE(f);
+      if (!f) return {};
+      const auto tok = inference::tokenizer::tokenizer::from_gguf(*f);
+      EXPECT_TRUE(tok);
+      if (!tok) return {};
+      const auto& ids = j.at("tokens");
+      if (!ids.empty() &&
+          tok->token_bytes(ids.at(0).get<inference::tokenizer::token_id>()).starts_with(" "))
+        text.insert(0, " ");
+      return text;
+    }
     ADD_FAILURE() << "no JSON line in: " << *out;
     return {};
   }
