@@ -425,9 +425,8 @@ void register_bench(CLI::App& root, int& exit_code) {
                   "streams decoding together in one batch; tg is their aggregate (default 1)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--layout", a->layouts,
-                  "weight layout: panels (default: q4_K and f16 in panels), all (q8_0 too: "
-                  "faster prefill, slower decode) or rows (the kernels before panels); e.g. "
-                  "rows,panels,all")
+                  "weight layout: panels (default: q4_K and f16 in panels), all (q8_0 too: slower "
+                  "decode, for comparison) or rows (no panels); e.g. rows,panels,all")
       ->delimiter(',')
       ->check(CLI::IsMember({"rows", "panels", "all"}));
   cmd->add_flag("--profile", a->profile, "time each forward-pass stage of decode");

@@ -127,10 +127,12 @@ struct load_options {
   std::uint64_t max_weight_bytes = std::uint64_t{64} << 30;
   /// Which mat-mul weights are stored in panels (matmul.hpp's weight_layout) where their shape
   /// allows:
-  ///  - rows: none, every weight in GGUF's rows (the kernels before issue 35);
+  ///  - rows: none, every weight in GGUF's rows (q4_K and f16 then take the row kernels; q8_0 on
+  ///    AVX-512 sums exact blocks from rows either way);
   ///  - faster: q4_K and f16, whose panel kernels beat the row kernels at decode and prefill alike;
-  ///  - all: q8_0 too, for prefill-heavy work: its prefill runs ~2x faster in panels, but its
-  ///    decode ~25% slower (bench/RESULTS.md, issue 35), so it is not the default.
+  ///  - all: q8_0 too. Its prefill is no faster than from rows (AVX-512 packs q8_0 panels on
+  ///    the fly) and its decode from panels is ~25% slower (bench/RESULTS.md, issue 35): for
+  ///    comparisons, not a default.
   enum class panels { rows, faster, all };
   panels weight_panels = panels::faster;
   /// Called on the loading thread after each tensor: bytes of weights in place so far, of all
