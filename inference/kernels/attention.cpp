@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/gemm_kernels.hpp"
@@ -71,6 +72,17 @@ __attribute__((target("avx2,fma"))) void softmax_avx2(float* x, std::int64_t n) 
   for (; i < n; ++i) x[i] *= inv_s;
 }
 
+// The shortest and longest of nq queries' positions: every query takes positions below the first,
+// only the longer ones those up to the second.
+std::pair<std::int64_t, std::int64_t> att_range(const std::int64_t* n_att, int nq) noexcept {
+  std::int64_t lo = n_att[0], hi = n_att[0];
+  for (int i = 1; i < nq; ++i) {
+    lo = std::min(lo, n_att[i]);
+    hi = std::max(hi, n_att[i]);
+  }
+  return {lo, hi};
+}
+
 // The weighted sum of values for a group of up to G queries: each value row is loaded and
 // converted once for the group. Lane d of query i adds p[i][j] * v[j][d] for j = 0, 1, ... in order
 // with one FMA each, whatever the group, the chunk or the ISA; a query past its own n_att skips
@@ -82,11 +94,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void values_avx512(
   __m512 acc[G][4];
   for (int i = 0; i < G; ++i)
     for (int k = 0; k < 4; ++k) acc[i][k] = _mm512_setzero_ps();
-  std::int64_t lo = n_att[0], hi = n_att[0];
-  for (int i = 1; i < nq; ++i) {
-    lo = std::min(lo, n_att[i]);
-    hi = std::max(hi, n_att[i]);
-  }
+  const auto [lo, hi] = att_range(n_att, nq);
   for (std::int64_t j = 0; j < hi; ++j) {
     const std::uint16_t* row = v + j * hd + d0;
     // Decode reads a long context's values once, from memory: prefetched ahead (into L2) as the
@@ -119,11 +127,7 @@ __attribute__((target("avx2,fma,f16c"))) void values_avx2(const float* const* p,
   __m256 acc[G][4];
   for (int i = 0; i < G; ++i)
     for (int k = 0; k < 4; ++k) acc[i][k] = _mm256_setzero_ps();
-  std::int64_t lo = n_att[0], hi = n_att[0];
-  for (int i = 1; i < nq; ++i) {
-    lo = std::min(lo, n_att[i]);
-    hi = std::max(hi, n_att[i]);
-  }
+  const auto [lo, hi] = att_range(n_att, nq);
   for (std::int64_t j = 0; j < hi; ++j) {
     const std::uint16_t* row = v + j * hd + d0;
     __m256 vv[4];

@@ -165,23 +165,22 @@ TESSERA_AVX512_INLINE __m128i insert_scale(__m128i v, const std::uint8_t* p) {
   std::memcpy(&d, p, sizeof(d));
   return _mm_insert_epi16(v, d, I);
 }
+// 8 rows' scales d (fp16) as one vector: the first 2 bytes of each row's block.
+TESSERA_AVX512_INLINE __m128i scales8(const std::uint8_t* col, std::int64_t stride) {
+  __m128i v = _mm_setzero_si128();
+  v = insert_scale<0>(v, col);
+  v = insert_scale<1>(v, col + stride);
+  v = insert_scale<2>(v, col + 2 * stride);
+  v = insert_scale<3>(v, col + 3 * stride);
+  v = insert_scale<4>(v, col + 4 * stride);
+  v = insert_scale<5>(v, col + 5 * stride);
+  v = insert_scale<6>(v, col + 6 * stride);
+  v = insert_scale<7>(v, col + 7 * stride);
+  return v;
+}
 TESSERA_AVX512_INLINE __m256i scales16(const std::uint8_t* col, std::int64_t stride) {
-  __m128i h[2];
-#pragma GCC unroll 2
-  for (int q = 0; q < 2; ++q) {
-    const std::uint8_t* c = col + 8 * q * stride;
-    __m128i v = _mm_setzero_si128();
-    v = insert_scale<0>(v, c);
-    v = insert_scale<1>(v, c + stride);
-    v = insert_scale<2>(v, c + 2 * stride);
-    v = insert_scale<3>(v, c + 3 * stride);
-    v = insert_scale<4>(v, c + 4 * stride);
-    v = insert_scale<5>(v, c + 5 * stride);
-    v = insert_scale<6>(v, c + 6 * stride);
-    v = insert_scale<7>(v, c + 7 * stride);
-    h[q] = v;
-  }
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(h[0]), h[1], 1);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(scales8(col, stride)),
+                                 scales8(col + 8 * stride, stride), 1);
 }
 
 // Decode (one token) takes 8 rows a step: per lane the arithmetic of the 16-row steps below (the
@@ -230,15 +229,7 @@ TESSERA_AVX512 void q8_0_rows8_decode(const gemm_args& g, std::int64_t r0,
           _mm256_xor_si256(
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + r * stride + 2)), flip),
           xb);
-    __m128i v = _mm_setzero_si128();
-    v = insert_scale<0>(v, col);
-    v = insert_scale<1>(v, col + stride);
-    v = insert_scale<2>(v, col + 2 * stride);
-    v = insert_scale<3>(v, col + 3 * stride);
-    v = insert_scale<4>(v, col + 4 * stride);
-    v = insert_scale<5>(v, col + 5 * stride);
-    v = insert_scale<6>(v, col + 6 * stride);
-    v = insert_scale<7>(v, col + 7 * stride);
+    const __m128i v = scales8(col, stride);
     const __m256i sum = _mm256_add_epi32(sum_rows8(p), _mm256_set1_epi32(x[b].bias));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
                           _mm256_mul_ps(_mm256_cvtph_ps(v), _mm256_set1_ps(x[b].d)), acc);
