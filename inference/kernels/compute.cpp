@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include <fmt/format.h>
@@ -37,7 +38,14 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_avx512(std::i
   __m512i s = acc[0];
   for (int k = 1; k < chains; ++k)
     s = _mm512_add_epi32(s, acc[k]);
-  int_sink = _mm512_reduce_add_epi32(s);
+  // The lanes wrap around (vector adds do); summed as unsigned, as _mm512_reduce_add_epi32's
+  // plain int adds would overflow, which is undefined (UBSan reports it).
+  alignas(64) std::uint32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  std::uint32_t sum = 0;
+  for (std::uint32_t l : lanes)
+    sum += l;
+  int_sink = static_cast<int>(sum & 0x7fffffffu);
   return static_cast<double>(iters) * chains * 64;
 }
 
@@ -94,9 +102,9 @@ __attribute__((target("avx2"))) double int8_avx2(std::int64_t iters) {
   __m256i s = acc[0];
   for (int k = 1; k < chains; ++k)
     s = _mm256_add_epi32(s, acc[k]);
-  alignas(32) int lanes[8];
+  alignas(32) std::uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-  int_sink = lanes[0] + lanes[7];
+  int_sink = static_cast<int>((lanes[0] + lanes[7]) & 0x7fffffffu);  // unsigned: no overflow
   return static_cast<double>(iters) * chains * 32;
 }
 
