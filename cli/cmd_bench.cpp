@@ -308,10 +308,14 @@ int run(const bench_args& a) {
         "roofline", "% roof", "% peak");
   }
   // The peak a type's mat-muls run against: int8 for the quantized types (their activations are
-  // quantized to 8 bits), f32 FMA for float weights (bf16 is not used for them). Per thread.
-  auto pp_peak_fraction = [&](const row& r) {
+  // quantized to 8 bits), f32 FMA for float weights (bf16 is not used for them); one thread's
+  // peak times the row's threads.
+  auto peak_gmacs = [&](const row& r) {
     const bool int8 = r.type != "f32" && r.type != "f16" && r.type != "bf16";
-    const double gmacs = (int8 ? peak->int8_gmacs : peak->f32_gmacs) * r.threads;
+    return (int8 ? peak->int8_gmacs : peak->f32_gmacs) * r.threads;
+  };
+  auto pp_peak_fraction = [&](const row& r) {
+    const double gmacs = peak_gmacs(r);
     return gmacs > 0 ? r.pp.median * r.macs_per_token / (gmacs * 1e9) : 0.0;
   };
   for (const auto& path : files) {
@@ -340,8 +344,7 @@ int run(const bench_args& a) {
             if (a.batch > 1) {
               // A batch's decode is compute-bound too: its mat-mul MACs against the same peak.
               const double gmacs = r->tg.median * r->macs_per_token / 1e9;
-              const bool int8 = r->type != "f32" && r->type != "f16" && r->type != "bf16";
-              const double peak_g = (int8 ? peak->int8_gmacs : peak->f32_gmacs) * th;
+              const double peak_g = peak_gmacs(*r);
               std::printf(
                   "    batched decode: %d streams, %.1f G MAC/s, %.0f%% of the compute peak\n",
                   a.batch, gmacs, peak_g > 0 ? 100.0 * gmacs / peak_g : 0.0);

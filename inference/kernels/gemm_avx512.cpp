@@ -47,19 +47,6 @@ TESSERA_AVX512_INLINE __m512 half_pair(std::uint16_t lo, std::uint16_t hi) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
 }
 
-// The q8_0 decode tile (one token) works on 256-bit halves: with zmm arithmetic it used ~8% more
-// CPU time per token of the `large` preset (kernels bench BM_model, interleaved A/B on this Zen 4
-// machine kind; the same ymm form for f16 was ~6% slower than zmm, so the float tiles stay zmm).
-// To keep decode and prefill bit-identical (gemm_kernels.hpp), it keeps the zmm tile's lanes as
-// two ymm accumulators [lo | hi], does the same arithmetic per lane, and reduces exactly as GCC's
-// _mm512_reduce_add_ps does (upper half + lower half, then 128-bit halves, then pairs).
-TESSERA_AVX512_INLINE float reduce_add_pair(__m256 lo, __m256 hi) {
-  const __m256 t3 = _mm256_add_ps(hi, lo);
-  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_movehdup_ps(t8));
-}
-
 // ---- float weights -----------------------------------------------------------------------------
 
 template <tensor_type W>
@@ -260,10 +247,10 @@ TESSERA_AVX512_INLINE void transpose8x8(__m256i (&r)[8]) {
   }
 }
 
-// Small batches (2 to q8_0_pack_tokens - 1 tokens): the 16 rows' block transposed in registers
-// into the panel form (lane = row, 4 columns per dword) once, then the panel tile's arithmetic for
-// each token: a block costs the loads and the transpose once and ~11 instructions per token,
-// where the row-sum path above pays its lane reduction per token.
+// Batches below q8_0_pack_tokens, up to 8 tokens a tile: the 16 rows' block transposed in
+// registers into the panel form (lane = row, 4 columns per dword) once, then the panel tile's
+// arithmetic for each token: a block costs the loads and the transpose once and ~11 instructions
+// per token, where the 8-row decode step pays its lane reduction per token.
 template <int T>
 struct q8_0_rows16_batch {
   TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
@@ -610,48 +597,26 @@ struct q8_0_panel_tile {
       acc[t] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::uint8_t* qb = q + b * 512;
-      if constexpr (T == 1) {
-        // Decode: one stream, but two dependency chains (integer sums: the same result). The
-        // stream is prefetched a few KiB ahead, as the row tiles do (gemm_tiles.hpp): the hardware
-        // prefetcher alone left it at about half the DRAM bandwidth.
+      __m512i s[T];
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k)
-          prefetch_ahead(qb, decode_prefetch_bytes + 64 * k);
-        if (b % 2 == 0) prefetch_ahead(scales + b * panel_rows, decode_prefetch_bytes / 8);
-        __m512i s0 = _mm512_set1_epi32(x[0][b].bias), s1 = _mm512_setzero_si512();
-        const auto* xq = reinterpret_cast<const std::int32_t*>(x[0][b].qs);
+      for (int t = 0; t < T; ++t)
+        s[t] = _mm512_set1_epi32(x[t][b].bias);
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k += 2) {
-          s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(qb + 64 * k), _mm512_set1_epi32(xq[k]));
-          s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(qb + 64 * k + 64),
-                                   _mm512_set1_epi32(xq[k + 1]));
-        }
-        const __m512 dw = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * panel_rows)));
-        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
-                                 _mm512_mul_ps(dw, _mm512_set1_ps(x[0][b].d)), acc[0]);
-      } else {
-        __m512i s[T];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t)
-          s[t] = _mm512_set1_epi32(x[t][b].bias);
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) {
-          const __m512i w = _mm512_loadu_si512(qb + 64 * k);
-#pragma GCC unroll 8
-          for (int t = 0; t < T; ++t) {
-            std::int32_t four;
-            std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
-            s[t] = _mm512_dpbusd_epi32(s[t], w, _mm512_set1_epi32(four));
-          }
-        }
-        const __m512 dw = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * panel_rows)));
+      for (int k = 0; k < 8; ++k) {
+        const __m512i w = _mm512_loadu_si512(qb + 64 * k);
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
-          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]),
-                                   _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
+          std::int32_t four;
+          std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
+          s[t] = _mm512_dpbusd_epi32(s[t], w, _mm512_set1_epi32(four));
         }
+      }
+      const __m512 dw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * panel_rows)));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]),
+                                 _mm512_mul_ps(dw, _mm512_set1_ps(x[t][b].d)), acc[t]);
       }
     }
     const std::int64_t r0 = p * panel_rows;

@@ -1134,18 +1134,17 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   // Each row's KV cache: its own sequence's, at this layer, one KV head after another; keys in
   // panels of 16 positions, values position-major (attention.hpp).
   const std::int64_t local = il - m.shard().first_layer;
-  auto head_cache = [&](const std::vector<std::uint16_t>& cache, std::int64_t t, std::int64_t g) {
-    const context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
+  auto head_cache = [&](std::vector<std::uint16_t> context::*cache, std::int64_t t,
+                        std::int64_t g) {
+    context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
     const std::int64_t per_head = key_cache_positions(c->n_ctx_) * hd;
-    return cache.data() + static_cast<std::size_t>((local * H.n_head_kv + g) * per_head);
+    return (c->*cache).data() + static_cast<std::size_t>((local * H.n_head_kv + g) * per_head);
   };
   auto k_cache = [&](std::int64_t t, std::int64_t g) {
-    return const_cast<std::uint16_t*>(
-        head_cache(ws.row_ctx_[static_cast<std::size_t>(t)]->k_cache_, t, g));
+    return head_cache(&context::k_cache_, t, g);
   };
   auto v_cache = [&](std::int64_t t, std::int64_t g) {
-    return const_cast<std::uint16_t*>(
-        head_cache(ws.row_ctx_[static_cast<std::size_t>(t)]->v_cache_, t, g));
+    return head_cache(&context::v_cache_, t, g);
   };
   per_token(pool, n, [&](std::int64_t t) {
     float* qt = q + t * q_stride;
