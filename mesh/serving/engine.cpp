@@ -711,9 +711,8 @@ struct engine::impl {
   /// other peer has no session and does nothing.
   void on_cancel(const request& q) {
     if (!valid_id(q.id)) return;
-    if (!q.node.empty() && q.node != opt.node_hex) return;  // meant for another peer's copy
     session* s = find_session(q.id);
-    if (s == nullptr || s->req.attempt > q.attempt) return;
+    if (!cancel_applies(q, opt.node_hex, s ? std::optional(s->req.attempt) : std::nullopt)) return;
     auto r = base(s->req, "error");
     r.code = std::string(error_code::cancelled);
     r.message = "the client cancelled the request";
@@ -1785,14 +1784,11 @@ void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<m
   }
   {
     std::lock_guard lock(impl_->mu);
-    std::vector<std::string> nodes;
-    if (plan != nullptr) {
-      nodes.push_back(impl_->opt.node_hex);
-      for (member_id id : live) {
-        auto it = peers.find(id);
-        if (it != peers.end() && !it->second.hex.empty()) nodes.push_back(it->second.hex);
-      }
-    }
+    std::vector<std::string> nodes = peer_list_nodes(
+        plan != nullptr, impl_->opt.self, impl_->opt.node_hex, live, [&](member_id id) {
+          auto it = peers.find(id);
+          return it != peers.end() ? it->second.hex : std::string();
+        });
     if (nodes != impl_->live_nodes) {
       impl_->live_nodes = std::move(nodes);
       impl_->peers_changed = true;

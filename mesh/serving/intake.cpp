@@ -24,6 +24,12 @@ std::string served_models(const placement::plan& p) {
 
 }  // namespace
 
+bool cancel_applies(const request& cancel, std::string_view self_hex,
+                    std::optional<std::uint32_t> running_attempt) noexcept {
+  if (!cancel.node.empty() && cancel.node != self_hex) return false;  // another peer's copy
+  return running_attempt.has_value() && *running_attempt <= cancel.attempt;
+}
+
 member_id responder_for(std::string_view request_id, std::span<const member_id> live) noexcept {
   const std::uint64_t h = fnv1a64(request_id);
   member_id best = no_member;

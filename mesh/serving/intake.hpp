@@ -11,8 +11,11 @@
 // one error, not N.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mesh/membership/ids.hpp"
@@ -47,5 +50,32 @@ struct intake_decision {
                                      std::span<const member_id> live, member_id self,
                                      std::span<const std::string> local_models,
                                      std::span<const std::string> fetching = {});
+
+/// Whether a cancel ends the stream this peer (`self_hex`) runs for its id, at
+/// `running_attempt` (nullopt: none runs here). A cancel naming a node (`node`: the client cuts a
+/// duplicate acceptance) is for that peer's copy only; one for an earlier attempt than the running
+/// one is stale. The engine and the simulator's modelled engine both ask this.
+[[nodiscard]] bool cancel_applies(const request& cancel, std::string_view self_hex,
+                                  std::optional<std::uint32_t> running_attempt) noexcept;
+
+/// The node ids a peer's peer list names (`nodes`, docs/PROTOCOL.md): none while it has no plan
+/// (it serves nothing, so it vouches for nobody), else its own, then each live member's whose id it
+/// knows (`hex_of(id)` returns "" for one it does not). A client whose serving peer is missing from
+/// such a list resumes once that peer is silent. `live` is the engine's list (self first).
+template <class HexOf>
+[[nodiscard]] std::vector<std::string> peer_list_nodes(bool has_plan, member_id self,
+                                                       std::string_view self_hex,
+                                                       std::span<const member_id> live,
+                                                       HexOf&& hex_of) {
+  std::vector<std::string> nodes;
+  if (!has_plan) return nodes;
+  nodes.emplace_back(self_hex);
+  for (member_id id : live) {
+    if (id == self) continue;
+    std::string hex = hex_of(id);
+    if (!hex.empty()) nodes.push_back(std::move(hex));
+  }
+  return nodes;
+}
 
 }  // namespace tessera::mesh::serving

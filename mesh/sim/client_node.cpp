@@ -45,6 +45,17 @@ void client_node::on_message(node_context& ctx, const envelope& msg) {
     ++undecodable_;
     return;
   }
+  if (m->kind == "peers") {
+    // A peer's list of the live members: every stream whose serving peer it leaves out may
+    // resume (stream_follower::on_peers, as the C++ client does).
+    std::vector<std::string> ids;
+    for (const auto& [id, f] : followers_)
+      ids.push_back(id);
+    for (const auto& id : ids)
+      apply(ctx, id, followers_.at(id).on_peers(*m, ctx.now_ms() * 1000));
+    rearm(ctx);
+    return;
+  }
   auto it = followers_.find(m->id);
   if (it == followers_.end()) return;  // a late message of a request that ended
   auto step = it->second.on_response(*m, ctx.now_ms() * 1000);
@@ -52,6 +63,8 @@ void client_node::on_message(node_context& ctx, const envelope& msg) {
     auto& rec = records_.at(m->id);
     rec.indices.push_back(m->index);
     rec.tokens.push_back(m->token);
+    rec.token_ms.push_back(ctx.now_ms());
+    rec.token_nodes.push_back(m->node);
   }
   apply(ctx, m->id, std::move(step));
   rearm(ctx);

@@ -31,6 +31,8 @@ struct request_record {
   std::uint64_t ended_ms = 0;
   std::vector<std::uint32_t> indices;  ///< the indices handed to the caller, in order
   std::vector<std::int32_t> tokens;    ///< their token ids
+  std::vector<std::uint64_t> token_ms;   ///< when each arrived (the client's local time)
+  std::vector<std::string> token_nodes;  ///< the peer that sent each
   std::optional<result<serving::outcome>> outcome;
   std::uint32_t outcomes = 0;  ///< how many times an outcome was reported (must be 1)
   std::uint32_t publications = 0;

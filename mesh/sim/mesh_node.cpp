@@ -157,12 +157,38 @@ void mesh_node::on_member_event(const member_event& ev) {
 
 // ------------------------------------------------------------------ requests (the engine's part)
 
+std::string mesh_node::hex_of(member_id id) {
+  return fmt::format("{:032x}", id);
+}
+
+void mesh_node::serving_changed(runtime::serving_facts facts) {
+  facts_ = std::move(facts);
+  if (!options_.peer_lists || ctx_ == nullptr) return;
+  auto nodes = serving::peer_list_nodes(
+      facts_.plan != nullptr, self_, hex_of(self_), facts_.live, [&](member_id id) {
+        auto it = facts_.peers.find(id);
+        return it != facts_.peers.end() ? it->second.hex : std::string();
+      });
+  if (nodes == peer_list_) return;
+  peer_list_ = std::move(nodes);
+  for (member_id c : clients_)
+    publish_peers(*ctx_, c);
+}
+
+void mesh_node::publish_peers(node_context& ctx, member_id client) {
+  serving::response r;
+  r.kind = "peers";
+  r.node = hex_of(self_);
+  r.nodes = peer_list_;
+  respond(ctx, client, r);
+}
+
 serving::response mesh_node::base(const serving::request& q, std::string_view kind) const {
   serving::response r;
   r.kind = std::string(kind);
   r.id = q.id;
   r.attempt = q.attempt;
-  r.node = fmt::format("{:016x}", self_);
+  r.node = hex_of(self_);
   return r;
 }
 
@@ -172,8 +198,28 @@ void mesh_node::respond(node_context& ctx, member_id client, const serving::resp
 }
 
 void mesh_node::on_request(node_context& ctx, member_id client, serving::request q) {
-  if (q.cancel) return;  // the simulated clients never cancel
+  if (options_.peer_lists &&
+      std::find(clients_.begin(), clients_.end(), client) == clients_.end()) {
+    clients_.push_back(client);  // its subscription to the peer list: the current one at once
+    if (!peer_list_.empty()) publish_peers(ctx, client);
+  }
   auto running = streams_.find(q.id);
+  if (q.cancel) {
+    // As the engine's on_cancel: the stream ends and is remembered as finished, so that a
+    // re-publication still in flight does not start it again.
+    if (!options_.cancels ||
+        !serving::cancel_applies(
+            q, hex_of(self_),
+            running != streams_.end() ? std::optional(running->second.req.attempt) : std::nullopt))
+      return;
+    auto r = base(running->second.req, "error");
+    r.code = std::string(serving::error_code::cancelled);
+    r.message = "the client cancelled the request";
+    finished_.remember(q.id, q.attempt, r);
+    streams_.erase(running);
+    ++cancelled_;
+    return;
+  }
   switch (serving::admit(q, running != streams_.end() ? std::optional(running->second.req.attempt)
                                                        : std::nullopt,
                          finished_)) {
@@ -232,6 +278,7 @@ void mesh_node::generate(node_context& ctx) {
       t.token = sim_token(st.req, st.prev, st.index, options_.model.n_vocab);
       t.text = {static_cast<char>('a' + t.token % 26)};
       respond(ctx, st.client, t);
+      ++tokens_sent_[st.req.id];
       st.prev = t.token;
       ++st.index;
       st.next_ms = now + options_.token_ms;

@@ -4,8 +4,9 @@
 // msgpack-encoded on the simulated wire under their control-plane types, the election's durable
 // state is the node's durable bytes, the clock is the node's simulated local clock.
 // With `serve_requests`, also the peers' side of the client protocol: the engine's pure parts
-// (serving::admit, serving::decide over the facts the core hands the engine) in front of a
-// modelled token generator — the one part of the node the simulator replaces.
+// (serving::admit, serving::decide over the facts the core hands the engine,
+// serving::cancel_applies, peer lists from serving::peer_list_nodes) in front of a modelled token
+// generator — the one part of the node the simulator replaces.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +48,11 @@ struct mesh_node_options {
   bool serve_requests = false;
   std::uint32_t prefill_ms = 10;
   std::uint32_t token_ms = 20;
+  /// The node's behaviour before issue 31, for the scenarios that show what each part fixed:
+  /// peer lists naming the live members (a client learns its serving peer is gone without waiting
+  /// for its silence timer), and cancels (a client cuts a second peer's copy of its attempt).
+  bool peer_lists = true;
+  bool cancels = true;
 };
 
 /// The modelled generator's token at `index` after `prev` (the last prompt-side token: -1 at the
@@ -94,6 +100,16 @@ class mesh_node : public sim_node, private runtime::control_port {
   /// Serving: the plan in force (null: none yet), and plans refused as invalid (must stay 0).
   [[nodiscard]] const std::shared_ptr<const placement::plan>& plan() const { return core_->plan(); }
   [[nodiscard]] std::uint64_t plans_refused() const { return core_->counters().plans_refused; }
+  /// Requests: whether this node runs a stream of `id` now; the tokens it has sent for `id` over
+  /// its life (every attempt; a duplicate copy's too); cancels that ended a stream here.
+  [[nodiscard]] bool serves(const std::string& id) const { return streams_.contains(id); }
+  [[nodiscard]] std::uint64_t tokens_sent(const std::string& id) const {
+    auto it = tokens_sent_.find(id);
+    return it == tokens_sent_.end() ? 0 : it->second;
+  }
+  [[nodiscard]] std::uint64_t cancelled() const { return cancelled_; }
+  /// The node id its responses carry (the control plane's, as in the node).
+  [[nodiscard]] static std::string hex_of(member_id id);
 
  private:
   // control_port: the simulated world (valid during a callback: ctx_ is set by each).
@@ -104,7 +120,7 @@ class mesh_node : public sim_node, private runtime::control_port {
   std::int64_t mono_ns() override;
   void learn(member_id, const std::string&, bool) override {}  // the world routes by id
   void on_member_event(const member_event& ev) override;
-  void serving_changed(runtime::serving_facts facts) override { facts_ = std::move(facts); }
+  void serving_changed(runtime::serving_facts facts) override;
   std::uint8_t backend_for(const topology::capabilities&) override { return 1; }  // tcp
   void refresh_caps(topology::capabilities&) override {}
 
@@ -113,6 +129,7 @@ class mesh_node : public sim_node, private runtime::control_port {
   void on_request(node_context& ctx, member_id client, serving::request q);
   void respond(node_context& ctx, member_id client, const serving::response& r);
   void generate(node_context& ctx);
+  void publish_peers(node_context& ctx, member_id client);
   [[nodiscard]] serving::response base(const serving::request& q, std::string_view kind) const;
   struct stream {
     serving::request req;
@@ -132,6 +149,12 @@ class mesh_node : public sim_node, private runtime::control_port {
   std::uint64_t undecodable_ = 0;          // client-protocol bytes and unknown types
   std::map<std::string, stream> streams_;  // running, by request id
   serving::finished_ledger finished_;
+  // The clients that sent requests here: the subscribers of its peer list (a client subscribes to
+  // the peers' lists when it connects to publish).
+  std::vector<member_id> clients_;
+  std::vector<std::string> peer_list_;  // the `nodes` last published
+  std::map<std::string, std::uint64_t> tokens_sent_;
+  std::uint64_t cancelled_ = 0;
 };
 
 /// Options for a cluster of nodes 1..n with default timeouts, each seeded with all the others

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "mesh/serving/client.hpp"
@@ -254,6 +255,29 @@ TEST(ServingIntake, NoPlanOrNoIdMeansSilence) {
     auto no_id = valid_request("");
     EXPECT_EQ(decide(no_id, nullptr, ids, self, {}).action, intake_action::ignore);
   }
+}
+
+// The cancel rule the engine and the simulator share: a cancel naming another peer's copy, or one
+// for an earlier attempt than the one running, or for a stream not running here, changes nothing.
+TEST(ServingIntake, ACancelEndsOnlyTheNamedPeersCopyOfTheAttemptOrAnEarlierOne) {
+  request c = valid_request("x");
+  c.cancel = true;
+  c.attempt = 2;
+  EXPECT_TRUE(cancel_applies(c, "aa", 2u));
+  EXPECT_TRUE(cancel_applies(c, "aa", 1u));
+  EXPECT_FALSE(cancel_applies(c, "aa", 3u)) << "a later attempt runs: the cancel is stale";
+  EXPECT_FALSE(cancel_applies(c, "aa", std::nullopt)) << "nothing runs here";
+  c.node = "bb";
+  EXPECT_FALSE(cancel_applies(c, "aa", 2u)) << "meant for peer bb's duplicate";
+  EXPECT_TRUE(cancel_applies(c, "bb", 2u));
+}
+
+// A peer list vouches for the live members only while the peer has a plan, itself first.
+TEST(ServingIntake, APeerListNamesItselfThenTheLiveMembersItKnows) {
+  const std::vector<member_id> live{11, 22, 33};
+  auto hex = [](member_id id) { return id == 33 ? std::string() : fmt::format("h{}", id); };
+  EXPECT_TRUE(peer_list_nodes(false, 11, "h11", live, hex).empty());
+  EXPECT_EQ(peer_list_nodes(true, 11, "h11", live, hex), (std::vector<std::string>{"h11", "h22"}));
 }
 
 TEST(ServingIntake, NoCapacityAndMissingModelAreExplicit) {
