@@ -29,9 +29,8 @@ int utf8_sequence_length(unsigned char lead) noexcept;
 /// Bytes at the end of `s` that form an incomplete (so far valid) UTF-8 sequence, 0..3.
 std::size_t incomplete_utf8_tail(std::string_view s) noexcept;
 
-/// Unicode classes as the pre-tokenizer regexes use them. Exact for ASCII and Latin-1; beyond
-/// that a table of the scripts' letter, digit, punctuation, symbol and space blocks (documented in
-/// unicode.cpp) — close to, but not, the full Unicode database.
+/// Unicode classes as the pre-tokenizer regexes use them: \p{L} (general category L*), \p{N}
+/// (N*) from Unicode's database (libutf8proc), \s (the White_Space property).
 bool is_letter(char32_t cp) noexcept;
 bool is_number(char32_t cp) noexcept;
 bool is_whitespace(char32_t cp) noexcept;

@@ -162,6 +162,17 @@ TEST(Unicode, Classes) {
   for (char32_t c : {U'1', U'٣', U'½', U'²', U'１'}) EXPECT_TRUE(is_number(c)) << static_cast<int>(c);
   for (char32_t c : {U'!', U'—', U'€', U'🙂', U'。', U'\u0301', U' ', U'1'}) EXPECT_FALSE(is_letter(c)) << static_cast<int>(c);
   for (char32_t c : {U' ', U'\t', U'\n', U'\u00A0', U'\u3000'}) EXPECT_TRUE(is_whitespace(c));
+  // Unicode's categories exactly (libutf8proc): the vowel signs and virama of Indic scripts are
+  // marks (Mn/Mc), not letters; modifier letters (Lm) and letters of later blocks are letters;
+  // digits of every script, letter numbers (Nl) and other numbers (No) are numbers.
+  for (char32_t c : {U'\u093F', U'\u094D', U'\u0947', U'\u0BC6', U'\u0E31', U'\u1A60', U'\u20DD'})
+    EXPECT_FALSE(is_letter(c) || is_number(c)) << std::hex << static_cast<int>(c);
+  for (char32_t c : {U'\u0915', U'\u02B0', U'\u3005', U'\uA7C0', U'\U0001E900', U'\U00030000'})
+    EXPECT_TRUE(is_letter(c)) << std::hex << static_cast<int>(c);
+  for (char32_t c : {U'\u0966', U'\u16EE', U'\u2160', U'\U0001D7CE', U'\U00010107'})
+    EXPECT_TRUE(is_number(c)) << std::hex << static_cast<int>(c);
+  EXPECT_FALSE(is_letter(0x110000));
+  EXPECT_FALSE(is_number(0x110000));
   // GPT-2's byte map is a bijection onto printable code points.
   for (int b = 0; b < 256; ++b) EXPECT_EQ(cp_to_byte(byte_to_cp(static_cast<std::uint8_t>(b))), b);
   EXPECT_EQ(byte_to_cp(' '), U'Ġ');
@@ -174,6 +185,16 @@ TEST(PreTokenize, Llama3) {
   EXPECT_EQ(pre_tokenize("I'LL go\tnow", pre_split::llama3), (sv{"I", "'LL", " go", "\tnow"}));
   EXPECT_EQ(pre_tokenize("a  \n b", pre_split::llama3), (sv{"a", "  \n", " b"}));
   EXPECT_EQ(pre_tokenize("end   ", pre_split::llama3), (sv{"end", "   "}));
+}
+
+// A Devanagari word splits at its marks, as the reference regex engines split it: the virama
+// (U+094D) is the optional non-letter before the next letters, the final vowel sign (U+0947) a
+// run of "other" characters.
+TEST(PreTokenize, MarksAreNotLetters) {
+  EXPECT_EQ(pre_tokenize("\u0928\u092E\u0938\u094D\u0924\u0947", pre_split::llama3),
+            (sv{"\u0928\u092E\u0938", "\u094D\u0924", "\u0947"}));
+  EXPECT_EQ(pre_tokenize(" \u0928\u092E\u0938\u094D\u0924\u0947", pre_split::gpt2),
+            (sv{" \u0928\u092E\u0938", "\u094D", "\u0924", "\u0947"}));
 }
 
 TEST(PreTokenize, Qwen2AndGpt2) {
