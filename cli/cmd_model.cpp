@@ -12,10 +12,12 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "inference/gguf/synth.hpp"
+#include "inference/tokenizer/chat.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
 
 namespace tessera::cli {
@@ -30,6 +32,7 @@ struct synth_args {
   std::string type = "f16";
   std::uint64_t seed = 1;
   bool tied = false;
+  std::string chat_template;  // a Jinja file
   std::string output;
 };
 
@@ -54,6 +57,17 @@ int run_synth(const synth_args& a) {
   if (a.context) cfg->context = *a.context;
   cfg->seed = a.seed;
   cfg->tied_embeddings = a.tied;
+  if (!a.chat_template.empty()) {
+    std::ifstream in(a.chat_template, std::ios::binary);
+    if (!in) {
+      log::say(fmt::format("tessera model synth: --chat-template: cannot read {}", a.chat_template),
+               true);
+      return 1;
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    cfg->chat_template = ss.str();
+  }
   auto type = parse_tensor_type(a.type);
   if (!type) {
     log::say(fmt::format("tessera model synth: --type: {}", type.error().message), true);
@@ -92,6 +106,7 @@ struct tokenize_args {
   std::string file;
   bool no_special = false;
   bool json = false;
+  bool chat = false;
 };
 
 /// Bound on text read from a file: tokenizing is linear, but a typo must not read a disk image.
@@ -121,15 +136,42 @@ int run_tokenize(const tokenize_args& a) {
   if (!f) return fail(f.error().message);
   auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
   if (!tok) return fail(tok.error().message);
-  const auto ids = tok->encode(text, {.add_special = !a.no_special, .parse_special = false});
-  std::string out;
-  out.reserve(ids.size() * 6 + 2);
-  out += a.json ? "[" : "";
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) out += a.json ? "," : " ";
-    out += std::to_string(ids[i]);
+  std::vector<inf::tokenizer::token_id> ids;
+  nlohmann::json chat_json;
+  if (a.chat) {
+    // The text is a conversation as the HTTP API takes it: [{"role": ..., "content": ...}, ...].
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_array())
+      return fail("--chat: the text must be a JSON array of {\"role\", \"content\"} messages");
+    std::vector<inf::tokenizer::chat_message> msgs;
+    for (const auto& m : j) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string())
+        return fail(fmt::format("--chat: message {} needs a string role and content", msgs.size()));
+      msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    const auto chat = inf::tokenizer::chat_template_for(*f, *tok);
+    auto p = inf::tokenizer::apply_chat_template(chat, msgs, true);
+    if (!p) return fail(p.error().message);
+    // As the engine encodes a chat prompt: special-token texts matched, BOS as the vocabulary asks.
+    ids = tok->encode(p->text, {.add_special = p->add_bos && !a.no_special, .parse_special = true});
+    chat_json = {{"template", chat.describe()}, {"prompt", p->text}};
+  } else {
+    ids = tok->encode(text, {.add_special = !a.no_special, .parse_special = false});
   }
-  out += a.json ? "]\n" : "\n";
+  std::string out;
+  if (a.chat && a.json) {
+    chat_json["ids"] = ids;
+    out = chat_json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  } else {
+    out.reserve(ids.size() * 6 + 2);
+    out += a.json ? "[" : "";
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) out += a.json ? "," : " ";
+      out += std::to_string(ids[i]);
+    }
+    out += a.json ? "]\n" : "\n";
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }
@@ -163,6 +205,9 @@ void register_model(CLI::App& root, int& exit_code) {
   synth->add_option("--type", args->type, "f32|f16|bf16|q8_0|q4_0|q4_k|q6_k (default f16)");
   synth->add_option("--seed", args->seed, "weight seed (same seed, same bytes)");
   synth->add_flag("--tied", args->tied, "no output.weight: the embedding is reused");
+  synth->add_option("--chat-template", args->chat_template,
+                    "a Jinja chat template file to write as tokenizer.chat_template (default: "
+                    "ChatML for qwen3, Mistral's for llama)");
   synth->add_option("-o,--output", args->output, "output GGUF file")->required();
   synth->callback([&exit_code, args] { exit_code = run_synth(*args); });
 
@@ -179,7 +224,13 @@ void register_model(CLI::App& root, int& exit_code) {
   tokenize->add_option("text", tk->text, "the text (or --file)");
   tokenize->add_option("-f,--file", tk->file, "read the text from this file (at most 256 MiB)");
   tokenize->add_flag("--no-special", tk->no_special, "no BOS/EOS around the text");
-  tokenize->add_flag("--json", tk->json, "a JSON array instead of space-separated ids");
+  tokenize->add_flag("--json", tk->json,
+                     "a JSON array instead of space-separated ids (with --chat: an object with "
+                     "the template used, the rendered prompt and the ids)");
+  tokenize->add_flag("--chat", tk->chat,
+                     "the text is a conversation, a JSON array of {\"role\", \"content\"} "
+                     "messages: render it with the model's chat template (its own Jinja "
+                     "template, else a built-in family), as the HTTP API does, then tokenize");
   tokenize->callback([&exit_code, tk] { exit_code = run_tokenize(*tk); });
 }
 

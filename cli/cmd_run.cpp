@@ -73,8 +73,8 @@ int run(const run_args& a) {
 
   std::vector<inf::tokenizer::token_id> prompt;
   if (a.chat) {
-    auto family = inf::tokenizer::chat_family_for(*f);
-    auto p = inf::tokenizer::apply_chat_template(family, {{"user", a.prompt}}, true);
+    const auto chat = inf::tokenizer::chat_template_for(*f, *tok);
+    auto p = inf::tokenizer::apply_chat_template(chat, {{"user", a.prompt}}, true);
     if (!p) return fail("run", p.error().message);
     prompt = tok->encode(p->text, {p->add_bos, true});
   } else {

@@ -136,6 +136,9 @@ result<synth_config> synth_preset(std::string_view preset, std::string_view arch
 }
 
 result<void> validate(const synth_config& c) {
+  if (c.chat_template.size() > (1u << 20))
+    return make_error(errc::invalid_argument, "the chat template has {} bytes, more than 1 MiB",
+                      c.chat_template.size());
   if (c.arch != "llama" && c.arch != "qwen3" && c.arch != "qwen3moe")
     return make_error(errc::invalid_argument, "unknown architecture '{}' (llama, qwen3, qwen3moe)",
                       c.arch);
@@ -248,12 +251,20 @@ result<synth_summary> write_synthetic_model(const synth_config& c, const std::st
   w.set("tokenizer.ggml.add_eos_token", value::boolean(false));
   if (!qwen) w.set("tokenizer.ggml.add_space_prefix", value::boolean(true));
   w.set("tokenizer.chat_template",
-        value::str(qwen ? "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-                          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
-                          "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-                        : "{{ bos_token }}{% for message in messages %}{% if message['role'] == "
-                          "'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ "
-                          "' ' + message['content'] + eos_token }}{% endif %}{% endfor %}"));
+        value::str(
+            !c.chat_template.empty() ? c.chat_template
+            : qwen ? "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
+                     "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+                   // Mistral's published v0.1 form: alternating turns, no system role (a
+                   // system text is folded into the first user turn by the caller).
+                   : "{{ bos_token }}{% for message in messages %}{% if (message['role'] == "
+                     "'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation "
+                     "roles must alternate user/assistant/user/assistant/...') }}{% endif "
+                     "%}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + "
+                     "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + "
+                     "message['content'] + eos_token }}{% else %}{{ raise_exception('Only "
+                     "user and assistant roles are supported!') }}{% endif %}{% endfor %}"));
 
   std::vector<tensor_plan> plan;
   auto weight = [&](std::string name, std::uint64_t cols, std::uint64_t rows, float scale) {
@@ -356,7 +367,8 @@ result<model_summary> summarize_model(const std::string& path) {
                      : pre == tokenizer::pre_split::qwen2 ? " (qwen2 split)"
                                                           : " (gpt2 split)";
     }
-    s.chat_template = std::string(tokenizer::to_string(tokenizer::chat_family_for(*f)));
+    // "jinja" when the file's own template is used, else the built-in family (and why).
+    s.chat_template = tokenizer::chat_template_for(*f, *tk).describe();
   }
   return s;
 }

@@ -39,6 +39,8 @@ struct synth_config {
   std::uint64_t seed = 1;
   bool tied_embeddings = false;  ///< omit output.weight (the engine reuses token_embd)
   std::string name;              ///< general.name; derived from the arguments when empty
+  /// tokenizer.chat_template (Jinja); empty: ChatML for qwen3, Mistral's for llama.
+  std::string chat_template;
 };
 
 /// "tiny" (dim 512, 8 layers, 8/4 heads, FFN 1408, vocab 32000, ~56M params), "large" (dim 1024,
@@ -74,7 +76,7 @@ struct model_summary {
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> types;  ///< type -> (tensors, bytes)
   std::string tokenizer;  ///< "spm", "bpe (qwen2)", or "none"
   std::uint64_t vocab = 0;
-  std::string chat_template;  ///< family chosen for the model
+  std::string chat_template;  ///< "jinja" (the file's own) or the built-in family used
 };
 
 /// Summarises a GGUF file, reading only its header (no tensor bytes).

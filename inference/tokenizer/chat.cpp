@@ -1,6 +1,7 @@
 #include "inference/tokenizer/chat.hpp"
 
 #include "inference/gguf/gguf.hpp"
+#include "inference/tokenizer/tokenizer.hpp"
 
 namespace tessera::inference::tokenizer {
 
@@ -111,6 +112,90 @@ result<chat_prompt> apply_chat_template(chat_family family, const std::vector<ch
     }
   }
   return make_error(errc::invalid_argument, "unknown chat family");
+}
+
+std::string chat_template::describe() const {
+  if (jinja) return "jinja";
+  return std::string(to_string(family)) +
+         (fallback_reason.empty() ? ""
+                                  : " (the file's template is not used: " + fallback_reason + ")");
+}
+
+chat_template chat_template_for(const gguf::file& f, const tokenizer& tok) {
+  chat_template t;
+  t.family = chat_family_for(f);
+  if (tok.bos() >= 0) t.bos_token = tok.text(tok.bos());
+  if (tok.eos() >= 0) t.eos_token = tok.text(tok.eos());
+  auto text = f.get_string("tokenizer.chat_template");
+  // Synthetic files name a family instead of carrying Jinja: only text with Jinja tags is one.
+  if (!text || (text->find("{%") == std::string::npos && text->find("{{") == std::string::npos))
+    return t;
+  auto program = jinja::template_program::parse(*text);
+  if (!program) {
+    t.fallback_reason = program.error().message;
+    return t;
+  }
+  t.jinja = std::make_shared<const jinja::template_program>(std::move(*program));
+  return t;
+}
+
+namespace {
+
+result<std::string> render_jinja(const chat_template& t, const std::vector<chat_message>& messages,
+                                 bool add_generation_prompt) {
+  jinja::array msgs;
+  for (const auto& m : messages)
+    msgs.emplace_back(
+        jinja::object{{"role", jinja::value(m.role)}, {"content", jinja::value(m.content)}});
+  const jinja::object globals{{"messages", jinja::value(std::move(msgs))},
+                              {"add_generation_prompt", jinja::value(add_generation_prompt)},
+                              {"bos_token", jinja::value(t.bos_token)},
+                              {"eos_token", jinja::value(t.eos_token)}};
+  return t.jinja->render(globals);
+}
+
+}  // namespace
+
+result<chat_prompt> apply_chat_template(const chat_template& t,
+                                        const std::vector<chat_message>& messages,
+                                        bool add_generation_prompt) {
+  if (!t.jinja) return apply_chat_template(t.family, messages, add_generation_prompt);
+  for (const auto& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+      return make_error(errc::invalid_argument,
+                        "chat message role '{}' is not system, user or assistant", m.role);
+  }
+  auto text = render_jinja(t, messages, add_generation_prompt);
+  if (!text) {
+    // Many templates refuse a system role, or turns that do not alternate; clients send both.
+    std::string system;
+    std::vector<chat_message> folded;
+    for (const auto& m : messages) {
+      if (m.role == "system") {
+        system += (system.empty() ? "" : "\n\n") + m.content;
+      } else if (!folded.empty() && folded.back().role == m.role) {
+        folded.back().content += "\n\n" + m.content;
+      } else {
+        folded.push_back(m);
+      }
+    }
+    if (!system.empty()) {
+      if (!folded.empty() && folded.front().role == "user")
+        folded.front().content = system + "\n\n" + folded.front().content;
+      else
+        folded.insert(folded.begin(), chat_message{"user", system});
+    }
+    auto again = render_jinja(t, folded, add_generation_prompt);
+    if (!again)
+      return make_error(errc::invalid_argument,
+                        "the model's chat template refuses the messages: {}", text.error().message);
+    text = std::move(again);
+  }
+  chat_prompt p;
+  p.text = std::move(*text);
+  if (!t.bos_token.empty() && p.text.starts_with(t.bos_token)) p.text.erase(0, t.bos_token.size());
+  p.add_bos = true;  // the tokenizer adds BOS when the vocabulary asks for it
+  return p;
 }
 
 }  // namespace tessera::inference::tokenizer

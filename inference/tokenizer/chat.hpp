@@ -1,13 +1,16 @@
-// Chat templates for the common model families, written directly in C++ (no Jinja engine). The
-// family is chosen from metadata: tokenizer.chat_template content first, then the architecture
-// and tokenizer kind.
+// Chat templates. A model file's own `tokenizer.chat_template` (Jinja) is rendered by the Jinja
+// subset in jinja.hpp, as Hugging Face renders it; a model without one (or with one the subset
+// cannot parse) gets one of the common families written directly in C++, chosen from metadata:
+// the template's marker strings, then the architecture and tokenizer kind.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "actors/base/result.hpp"
+#include "inference/tokenizer/jinja.hpp"
 
 namespace tessera::inference::gguf {
 class file;
@@ -45,6 +48,32 @@ chat_family chat_family_for(const gguf::file& f);
 /// Formats `messages`. Errors: an unknown role, or (mistral) roles out of the user/assistant order.
 /// With `add_generation_prompt` the text ends where the assistant's reply begins.
 result<chat_prompt> apply_chat_template(chat_family family, const std::vector<chat_message>& messages,
+                                        bool add_generation_prompt = true);
+
+class tokenizer;
+
+/// How a model's chat messages become its prompt: its own Jinja template, else a built-in family.
+struct chat_template {
+  std::shared_ptr<const jinja::template_program> jinja;  ///< null: the family
+  chat_family family = chat_family::chatml;
+  std::string bos_token, eos_token;  ///< the texts a Jinja template may print
+  /// Why the file's template is not used ("" when it is, or when the file has none).
+  std::string fallback_reason;
+  /// "jinja" (the file's own), or the family, with the reason the file's template is not used.
+  [[nodiscard]] std::string describe() const;
+};
+
+/// The template of a model file: tokenizer.chat_template when it is Jinja the subset parses,
+/// else chat_family_for(f).
+chat_template chat_template_for(const gguf::file& f, const tokenizer& tok);
+
+/// Formats `messages` with `t`. A Jinja template that refuses the conversation
+/// (raise_exception) is given it once more in the shape every template takes — system texts
+/// folded into the first user turn, consecutive turns of one role joined — and the error names
+/// the template's own reason when it still refuses. A leading BOS text is left to the tokenizer
+/// (add_bos), which adds it when the vocabulary asks, as llama.cpp does.
+result<chat_prompt> apply_chat_template(const chat_template& t,
+                                        const std::vector<chat_message>& messages,
                                         bool add_generation_prompt = true);
 
 }  // namespace tessera::inference::tokenizer

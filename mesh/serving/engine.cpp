@@ -127,7 +127,7 @@ struct loaded {
   std::unique_ptr<inf::gguf::file> file;  // headers only: the loader reads the tensors' ranges
   std::unique_ptr<inf::tokenizer::tokenizer> tok;
   mdl::hparams hp;
-  inf::tokenizer::chat_family family{};
+  inf::tokenizer::chat_template chat;  // the file's Jinja template, else a built-in family
   // A model fetched from peers (its file holds only the parts fetched): every use of a part waits
   // until fetch->ready_for() it. Null for a file of our own.
   model_fetch* fetch = nullptr;
@@ -178,7 +178,7 @@ result<std::unique_ptr<loaded>> open_model(const std::string& path, const std::s
   auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
   if (!tok) return tok.error();
   l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
-  l->family = inf::tokenizer::chat_family_for(*f);
+  l->chat = inf::tokenizer::chat_template_for(*f, *l->tok);
   auto hp = mdl::read_hparams(*f);
   if (!hp) return hp.error();
   l->hp = *hp;
@@ -834,7 +834,7 @@ struct engine::impl {
       std::vector<inf::tokenizer::chat_message> msgs;
       for (const auto& m : q.messages)
         msgs.push_back({m.role, m.content});
-      auto p = inf::tokenizer::apply_chat_template(lm->family, msgs, true);
+      auto p = inf::tokenizer::apply_chat_template(lm->chat, msgs, true);
       if (!p) {
         send_error(q, error_code::invalid_request, p.error().message);
         return nullptr;

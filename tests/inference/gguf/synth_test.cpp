@@ -115,7 +115,7 @@ TEST(Synth, LlamaLayoutMetadataAndTokenizer) {
   ASSERT_TRUE(info);
   EXPECT_EQ(info->params, s->params);
   EXPECT_EQ(info->types.at("q8_0").first, 2u);
-  EXPECT_EQ(info->chat_template, "mistral");
+  EXPECT_EQ(info->chat_template, "jinja");  // the file's own template, rendered
   EXPECT_NE(to_json(*info).find("\"architecture\": \"llama\""), std::string::npos);
   std::filesystem::remove(path);
 }

@@ -93,7 +93,7 @@ def check_info(args, workdir):
     params = sum(t.n_elements for t in f.tensors.values())
     if info["params"] != params or info["tensor_count"] != len(f.tensors):
         problems.append(f"info params/tensors {info['params']}/{info['tensor_count']} vs {params}")
-    if info["architecture"] != "qwen3" or info["vocab"] != 600 or info["chat_template"] != "chatml":
+    if info["architecture"] != "qwen3" or info["vocab"] != 600 or info["chat_template"] != "jinja":
         problems.append(f"info fields: {info}")
     with open(path, "rb") as fh:
         data = fh.read()

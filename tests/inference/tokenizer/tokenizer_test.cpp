@@ -451,5 +451,60 @@ TEST(ChatTemplate, ChosenFromMetadata) {
   EXPECT_FALSE(parse_chat_family("jinja"));
 }
 
+// A file's own Jinja template is used (its leading BOS text left to the tokenizer); one the subset
+// cannot parse falls back to the family, saying why; a template that refuses a system message
+// (Gemma's) gets it folded into the first user turn.
+TEST(ChatTemplate, TheFilesOwnJinjaTemplate) {
+  auto d = synth_spm_vocab(1000);
+  ASSERT_TRUE(d);
+  gguf::writer w;
+  w.set("general.architecture", gguf::value::str("llama"));
+  w.set("tokenizer.ggml.model", gguf::value::str("llama"));
+  w.set("tokenizer.ggml.tokens", gguf::value::arr(gguf::string_array(d->tokens)));
+  w.set("tokenizer.ggml.scores", gguf::value::arr(gguf::f32_array(d->scores)));
+  w.set("tokenizer.ggml.bos_token_id", gguf::value::u32(1));
+  w.set("tokenizer.ggml.eos_token_id", gguf::value::u32(2));
+  const std::string gemma =
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+      "supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
+      "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+      "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') "
+      "%}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ "
+      "'<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% "
+      "endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}";
+  w.set("tokenizer.chat_template", gguf::value::str(gemma));
+  auto f = as_file(w);
+  ASSERT_TRUE(f);
+  auto tok = tokenizer::from_gguf(*f);
+  ASSERT_TRUE(tok) << tok.error().message;
+  const auto t = chat_template_for(*f, *tok);
+  ASSERT_NE(t.jinja, nullptr) << t.fallback_reason;
+  EXPECT_EQ(t.describe(), "jinja");
+  EXPECT_EQ(t.bos_token, tok->text(1));
+  auto p = apply_chat_template(t, {{"user", " Hi "}, {"assistant", "Yo"}, {"user", "Go"}});
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(p->text,
+            "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n"
+            "<start_of_turn>user\nGo<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_TRUE(p->add_bos);
+  auto sys = apply_chat_template(t, {{"system", "Be brief."}, {"user", "a"}, {"user", "b"}});
+  ASSERT_TRUE(sys) << sys.error().message;
+  EXPECT_EQ(sys->text,
+            "<start_of_turn>user\nBe brief.\n\na\n\nb<end_of_turn>\n<start_of_turn>model\n");
+  auto bad = apply_chat_template(t, {{"assistant", "first"}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("refuses the messages: Conversation roles must alternate"),
+            std::string::npos)
+      << bad.error().message;
+  w.set("tokenizer.chat_template", gguf::value::str("{% include 'other.jinja' %}<|im_start|>"));
+  const auto fallback = chat_template_for(*as_file(w), *tok);
+  EXPECT_EQ(fallback.jinja, nullptr);
+  EXPECT_EQ(fallback.family, chat_family::chatml);
+  EXPECT_NE(fallback.describe().find("unknown or unsupported tag 'include'"), std::string::npos)
+      << fallback.describe();
+  w.set("tokenizer.chat_template", gguf::value::str("mistral"));  // synthetic files name a family
+  EXPECT_EQ(chat_template_for(*as_file(w), *tok).describe(), "mistral");
+}
+
 }  // namespace
 }  // namespace tessera::inference::tokenizer
