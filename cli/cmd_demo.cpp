@@ -192,6 +192,9 @@ void register_demo(CLI::App& root, int& exit_code) {
   cmd->add_option("--wait", o->wait_s, "seconds the mesh may take to form (default 60)")
       ->check(CLI::Range(1u, 600u));
   cmd->add_flag("--keep", o->keep, "keep the working directory (model, logs)");
+  cmd->add_flag("--serve", o->serve,
+                "after the checks, keep the peers serving (HTTP API, dashboard, tessera ask) "
+                "until Ctrl-C");
   cmd->add_option("--model", o->model,
                   "GGUF model to serve (default: the trained demo model, examples/demo-model/"
                   "kjv.gguf, else a synthesised one)");

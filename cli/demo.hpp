@@ -11,6 +11,9 @@ struct demo_options {
   std::uint16_t base_port = 17600;  ///< peer i uses base + 10 i .. base + 10 i + 4
   std::uint32_t wait_s = 60;        ///< how long the mesh may take to form
   bool keep = false;                ///< keep the working directory (logs, model)
+  /// After the checks, keep the peers up (their HTTP API, dashboard and pub-sub endpoints) until
+  /// SIGINT or SIGTERM, then shut them down as usual.
+  bool serve = false;
   /// GGUF model to serve; empty: the trained demo model (examples/demo-model/kjv.gguf in the
   /// source tree, or where `cmake --install` put it), else a synthesised one.
   std::string model;

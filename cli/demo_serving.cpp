@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +45,19 @@ struct peer_proc {
   std::string log;
 };
 
+// Set by SIGINT / SIGTERM: the demo stops waiting and shuts its peers down cleanly.
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int) {
+  g_stop.store(true);
+}
+
 pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  // The peers get a process group of their own: a Ctrl-C at the terminal reaches the demo only,
+  // which then stops them with SIGTERM (a graceful leave) instead of the terminal killing all.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
@@ -55,8 +68,9 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   return rc == 0 ? pid : -1;
 }
 
@@ -107,6 +121,11 @@ std::string find_demo_model() {
 }
 
 int run_serving_demo(const demo_options& o) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
   bool all = true;
   auto check = [&](bool ok, const std::string& what) {
     std::printf("  [%s] %s\n", ok ? "ok" : "FAILED", what.c_str());
@@ -205,7 +224,7 @@ int run_serving_demo(const demo_options& o) {
   // 3. Wait for the mesh: every peer holds a plan serving the model from every peer.
   const auto t_start = std::chrono::steady_clock::now();
   bool ready = false;
-  while (all && !ready &&
+  while (all && !ready && !g_stop.load() &&
          std::chrono::steady_clock::now() - t_start < std::chrono::seconds(o.wait_s)) {
     ready = true;
     for (const auto& p : peers) {
@@ -229,7 +248,7 @@ int run_serving_demo(const demo_options& o) {
         p.port + 4);
 
   // 4. Requests through the pub-sub client: any peer takes them in, the plan picks the server.
-  if (ready) {
+  if (ready && !g_stop.load()) {
     sv::client_options co;
     for (const auto& p : peers)
       co.peers.push_back({"127.0.0.1", static_cast<std::uint16_t>(p.port + 2),
@@ -311,6 +330,31 @@ int run_serving_demo(const demo_options& o) {
       auto table = mesh::runtime::format_status(*st);
       std::printf("\n5. tessera status:\n%s\n", table ? table->c_str() : st->c_str());
     }
+  }
+
+  if (o.serve && ready && all && !g_stop.load()) {
+    std::printf("\nserving until Ctrl-C. Try:\n");
+    std::printf(
+        "   curl -s http://127.0.0.1:%u/v1/chat/completions -d '{\"model\": \"%s\", "
+        "\"messages\": [{\"role\": \"user\", \"content\": \"In the beginning\"}], "
+        "\"max_tokens\": 32}'\n",
+        peers[0].port + 4, model_name.c_str());
+    std::printf("   tessera ask -m %s --peer 127.0.0.1:%u \"And God said\"\n", model_name.c_str(),
+                peers[0].port + 2);
+    std::printf("   a browser on http://127.0.0.1:%u/ (the dashboard)\n", peers[0].port + 4);
+    std::fflush(stdout);
+    while (!g_stop.load()) {
+      std::this_thread::sleep_for(200ms);
+      for (std::uint32_t i = 0; i < o.peers; ++i) {
+        int status = 0;
+        if (peers[i].pid > 0 && ::waitpid(peers[i].pid, &status, WNOHANG) == peers[i].pid) {
+          check(false, fmt::format("peer {} exited while serving (log: {})", i, peers[i].log));
+          peers[i].pid = -1;
+          g_stop.store(true);
+        }
+      }
+    }
+    std::printf("\n");
   }
 
 shutdown:
