@@ -34,6 +34,21 @@ void register_node(CLI::App& root, int& exit_code) {
       exit_code = 0;
       return;
     }
+    // The node's own log settings (flag, TESSERA_LOG_*, the config file's [log]) apply over
+    // `tessera --log-level/--log-format` given before the command, unless left at their defaults.
+    const mesh::node_config defaults;
+    if (config.log_level != defaults.log_level || config.log_format != defaults.log_format) {
+      const bool json = config.log_format == "json" || (config.log_format == defaults.log_format &&
+                                                        log::current_format() == log::format::json);
+      auto r = log::init(
+          config.log_level != defaults.log_level ? config.log_level : log::current_level(),
+          json ? log::format::json : log::format::text);
+      if (!r) {
+        log::say(fmt::format("tessera node: {}", r.error().message), true);
+        exit_code = 2;
+        return;
+      }
+    }
     // SIGTERM/SIGINT are taken synchronously by this thread (sigtimedwait); blocked before any
     // thread starts so that every thread inherits the mask and none is interrupted.
     sigset_t set;

@@ -91,6 +91,15 @@ std::string json_escape(std::string_view text) {
   return out;
 }
 
+format current_format() noexcept {
+  return g_format;
+}
+
+std::string current_level() {
+  const auto name = spdlog::level::to_string_view(spdlog::default_logger()->level());
+  return std::string(name.data(), name.size());
+}
+
 void say(std::string_view text, bool error) {
   if (g_format == format::json) {
     if (error)

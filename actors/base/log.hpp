@@ -1,6 +1,7 @@
 // Logging: spdlog behind one set-up call so every binary logs the same way.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -15,6 +16,10 @@ enum class format { text, json };
 /// Logs go to stderr so that stdout stays clean for data (`--json` outputs, streamed tokens).
 /// In json format every line is one JSON object, the message escaped.
 [[nodiscard]] result<void> init(std::string_view level, format fmt = format::text);
+
+/// What init() set last: the line format, and the level's name.
+[[nodiscard]] format current_format() noexcept;
+[[nodiscard]] std::string current_level();
 
 /// A command's own message for its user on stderr ("tessera node: listening on ..."): as it is
 /// in text format, a log line (one JSON object) in json format, so that the stream stays

@@ -485,6 +485,13 @@ result<void> apply_env(const std::vector<std::string>& env, resolved_config& out
     if (entry.rfind("TESSERA_", 0) != 0) continue;
     std::string name = entry.substr(0, entry.find('='));
     if (name == config_file_env) continue;
+    // Variables other parts of tessera read, not node settings: the cluster secret itself (or
+    // @file: the node takes it when --cluster-key is not given), the client key `tessera ask`
+    // reads, the demo's model, the kernels' ISA override. Exported for those, they must not stop
+    // a node from starting.
+    static constexpr std::string_view others[] = {"TESSERA_CLUSTER_KEY", "TESSERA_CLIENT_KEY",
+                                                  "TESSERA_DEMO_MODEL", "TESSERA_KERNEL_ISA"};
+    if (std::find(std::begin(others), std::end(others), name) != std::end(others)) continue;
     bool known = std::any_of(key_table.begin(), key_table.end(),
                              [&](const key_spec& k) { return env_name_of(k.key) == name; });
     if (!known) {

@@ -132,6 +132,11 @@ TEST_F(config_test, unknown_and_bad_environment_variables_are_errors) {
   EXPECT_TRUE(has(env_error({"TESSERA_THREADS=4096"}), "out of range 0..1024"));
   // Other programs' variables are not ours to judge.
   EXPECT_EQ(env_error({"PATH=/bin", "TESSERA_CONFIG="}), "");
+  // Variables other tessera commands read (the secret itself, ask's client key, the demo's model,
+  // the kernels' ISA) are not node settings, and exported they must not stop a node.
+  EXPECT_EQ(env_error({"TESSERA_CLUSTER_KEY=@/k", "TESSERA_CLIENT_KEY=x", "TESSERA_DEMO_MODEL=m",
+                       "TESSERA_KERNEL_ISA=avx2"}),
+            "");
 }
 
 TEST_F(config_test, bad_flag_values_name_the_flag) {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `tessera node`'s own log settings and its environment, as a user sets them:
+#   - --log-format json: every stderr line is one JSON object, even with a data dir named q"d;
+#   - TESSERA_LOG_LEVEL=warn: no info lines;
+#   - TESSERA_CLUSTER_KEY=@FILE without --cluster-key: the node takes the secret from it, and an
+#     exported TESSERA_CLIENT_KEY (for `tessera ask`) does not stop it.
+#   node_settings_test.sh TESSERA_BINARY
+set -uo pipefail
+T=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$T" keygen -o "$work/key" >/dev/null 2>&1
+FAILED=0
+run_node() {  # run_node DATA_DIR ARGS...: 2 s of a node's stderr
+  local dir=$1
+  shift
+  timeout -s TERM 2 "$T" node --data-dir "$dir" --no-mdns --no-beacon --listen 127.0.0.1 \
+    --control-port 19600 --bulk-port 19601 --client-request-port 19602 \
+    --client-response-port 19603 --http-port 19604 "$@" 2>&1 >/dev/null
+}
+out=$(run_node "$work/q\"d" --cluster-key "$work/key" --log-format json)
+echo "$out" | /usr/bin/python3 -c '
+import json, sys
+lines = [l for l in sys.stdin.read().splitlines() if l]
+assert lines, "no output"
+for l in lines:
+    json.loads(l)
+assert any("listening on" in json.loads(l)["msg"] for l in lines), lines' \
+  || { echo "--log-format json: not one JSON object per line:"; echo "$out"; FAILED=1; }
+out=$(TESSERA_LOG_LEVEL=warn run_node "$work/n2" --cluster-key "$work/key")
+if grep -q " I \[" <<<"$out" || ! grep -q "listening on" <<<"$out"; then
+  echo "TESSERA_LOG_LEVEL=warn: info lines shown, or the node did not start:"
+  echo "$out"
+  FAILED=1
+fi
+out=$(TESSERA_CLUSTER_KEY="@$work/key" TESSERA_CLIENT_KEY=whatever run_node "$work/n3")
+grep -q "listening on" <<<"$out" || { echo "TESSERA_CLUSTER_KEY=@file: the node did not start:"; echo "$out"; FAILED=1; }
+[[ $FAILED == 0 ]] && echo "node_settings_test: json lines, log level from the environment, the secret from TESSERA_CLUSTER_KEY"
+exit $FAILED
