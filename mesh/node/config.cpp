@@ -2,10 +2,12 @@
 
 #include <arpa/inet.h>
 #include <net/if.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 
 #include <toml++/toml.h>
@@ -15,6 +17,15 @@
 #include "mesh/node/config_keys.hpp"
 
 namespace tessera::mesh {
+
+std::string default_data_dir() {
+  if (::geteuid() == 0) return "/var/lib/tessera";
+  const char* xdg = std::getenv("XDG_DATA_HOME");
+  if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/tessera";  // XDG: absolute only
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] == '/') return std::string(home) + "/.local/share/tessera";
+  return "/var/lib/tessera";
+}
 namespace {
 
 using detail::key_spec;

@@ -72,8 +72,13 @@ struct timeout_config {
   std::uint32_t election_timeout_max_ms = 600;
 };
 
+/// Where a node keeps its identity and state unless told: /var/lib/tessera for root (the
+/// systemd unit's StateDirectory), else $XDG_DATA_HOME/tessera (~/.local/share/tessera), which a
+/// user can create.
+[[nodiscard]] std::string default_data_dir();
+
 struct node_config {
-  std::string data_dir = "/var/lib/tessera";
+  std::string data_dir = default_data_dir();
   std::string cluster_key_file;          ///< empty: no authentication (development only)
   std::string cluster_name = "default";  ///< discovery ignores peers of other clusters
   bool reset_identity = false;           ///< discard node.id and create a new identity
