@@ -20,8 +20,11 @@ void register_node(CLI::App& root, int& exit_code) {
   static mesh::node_config config;
   static std::unique_ptr<mesh::node_options> options = mesh::add_node_options(*cmd, config);
   static bool print_config = false;
+  static bool print_json = false;
   cmd->add_flag("--print-config", print_config,
-                "print the effective configuration (flags > env > file > defaults) as JSON, exit");
+                "print the effective configuration (flags > env > file > defaults) as a TOML "
+                "config file, with each key's help, and exit");
+  cmd->add_flag("--json", print_json, "with --print-config: JSON instead of TOML");
   cmd->callback([&exit_code] {
     auto resolved = options->resolve(mesh::process_environment());
     if (!resolved) {
@@ -30,7 +33,10 @@ void register_node(CLI::App& root, int& exit_code) {
       return;
     }
     if (print_config) {
-      std::printf("%s\n", mesh::to_json(config).dump(2).c_str());
+      if (print_json)
+        std::printf("%s\n", mesh::to_json(config).dump(2).c_str());
+      else
+        std::fputs(mesh::to_toml(config).c_str(), stdout);
       exit_code = 0;
       return;
     }

@@ -662,4 +662,94 @@ nlohmann::ordered_json to_json(const node_config& config) {
   return j;
 }
 
+namespace {
+
+std::string toml_string(std::string_view v) {
+  std::string out = "\"";
+  for (char ch : v) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string to_toml(const node_config& config) {
+  node_config c = config;  // the accessors take a mutable config; read from a copy
+  // TOML puts a key after a [table] header into that table: top-level keys first, then each
+  // table's keys under its header, in the key table's order; every key with its help above it.
+  std::vector<std::string> tables{""};
+  for (const auto& k : key_table) {
+    const auto dot = k.key.find('.');
+    const std::string table(dot == std::string_view::npos ? std::string_view()
+                                                          : k.key.substr(0, dot));
+    if (std::find(tables.begin(), tables.end(), table) == tables.end()) tables.push_back(table);
+  }
+  std::string out =
+      "# tessera node configuration (`tessera node --config FILE`). Every key is also a flag and "
+      "a\n"
+      "# TESSERA_* variable (`tessera node --help`); flags > environment > this file > defaults.\n";
+  for (const auto& table : tables) {
+    bool header = false;
+    for (const auto& k : key_table) {
+      if (!k.in_file) continue;
+      const auto dot = k.key.find('.');
+      const std::string_view in(dot == std::string_view::npos ? std::string_view()
+                                                              : k.key.substr(0, dot));
+      if (in != table) continue;
+      if (!table.empty() && !header) {
+        out += fmt::format("\n[{}]\n", table);
+        header = true;
+      }
+      const std::string_view name = dot == std::string_view::npos ? k.key : k.key.substr(dot + 1);
+      out += fmt::format("\n# {} ({})\n{} = ", k.help, k.flag, name);
+      switch (k.kind) {
+        case value_kind::text:
+          out += toml_string(k.text(c));
+          break;
+        case value_kind::port:
+          out += std::to_string(k.port(c));
+          break;
+        case value_kind::count:
+          out += std::to_string(k.count(c));
+          break;
+        case value_kind::boolean:
+          out += k.boolean(c) ? "true" : "false";
+          break;
+        case value_kind::list: {
+          out += "[";
+          const auto& items = k.list(c);
+          for (std::size_t i = 0; i < items.size(); ++i)
+            out += (i ? ", " : "") + toml_string(items[i]);
+          out += "]";
+          break;
+        }
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace tessera::mesh

@@ -137,6 +137,9 @@ struct resolved_config {
 
 /// The configuration as JSON, nested by key ({"listen": {"control_port": 7400}, ...}).
 [[nodiscard]] nlohmann::ordered_json to_json(const node_config& config);
+/// The same as a config file takes it (TOML), each key with its help and flag as a comment:
+/// `tessera node --print-config > tessera.toml` starts a file that reads back to this config.
+[[nodiscard]] std::string to_toml(const node_config& config);
 
 /// The environment variable that sets `key`: "listen.control_port" -> TESSERA_LISTEN_CONTROL_PORT.
 [[nodiscard]] std::string env_name_of(std::string_view key);

@@ -33,6 +33,10 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   check "systemd-analyze security rates the unit at most 3.0 ($(systemd-analyze security --offline=yes "$unit" 2>&1 | sed -n 's/.*exposure level for tessera.service: //p'))" \
     rated_ok
 fi
+example=$(find "$ROOT" -path "*doc/tessera/examples/tessera.toml" | head -n 1)
+check "an example tessera.toml is installed" test -n "$example" -a -f "$example"
+reads_back() { env -i "$bin" node --config "$example" --print-config --json >/dev/null; }
+check "the example configuration is one the node reads" reads_back
 check "the man page is installed in man1" test -n "$man" -a -f "$man"
 for cmd in node ask status run bench model fault keygen demo; do
   check "the man page documents 'tessera $cmd'" grep -q "^\.SS \"tessera $cmd\"" "$man"
