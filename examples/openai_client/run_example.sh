@@ -172,6 +172,18 @@ sleep 0.5
 curl -s "${AUTH[@]}" "$H0/metrics" >"$DIR/metrics.txt"
 check "/metrics counts /v1/completions answered 200" \
   grep -q '^tessera_http_requests_total{route="/v1/completions",code="200"} [1-9]' "$DIR/metrics.txt"
+curl -s "${AUTH[@]}" "$H1/metrics" >"$DIR/metrics1.txt"
+# Each peer exports what it served: summed over the two, the streams' first-token histograms
+# count every completed request (4 above), and so do the streams completed.
+first_tokens=$(cat "$DIR/metrics.txt" "$DIR/metrics1.txt" | awk -v m="$MODEL" '
+  $1 == "tessera_time_to_first_token_seconds_count{model=\"" m "\"}" { n += $2 } END { print n + 0 }')
+check "the peers' time-to-first-token histograms count the served streams ($first_tokens >= 4)" \
+  test "$first_tokens" -ge 4
+if command -v promtool >/dev/null; then
+  promtool_ok() { promtool check metrics <"$1" >"$DIR/promtool.out" 2>&1; }
+  check "promtool check metrics: peer 0's /metrics is clean" promtool_ok "$DIR/metrics.txt"
+  check "promtool check metrics: peer 1's /metrics is clean" promtool_ok "$DIR/metrics1.txt"
+fi
 
 if (( FAILED )); then
   echo "OpenAI API example: FAILED (logs in $DIR kept)"

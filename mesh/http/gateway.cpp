@@ -606,7 +606,8 @@ struct gateway::impl {
         c = counters;
       }
       c.in_flight = in_flight.load();
-      res.set_content(render_metrics(status_doc(), c), "text/plain; version=0.0.4; charset=utf-8");
+      res.set_content(render_metrics(status_doc(), c, read_process_facts()),
+                      "text/plain; version=0.0.4; charset=utf-8");
     });
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (authorized(req, res)) models(res);

@@ -1,5 +1,15 @@
 #include "mesh/http/metrics.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <vector>
+
 #include <fmt/format.h>
 
 namespace tessera::mesh::http {
@@ -18,7 +28,12 @@ class family_writer {
   }
   void sample(double value,
               std::initializer_list<std::pair<std::string_view, std::string>> l = {}) {
-    out_ += name_;
+    sample_as(name_, value, l);
+  }
+  /// A sample under another name of the family (a histogram's _bucket, _sum, _count).
+  void sample_as(std::string_view name, double value,
+                 std::initializer_list<std::pair<std::string_view, std::string>> l = {}) {
+    out_ += name;
     if (l.size() > 0) {
       out_ += '{';
       bool first = true;
@@ -92,25 +107,79 @@ void membership_metrics(family_writer& w, const json& s) {
 void view_metrics(family_writer& w, const json& s) {
   if (!s.contains("view") || !s["view"].is_object()) return;
   const json& v = s["view"];
+  // This peer's own links and memory only: every peer exports its own, so that a sum over the
+  // peers' series counts each link and each member once.
+  const std::string self = s.contains("node") && s["node"].is_object() ? text(s["node"], "id") : "";
   w.family("tessera_view_version", "gauge", "Version of the topology view in force.");
   w.sample(num(v["epoch"], "version"));
   if (v.contains("links") && v["links"].is_array()) {
     w.family("tessera_link_rtt_seconds", "gauge",
-             "Measured round-trip time of each directed link.");
+             "Measured round-trip time of each directed link from this node.");
     for (const auto& l : v["links"])
-      w.sample(num(l, "rtt_us") / 1e6,
-               {{"from", text(l, "from")}, {"to", text(l, "to")}, {"backend", text(l, "backend")}});
+      if (text(l, "from") == self)
+        w.sample(
+            num(l, "rtt_us") / 1e6,
+            {{"from", text(l, "from")}, {"to", text(l, "to")}, {"backend", text(l, "backend")}});
     w.family("tessera_link_bandwidth_bytes_per_second", "gauge",
-             "Measured bulk bandwidth of each directed link.");
+             "Measured bulk bandwidth of each directed link from this node.");
     for (const auto& l : v["links"])
-      w.sample(num(l, "bandwidth_mbps") * 1e6 / 8,
-               {{"from", text(l, "from")}, {"to", text(l, "to")}, {"backend", text(l, "backend")}});
+      if (text(l, "from") == self)
+        w.sample(
+            num(l, "bandwidth_mbps") * 1e6 / 8,
+            {{"from", text(l, "from")}, {"to", text(l, "to")}, {"backend", text(l, "backend")}});
   }
   if (v.contains("members") && v["members"].is_array()) {
-    w.family("tessera_member_memory_free_bytes", "gauge", "Free memory each member reports.");
+    w.family("tessera_memory_free_bytes", "gauge", "Free memory this node reports to the planner.");
     for (const auto& m : v["members"])
-      w.sample(num(m, "memory_free_mb") * 1024 * 1024, {{"node", text(m, "id")}});
+      if (text(m, "id") == self) w.sample(num(m, "memory_free_mb") * 1024 * 1024);
   }
+}
+
+void histogram_metric(family_writer& w, std::string_view name, std::string_view help,
+                      const json& stats, const char* which) {
+  w.family(name, "histogram", help);
+  for (const auto& [model, st] : stats.items()) {
+    if (!st.contains(which) || !st[which].is_object()) continue;
+    const json& h = st[which];
+    const auto& bounds = h["bounds"];
+    const auto& counts = h["counts"];
+    double cumulative = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      cumulative += counts[i].get<double>();
+      const std::string le =
+          i < bounds.size() ? fmt::format("{}", bounds[i].get<double>()) : "+Inf";
+      w.sample_as(fmt::format("{}_bucket", name), cumulative, {{"model", model}, {"le", le}});
+    }
+    w.sample_as(fmt::format("{}_sum", name), num(h, "sum"), {{"model", model}});
+    w.sample_as(fmt::format("{}_count", name), num(h, "count"), {{"model", model}});
+  }
+}
+
+// What this node measured of the streams it served (mesh/serving/stream_stats.hpp).
+void stream_stat_metrics(family_writer& w, const json& e) {
+  if (!e.contains("stream_stats") || !e["stream_stats"].is_object()) return;
+  const json& st = e["stream_stats"];
+  w.family(
+      "tessera_prompt_tokens_total", "counter",
+      "Prompt tokens of the streams this node accepted (resumed tokens not included), by model.");
+  for (const auto& [model, m] : st.items())
+    w.sample(num(m, "prompt_tokens"), {{"model", model}});
+  w.family("tessera_generated_tokens_total", "counter", "Tokens this node generated, by model.");
+  for (const auto& [model, m] : st.items())
+    w.sample(num(m, "tokens"), {{"model", model}});
+  w.family("tessera_streams_completed_total", "counter",
+           "Streams this node took to their end (max_tokens, end of text, stop), by model.");
+  for (const auto& [model, m] : st.items())
+    w.sample(num(m, "streams"), {{"model", model}});
+  histogram_metric(w, "tessera_time_to_first_token_seconds",
+                   "From a stream's acceptance on this node (queueing included) to its first "
+                   "token, by model.",
+                   st, "first_token");
+  histogram_metric(w, "tessera_time_between_tokens_seconds",
+                   "Between two consecutive tokens of a stream on this node, by model.", st,
+                   "token_gap");
+  histogram_metric(w, "tessera_stream_duration_seconds",
+                   "From a stream's acceptance on this node to its end, by model.", st, "duration");
 }
 
 void serving_metrics(family_writer& w, const json& s) {
@@ -129,13 +198,39 @@ void serving_metrics(family_writer& w, const json& s) {
   w.family("tessera_pass_streams_total", "counter",
            "Stream units those passes carried; divided by the passes, the mean batch.");
   w.sample(num(e, "pass_streams"));
-  std::size_t running = 0, queued = 0;
+  // Per model: streams running and queued, and the KV cache they hold (positions filled of those
+  // allocated).
+  struct model_streams {
+    double running = 0, queued = 0, kv_used = 0, kv_allocated = 0;
+  };
+  std::map<std::string, model_streams> by_model;
+  if (e.contains("stream_stats") && e["stream_stats"].is_object())
+    for (const auto& [model, st] : e["stream_stats"].items())
+      by_model[model];
   if (e.contains("streams") && e["streams"].is_array())
-    for (const auto& st : e["streams"])
-      (st.value("queued", false) ? queued : running) += 1;
-  w.family("tessera_streams", "gauge", "Streams on this node: generating, or waiting for a slot.");
-  w.sample(static_cast<double>(running), {{"state", "running"}});
-  w.sample(static_cast<double>(queued), {{"state", "queued"}});
+    for (const auto& st : e["streams"]) {
+      auto& m = by_model[text(st, "model")];
+      if (st.value("queued", false)) {
+        m.queued += 1;
+      } else {
+        m.running += 1;
+        m.kv_used += num(st, "prompt_tokens") + num(st, "tokens");
+        m.kv_allocated += num(st, "context");
+      }
+    }
+  w.family("tessera_streams", "gauge",
+           "Streams on this node, by model: generating, or waiting for a slot.");
+  for (const auto& [model, m] : by_model) {
+    w.sample(m.running, {{"model", model}, {"state", "running"}});
+    w.sample(m.queued, {{"model", model}, {"state", "queued"}});
+  }
+  w.family("tessera_kv_cache_tokens", "gauge",
+           "KV-cache positions of this node's running streams, by model: filled, and allocated.");
+  for (const auto& [model, m] : by_model) {
+    w.sample(m.kv_used, {{"model", model}, {"of", "used"}});
+    w.sample(m.kv_allocated, {{"model", model}, {"of", "allocated"}});
+  }
+  stream_stat_metrics(w, e);
   w.family("tessera_inbox_dropped_total", "counter",
            "Requests dropped at the engine's inbox bound (clients re-publish).");
   w.sample(num(e, "inbox_dropped"));
@@ -182,7 +277,66 @@ void gateway_metrics(family_writer& w, const gateway_counters& c) {
   w.sample(static_cast<double>(c.disconnects));
 }
 
+void process_metrics(family_writer& w, const process_facts& p) {
+  w.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+  w.sample(p.resident_bytes);
+  w.family("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+  w.sample(p.virtual_bytes);
+  w.family("process_cpu_seconds_total", "counter", "User and system CPU time spent in seconds.");
+  w.sample(p.cpu_seconds);
+  w.family("process_start_time_seconds", "gauge",
+           "Start time of the process since the Unix epoch in seconds.");
+  w.sample(p.start_time_seconds);
+  w.family("process_open_fds", "gauge", "Number of open file descriptors.");
+  w.sample(p.open_fds);
+  w.family("process_max_fds", "gauge", "Maximum number of open file descriptors.");
+  w.sample(p.max_fds);
+  w.family("process_threads", "gauge", "Number of OS threads in the process.");
+  w.sample(p.threads);
+  w.family("tessera_build_info", "gauge", "The running build: version and compiler (always 1).");
+  w.sample(1, {{"version", TESSERA_VERSION}, {"compiler", __VERSION__}});
+}
+
 }  // namespace
+
+process_facts read_process_facts() {
+  process_facts p;
+  // /proc/self/stat: fields after the command's closing parenthesis (proc(5)).
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream in(line.substr(close + 2));
+    std::vector<std::string> f{std::istream_iterator<std::string>(in), {}};
+    // f[0] is field 3 (state): utime 14, stime 15, num_threads 20, starttime 22, vsize 23, rss 24.
+    const auto field = [&](std::size_t n) { return n - 3 < f.size() ? std::stod(f[n - 3]) : 0.0; };
+    const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+    const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+    p.cpu_seconds = (field(14) + field(15)) / tick;
+    p.threads = field(20);
+    p.virtual_bytes = field(23);
+    p.resident_bytes = field(24) * page;
+    std::ifstream up("/proc/stat");
+    std::string key;
+    double btime = 0;
+    while (up >> key) {
+      if (key == "btime") {
+        up >> btime;
+        break;
+      }
+      up.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    p.start_time_seconds = btime + field(22) / tick;
+  }
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    p.open_fds += 1;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0) p.max_fds = static_cast<double>(rl.rlim_cur);
+  return p;
+}
 
 std::string escape_label(std::string_view value) {
   std::string out;
@@ -200,7 +354,8 @@ std::string escape_label(std::string_view value) {
   return out;
 }
 
-std::string render_metrics(const json& status, const gateway_counters& counters) {
+std::string render_metrics(const json& status, const gateway_counters& counters,
+                           const process_facts& process) {
   std::string out;
   family_writer w(out);
   if (status.is_object()) {
@@ -211,6 +366,7 @@ std::string render_metrics(const json& status, const gateway_counters& counters)
     fault_metrics(w, status);
   }
   gateway_metrics(w, counters);
+  process_metrics(w, process);
   return out;
 }
 

@@ -21,10 +21,20 @@ struct gateway_counters {
   std::uint64_t disconnects = 0;      ///< streams whose HTTP client went away before the end
 };
 
+/// The process's own figures (Prometheus' standard process_* metrics), read from /proc.
+struct process_facts {
+  double resident_bytes = 0, virtual_bytes = 0, cpu_seconds = 0, start_time_seconds = 0;
+  double open_fds = 0, max_fds = 0, threads = 0;
+};
+[[nodiscard]] process_facts read_process_facts();
+
 /// Renders the metrics. `status` is the node's status document (mesh/runtime status_json); missing
-/// sections are skipped, so a node that has no view yet still answers.
+/// sections are skipped, so a node that has no view yet still answers. Every series is this
+/// peer's own (its links, its memory, the streams it served), so a sum over peers counts each
+/// thing once.
 [[nodiscard]] std::string render_metrics(const nlohmann::json& status,
-                                         const gateway_counters& counters);
+                                         const gateway_counters& counters,
+                                         const process_facts& process = {});
 
 /// A label value escaped as the format requires (backslash, double quote, newline).
 [[nodiscard]] std::string escape_label(std::string_view value);

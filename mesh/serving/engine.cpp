@@ -33,6 +33,7 @@
 #include "mesh/serving/ledger.hpp"
 #include "mesh/serving/model_share.hpp"
 #include "mesh/serving/protocol.hpp"
+#include "mesh/serving/stream_stats.hpp"
 #include "transport/faults/faulty_link.hpp"
 
 namespace tessera::mesh::serving {
@@ -206,6 +207,8 @@ struct session {
   std::vector<float> logits, work;
   bool have_logits = false;
   clock_type::time_point last_sent{};
+  clock_type::time_point started{};  // accepted here (the stream statistics' zero)
+  bool sent_any = false;             // a token of this attempt went out
 };
 
 /// A local stream whose model's weights are on their way (loading, or about to): it waits queued.
@@ -284,6 +287,7 @@ struct engine::impl {
   // batch); written by the engine thread.
   std::atomic<std::uint64_t> passes{0}, pass_streams{0};
   std::vector<json> active_view;  // for status (under mu)
+  stream_stats stats;             // per model: time to first token, between tokens, duration
   std::vector<json> groups_view;  // for status (under mu)
   std::vector<json> replicas_view;  // for status (under mu): MoE replicas' expert load
 
@@ -794,6 +798,7 @@ struct engine::impl {
     }
     auto s = make_session(std::move(q));
     if (!s) return;  // answered with an error
+    s->started = clock_type::now();
     s->host = host;
     // A resumed stream is refused last: it may use the headroom too (an `overloaded` ends it).
     const std::size_t bound =
@@ -807,6 +812,7 @@ struct engine::impl {
       return;
     }
     ++accepted;
+    stats.accepted(s->req.model, s->prompt.size());
     send(accepted_of(*s));
     s->last_sent = clock_type::now();
     // A resumed stream (its serving peer died or its group moved) goes ahead of new requests:
@@ -921,6 +927,8 @@ struct engine::impl {
     r.prompt_tokens = static_cast<std::uint32_t>(s.prompt.size());
     r.stop = std::string(stop);
     ++completed;
+    stats.finished(s.req.model,
+                   std::chrono::duration<double>(clock_type::now() - s.started).count());
     remember(s.req.id, s.req.attempt, r);
     send(r);
   }
@@ -1106,7 +1114,12 @@ struct engine::impl {
     }
     send(r);
     ++tokens_out;
-    s.last_sent = clock_type::now();
+    const auto now = clock_type::now();
+    stats.token(
+        s.req.model, !s.sent_any,
+        std::chrono::duration<double>(now - (s.sent_any ? s.last_sent : s.started)).count());
+    s.sent_any = true;
+    s.last_sent = now;
     s.history.push_back(t);
     s.fed = s.history.size();
     if (s.next_index >= s.req.max_tokens) {
@@ -1139,7 +1152,8 @@ struct engine::impl {
                    {"model", s->req.model},
                    {"attempt", s->req.attempt},
                    {"prompt_tokens", s->prompt.size()},
-                   {"tokens", s->next_index}});
+                   {"tokens", s->next_index},
+                   {"context", s->n_ctx}});
     for (const auto& s : queued)
       v.push_back({{"id", s->req.id}, {"model", s->req.model}, {"queued", true}});
     std::vector<json> g;
@@ -1900,6 +1914,7 @@ json engine::status() const {
                  {"streams_cut", impl_->unread_streams_cut.load()}};
   j["passes"] = impl_->passes.load();
   j["pass_streams"] = impl_->pass_streams.load();
+  j["stream_stats"] = impl_->stats.to_json();
   return j;
 }
 

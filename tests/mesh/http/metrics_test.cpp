@@ -19,15 +19,23 @@ json sample_status() {
     "node": {"id": "aa", "role": "leader", "term": 7, "leader": "aa"},
     "membership": [{"id": "aa", "status": "alive"}, {"id": "bb", "status": "suspect"}],
     "view": {"epoch": {"term": 7, "version": 3},
-             "members": [{"id": "aa", "memory_free_mb": 2}],
+             "members": [{"id": "aa", "memory_free_mb": 2}, {"id": "bb", "memory_free_mb": 9}],
              "links": [{"from": "aa", "to": "b\"b", "rtt_us": 250, "bandwidth_mbps": 8000,
+                        "backend": "shm"},
+                       {"from": "bb", "to": "aa", "rtt_us": 300, "bandwidth_mbps": 8000,
                         "backend": "shm"}]},
     "serving": {"accepted": 5, "completed": 4, "rejected": 1, "tokens": 99, "passes": 30,
                 "pass_streams": 75,
                 "fetches": [{"model": "big", "state": "fetching", "bytes_done": 1024,
                              "bytes_total": 4096}],
                 "share": {"sessions": 1, "bytes": 8192},
-                "streams": [{"id": "r1"}, {"id": "r2", "queued": true}]},
+                "streams": [{"id": "r1", "model": "tiny", "prompt_tokens": 10, "tokens": 5,
+                             "context": 128},
+                            {"id": "r2", "model": "tiny", "queued": true}],
+                "stream_stats": {"tiny": {"prompt_tokens": 40, "tokens": 99, "streams": 4,
+                  "first_token": {"bounds": [0.1, 1], "counts": [1, 2, 1], "sum": 2.5, "count": 4},
+                  "token_gap": {"bounds": [0.01], "counts": [90, 5], "sum": 0.7, "count": 95},
+                  "duration": {"bounds": [10], "counts": [4, 0], "sum": 8, "count": 4}}}},
     "faults": {"partitions": [{}], "rules": []},
     "stats": {"leader_changes": 2, "dropped_events": 0, "undecodable": 0},
     "control": {"frames_received": 10, "rejected": {"oversized": 4, "bad_body": 0},
@@ -87,15 +95,21 @@ std::map<std::string, std::string> parse(const std::string& text) {
       std::istringstream t(line.substr(7));
       std::string name, type;
       t >> name >> type;
-      EXPECT_TRUE(type == "counter" || type == "gauge") << line;
-      typed.insert(name);
+      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram") << line;
+      typed.insert(type == "histogram" ? name + " histogram" : name);
       continue;
     }
     const std::string key = sample_key(line);
     EXPECT_FALSE(key.empty()) << "not a sample: " << line;
     if (key.empty()) continue;
     const std::string name = key.substr(0, key.find('{'));
-    EXPECT_TRUE(typed.count(name)) << "sample before its TYPE: " << line;
+    // A histogram's samples carry its name with _bucket, _sum or _count.
+    bool of_histogram = false;
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (name.ends_with(suffix) &&
+          typed.count(name.substr(0, name.size() - std::string_view(suffix).size()) + " histogram"))
+        of_histogram = true;
+    EXPECT_TRUE(typed.count(name) || of_histogram) << "sample before its TYPE: " << line;
     out.emplace(key, line.substr(key.size() + 1));
   }
   return out;
@@ -122,13 +136,40 @@ TEST(Metrics, TheTextParsesAndCarriesTheStatusNumbers) {
   EXPECT_EQ(value(R"(tessera_model_fetch_bytes{model="big",of="total"})"), "4096");
   EXPECT_EQ(value(R"(tessera_model_fetch_ready{model="big"})"), "0");
   EXPECT_EQ(value("tessera_model_share_bytes_total"), "8192");
-  EXPECT_EQ(value(R"(tessera_streams{state="queued"})"), "1");
+  EXPECT_EQ(value(R"(tessera_streams{model="tiny",state="queued"})"), "1");
+  EXPECT_EQ(value(R"(tessera_kv_cache_tokens{model="tiny",of="used"})"), "15");
+  EXPECT_EQ(value(R"(tessera_kv_cache_tokens{model="tiny",of="allocated"})"), "128");
   EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="aa",to="b\"b",backend="shm"})"), "0.00025");
+  // Only this node's own links and memory: a sum over the peers' series counts each once.
+  EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="bb",to="aa",backend="shm"})"), "<missing>");
+  EXPECT_EQ(value("tessera_memory_free_bytes"), "2097152");
+  EXPECT_EQ(value(R"(tessera_prompt_tokens_total{model="tiny"})"), "40");
+  EXPECT_EQ(value(R"(tessera_generated_tokens_total{model="tiny"})"), "99");
+  // Histogram buckets are cumulative, +Inf equals the count.
+  EXPECT_EQ(value(R"(tessera_time_to_first_token_seconds_bucket{model="tiny",le="0.1"})"), "1");
+  EXPECT_EQ(value(R"(tessera_time_to_first_token_seconds_bucket{model="tiny",le="1"})"), "3");
+  EXPECT_EQ(value(R"(tessera_time_to_first_token_seconds_bucket{model="tiny",le="+Inf"})"), "4");
+  EXPECT_EQ(value(R"(tessera_time_to_first_token_seconds_count{model="tiny"})"), "4");
+  EXPECT_EQ(value(R"(tessera_time_between_tokens_seconds_sum{model="tiny"})"), "0.7");
+  EXPECT_EQ(value(R"(tessera_stream_duration_seconds_bucket{model="tiny",le="+Inf"})"), "4");
   EXPECT_EQ(value("tessera_fault_partitions"), "1");
   EXPECT_EQ(value(R"(tessera_control_frames_rejected_total{reason="oversized"})"), "4");
   EXPECT_EQ(value("tessera_control_handshakes_refused_total"), "1");
   EXPECT_EQ(value(R"(tessera_http_requests_total{route="/v1/completions",code="200"})"), "3");
   EXPECT_EQ(value("tessera_http_streamed_tokens_total"), "12");
+}
+
+TEST(Metrics, TheProcessAndTheBuildAreDescribed) {
+  const auto p = read_process_facts();
+  EXPECT_GT(p.resident_bytes, 1e6);
+  EXPECT_GT(p.open_fds, 2);
+  EXPECT_GT(p.threads, 0);
+  EXPECT_GT(p.start_time_seconds, 1.6e9);
+  const std::string text = render_metrics(nullptr, {}, p);
+  const auto samples = parse(text);
+  EXPECT_EQ(samples.count("process_resident_memory_bytes"), 1u);
+  EXPECT_EQ(samples.count("process_cpu_seconds_total"), 1u);
+  EXPECT_NE(text.find("tessera_build_info{version=\""), std::string::npos) << text;
 }
 
 TEST(Metrics, ANodeWithoutStatusStillAnswers) {
