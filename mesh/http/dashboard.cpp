@@ -12,13 +12,14 @@ namespace {
 constexpr std::string_view kPage = R"html(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Tessera</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <style>
 body{font:14px system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
 h1{font-size:1.4em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;background:#fff} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
 th{background:#f0f0f0} .num{text-align:right;font-variant-numeric:tabular-nums}
 .alive{color:#187a2f} .suspect{color:#b7791f} .dead,.left{color:#b42318} .leader{font-weight:bold}
-#state{color:#666} .bad{color:#b42318} svg text{font:12px system-ui,sans-serif}
+#state{color:#666} .bad{color:#b42318} svg text{font:12px system-ui,sans-serif} svg text.id{font-size:10px}
 </style></head><body>
 <h1>Tessera</h1><div id="state">connecting…</div>
 <div id="summary"></div>
@@ -42,13 +43,15 @@ function draw(docs){
   if(!self||!self.node){document.getElementById("state").textContent="no status";return;}
   const n=self.node, view=self.view||{members:[],links:[],epoch:{}};
   const now=Date.now();
+  // Requests counted when a peer accepts them (a long stream shows at once, not when it ends).
   let reqs=0,toks=0;
-  for(const i of ids){const s=docs[i]&&docs[i].serving; if(s){reqs+=s.completed||0;toks+=s.tokens||0;}}
+  for(const i of ids){const s=docs[i]&&docs[i].serving; if(s){reqs+=s.accepted||0;toks+=s.tokens||0;}}
   let rate="";
   if(last){const dt=(now-last.t)/1000; rate=" · "+((reqs-last.reqs)/dt).toFixed(2)+" requests/s · "+((toks-last.toks)/dt).toFixed(1)+" tokens/s";}
+  const live=view.members.filter(m=>m.status==="alive"||m.status==="suspect").length, down=view.members.length-live;
   last={t:now,reqs,toks};
   document.getElementById("state").textContent="live · updated "+new Date().toLocaleTimeString();
-  document.getElementById("summary").innerHTML="leader <b id='leader'>"+esc(short(n.leader)||"none")+"</b> · term <b id='term'>"+esc(n.term)+"</b> · view "+esc(view.epoch.term)+"."+esc(view.epoch.version)+" · "+view.members.length+" peers"+rate;
+  document.getElementById("summary").innerHTML="leader <b id='leader'>"+esc(short(n.leader)||"none")+"</b> · term <b id='term'>"+esc(n.term)+"</b> · view "+esc(view.epoch.term)+"."+esc(view.epoch.version)+" · <span id='peer-count'>"+live+" peers"+(down?", "+down+" down":"")+"</span>"+rate;
   table("peers",["peer","state","host","cores","memory free / total","models","streams","tokens served"],
     view.members.map(m=>{const d=docs[m.id]; const s=d&&d.serving;
       const running=s&&s.streams?s.streams.filter(x=>!x.queued).length:"?";
@@ -63,7 +66,7 @@ function draw(docs){
   document.getElementById("plan").innerHTML=!plan?"<p>no plan yet</p>":plan.models.map(m=>
     "<h3>"+esc(m.name)+"</h3>"+(m.no_capacity?"<p class='bad'>"+esc(m.no_capacity)+"</p>":"")+
     m.groups.map((g,gi)=>"<table><tr><th>group "+gi+"</th><th>stage</th><th>tensor rank</th><th>layers</th><th>heads</th></tr>"+
-      g.map(r=>"<tr>"+td(esc(short(r.node)))+td(r.stage,"num")+td(r.tp_rank,"num")+td(r.layers[0]+"–"+r.layers[1])+td(r.heads[0]+"–"+r.heads[1])+"</tr>").join("")+"</table>").join("<br>")).join("");
+      g.map(r=>"<tr>"+td(esc(short(r.node)))+td(r.stage,"num")+td(r.tp_rank,"num")+td(r.layers[0]+"–"+(r.layers[1]-1))+td(r.heads[0]+"–"+(r.heads[1]-1))+"</tr>").join("")+"</table>").join("<br>")).join("");
   graph(view,n.leader);
 }
 function graph(view,leader){
@@ -75,8 +78,10 @@ function graph(view,leader){
     s+="<line x1='"+a[0]+"' y1='"+a[1]+"' x2='"+b[0]+"' y2='"+b[1]+"' stroke='#9aa' stroke-width='2'/>";
     s+="<text x='"+((a[0]+b[0])/2)+"' y='"+((a[1]+b[1])/2-4)+"' text-anchor='middle' fill='#456'>"+esc(l.backend)+" "+(l.rtt_us||"?")+"µs</text>";}
   for(const m of ms){const p=pos[m.id];
-    s+="<circle cx='"+p[0]+"' cy='"+p[1]+"' r='22' fill='"+(m.id===leader?"#2b6cb0":"#8fb3d9")+"'/>";
-    s+="<text x='"+p[0]+"' y='"+(p[1]+4)+"' text-anchor='middle' fill='#fff'>"+esc(short(m.id).slice(0,6))+"</text>";}
+    // A peer that is down is drawn grey, one suspected amber: not in a live peer's colour.
+    const fill=m.status==="dead"||m.status==="left"?"#c9ced6":m.status==="suspect"?"#d69e2e":m.id===leader?"#2b6cb0":"#8fb3d9";
+    s+="<circle cx='"+p[0]+"' cy='"+p[1]+"' r='22' fill='"+fill+"'><title>"+esc(m.id)+" ("+esc(m.status)+")</title></circle>";
+    s+="<text class='id' x='"+p[0]+"' y='"+(p[1]+4)+"' text-anchor='middle' fill='#fff'>"+esc(short(m.id).slice(0,6))+"</text>";}
   svg.innerHTML=s;
 }
 async function poll(){

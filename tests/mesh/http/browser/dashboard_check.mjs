@@ -36,6 +36,11 @@ try {
   const planText = await page.textContent("#plan");
   check("the plan shows the model and its groups", planText.includes(model) &&
         planText.includes("group 0"), planText.slice(0, 80));
+  // Layer ranges are shown as the layers they hold (a replica of the 8-layer model: 0–7).
+  check("a replica's layers read 0–7, not the half-open 0–8", planText.includes("0–7") &&
+        !planText.includes("0–8"), planText.slice(0, 120));
+  const count = await page.textContent("#peer-count");
+  check("the summary counts the live peers", count === `${peers} peers`, count);
   const circles = await page.locator("#graph circle").count();
   check("the topology graph draws every peer", circles === peers, circles);
 
