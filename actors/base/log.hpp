@@ -26,8 +26,9 @@ enum class format { text, json };
 /// machine-readable. `error` picks the level.
 void say(std::string_view text, bool error = false);
 
-/// `text` as the inside of a JSON string (quotes, backslashes and control characters escaped;
-/// bytes that are not UTF-8 pass as they are).
+/// `text` as the inside of a JSON string (quotes, backslashes and control characters escaped, the
+/// short forms where JSON has them, as Python's json.dumps writes them; other bytes, UTF-8 or
+/// not, pass as they are). Also a valid TOML basic string's inside but for DEL (0x7f).
 [[nodiscard]] std::string json_escape(std::string_view text);
 
 }  // namespace tessera::log

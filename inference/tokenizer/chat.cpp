@@ -49,6 +49,28 @@ chat_family chat_family_for(const gguf::file& f) {
   return chat_family::mistral;
 }
 
+namespace {
+
+// The shape every template takes: every system text joined (\n\n) apart, and consecutive turns
+// of one role joined into one — what llama.cpp does for templates that need it.
+std::pair<std::string, std::vector<chat_message>> fold_turns(
+    const std::vector<chat_message>& messages) {
+  std::string system;
+  std::vector<chat_message> turns;
+  for (const auto& m : messages) {
+    if (m.role == "system") {
+      system += (system.empty() ? "" : "\n\n") + m.content;
+    } else if (!turns.empty() && turns.back().role == m.role) {
+      turns.back().content += "\n\n" + m.content;
+    } else {
+      turns.push_back(m);
+    }
+  }
+  return {std::move(system), std::move(turns)};
+}
+
+}  // namespace
+
 result<chat_prompt> apply_chat_template(chat_family family, const std::vector<chat_message>& messages,
                                         bool add_generation_prompt) {
   for (const auto& m : messages) {
@@ -78,17 +100,7 @@ result<chat_prompt> apply_chat_template(chat_family family, const std::vector<ch
       // folded into that shape first, as llama.cpp's mistral rendering does: every system text
       // goes before the first user turn, and consecutive turns of one role are joined.
       p.add_bos = true;
-      std::string system;
-      std::vector<chat_message> turns;
-      for (const auto& m : messages) {
-        if (m.role == "system") {
-          system += (system.empty() ? "" : "\n\n") + m.content;
-        } else if (!turns.empty() && turns.back().role == m.role) {
-          turns.back().content += "\n\n" + m.content;
-        } else {
-          turns.push_back(m);
-        }
-      }
+      auto [system, turns] = fold_turns(messages);
       if (!turns.empty() && turns.front().role != "user")
         return make_error(errc::invalid_argument,
                           "mistral chat template: the first message after the system text must be "
@@ -168,17 +180,7 @@ result<chat_prompt> apply_chat_template(const chat_template& t,
   auto text = render_jinja(t, messages, add_generation_prompt);
   if (!text) {
     // Many templates refuse a system role, or turns that do not alternate; clients send both.
-    std::string system;
-    std::vector<chat_message> folded;
-    for (const auto& m : messages) {
-      if (m.role == "system") {
-        system += (system.empty() ? "" : "\n\n") + m.content;
-      } else if (!folded.empty() && folded.back().role == m.role) {
-        folded.back().content += "\n\n" + m.content;
-      } else {
-        folded.push_back(m);
-      }
-    }
+    auto [system, folded] = fold_turns(messages);
     if (!system.empty()) {
       if (!folded.empty() && folded.front().role == "user")
         folded.front().content = system + "\n\n" + folded.front().content;

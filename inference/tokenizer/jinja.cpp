@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/base/log.hpp"
+
 namespace tessera::inference::tokenizer::jinja {
 
 namespace {
@@ -193,36 +195,7 @@ std::string repr(const value& v, std::size_t depth) {
 
 void json_string(std::string& out, const std::string& s) {
   out += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20)
-          out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
-        else
-          out += c;  // ensure_ascii=False: UTF-8 as it is
-    }
-  }
+  out += log::json_escape(s);  // ensure_ascii=False: UTF-8 as it is
   out += '"';
 }
 

@@ -12,6 +12,7 @@
 
 #include <toml++/toml.h>
 
+#include "actors/base/log.hpp"
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/node/advertise.hpp"
 #include "mesh/node/config_keys.hpp"
@@ -665,30 +666,13 @@ nlohmann::ordered_json to_json(const node_config& config) {
 namespace {
 
 std::string toml_string(std::string_view v) {
+  // JSON's escapes are TOML's too; TOML also wants DEL escaped.
   std::string out = "\"";
-  for (char ch : v) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-          out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
-        else
-          out += ch;
-    }
+  for (char ch : log::json_escape(v)) {
+    if (ch == 0x7f)
+      out += "\\u007F";
+    else
+      out += ch;
   }
   return out + "\"";
 }
