@@ -451,17 +451,17 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
   // The same identity the node published (boot id, or the hostname where there is none).
   const std::string here = transport::bulk::this_host_id();
   if (t.pid <= 0 || t.host_id.empty()) {
-    std::fprintf(stderr,
-                 "tessera fault: %s has not published its process yet (not in the view); "
-                 "try again in a moment\n",
-                 t.id.c_str());
+    log::sayf(true,
+              "tessera fault: %s has not published its process yet (not in the view); "
+              "try again in a moment\n",
+              t.id.c_str());
     return 1;
   }
   if (t.host_id != here) {
-    std::fprintf(stderr,
-                 "tessera fault: %s runs on host %s, not on this one: run tessera fault %s "
-                 "there\n",
-                 t.id.c_str(), t.hostname.c_str(), verb.c_str());
+    log::sayf(true,
+              "tessera fault: %s runs on host %s, not on this one: run tessera fault %s "
+              "there\n",
+              t.id.c_str(), t.hostname.c_str(), verb.c_str());
     return 2;
   }
   const std::int64_t pid = t.pid;
@@ -471,19 +471,19 @@ int process_fault(const options& o, const std::string& verb, const std::string& 
                        std::filesystem::path(cmdline[0]).filename().string().rfind("tessera", 0) == 0 &&
                        std::find(cmdline.begin(), cmdline.end(), "node") != cmdline.end();
   if (!gone(pid) && !is_node) {
-    std::fprintf(stderr, "tessera fault: pid %lld (last known for %s) is no longer a tessera node\n",
-                 static_cast<long long>(pid), t.id.c_str());
+    log::sayf(true, "tessera fault: pid %lld (last known for %s) is no longer a tessera node\n",
+              static_cast<long long>(pid), t.id.c_str());
     return 1;
   }
   if (gone(pid)) {
-    std::fprintf(stderr, "tessera fault: %s (pid %lld) is not running\n", t.id.c_str(),
-                 static_cast<long long>(pid));
+    log::sayf(true, "tessera fault: %s (pid %lld) is not running\n", t.id.c_str(),
+              static_cast<long long>(pid));
     return 1;
   }
   json report = {{"node", t.id}, {"endpoint", t.endpoint}, {"pid", pid}, {"action", verb}};
   auto fail = [&](const std::string& why) {
-    std::fprintf(stderr, "tessera fault: %s %s (pid %lld): %s\n", verb.c_str(), t.id.c_str(),
-                 static_cast<long long>(pid), why.c_str());
+    log::sayf(true, "tessera fault: %s %s (pid %lld): %s\n", verb.c_str(), t.id.c_str(),
+              static_cast<long long>(pid), why.c_str());
     return 1;
   };
   auto send = [&](int sig) -> bool { return ::kill(static_cast<pid_t>(pid), sig) == 0; };
@@ -593,7 +593,7 @@ void register_fault(CLI::App& root, int& exit_code) {
   cmd->callback([cmd, &exit_code] {
     o.words = cmd->remaining();
     if (o.words.empty()) {
-      std::fprintf(stderr, "tessera fault: which fault? (tessera fault --help lists them)\n");
+      log::sayf(true, "tessera fault: which fault? (tessera fault --help lists them)\n");
       exit_code = 2;
       return;
     }
@@ -612,7 +612,7 @@ void register_fault(CLI::App& root, int& exit_code) {
       exit_code = process_fault(o, verb, o.words[1]);
     } else if (verb == "slow") {
       if (o.words.size() < 3 || o.words.size() > 4) {
-        std::fprintf(stderr, "tessera fault: 'slow' takes a node, a delay and maybe a jitter\n");
+        log::sayf(true, "tessera fault: 'slow' takes a node, a delay and maybe a jitter\n");
         exit_code = 2;
         return;
       }

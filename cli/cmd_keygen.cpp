@@ -75,9 +75,9 @@ int run_keygen(const keygen_options& o) {
   namespace tc = tessera::transport::control;
   if (!o.client_key.empty()) return write_client_key(o);
   if (!o.cluster_key.empty()) {
-    std::fprintf(stderr,
-                 "tessera keygen: --cluster-key is the source of --client-key; alone it "
-                 "would do nothing (a new secret is written with -o FILE)\n");
+    log::sayf(true,
+              "tessera keygen: --cluster-key is the source of --client-key; alone it "
+              "would do nothing (a new secret is written with -o FILE)\n");
     return 2;
   }
   auto secret = tc::generate_cluster_secret();
@@ -112,8 +112,8 @@ int run_keygen(const keygen_options& o) {
                 o.format.c_str(), keys->cluster_id.c_str());
   } else {
     std::printf("%s\n", text.c_str());
-    std::fprintf(stderr, "cluster id %s; keep the secret private (key files must be mode 0600)\n",
-                 keys->cluster_id.c_str());
+    log::sayf(false, "cluster id %s; keep the secret private (key files must be mode 0600)\n",
+              keys->cluster_id.c_str());
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/base/log.hpp"
 #include "cli/command.hpp"
 #include "cli/progress.hpp"
 #include "inference/gguf/gguf.hpp"
@@ -129,17 +130,16 @@ int run(const run_args& a) {
   // The data first, whole: with stdout and stderr on one file (a test's capture, `2>&1`), a JSON
   // line longer than stdio's buffer was otherwise cut by the summary below.
   std::fflush(stdout);
-  std::fprintf(stderr,
-               "tessera run: %s (%s, %s), %d thread(s), load %.2f s\n"
-               "  prefill: %lld tokens in %.3f s = %.1f tok/s\n"
-               "  decode:  %lld tokens (%lld timed after the first) in %.3f s = %.1f tok/s (stop: %s)\n",
-               a.model.c_str(), std::string(mdl::to_string(hp.arch)).c_str(),
-               inf::describe_cpu().c_str(), a.threads, load_s,
-               static_cast<long long>(st->prompt_tokens), st->prefill_s, st->prefill_tok_per_s(),
-               static_cast<long long>(st->generated_tokens),
-               static_cast<long long>(std::max<std::int64_t>(st->generated_tokens - 1, 0)), st->decode_s,
-               st->decode_tok_per_s(),
-               std::string(to_string(st->stop)).c_str());
+  log::sayf(
+      false,
+      "tessera run: %s (%s, %s), %d thread(s), load %.2f s\n"
+      "  prefill: %lld tokens in %.3f s = %.1f tok/s\n"
+      "  decode:  %lld tokens (%lld timed after the first) in %.3f s = %.1f tok/s (stop: %s)\n",
+      a.model.c_str(), std::string(mdl::to_string(hp.arch)).c_str(), inf::describe_cpu().c_str(),
+      a.threads, load_s, static_cast<long long>(st->prompt_tokens), st->prefill_s,
+      st->prefill_tok_per_s(), static_cast<long long>(st->generated_tokens),
+      static_cast<long long>(std::max<std::int64_t>(st->generated_tokens - 1, 0)), st->decode_s,
+      st->decode_tok_per_s(), std::string(to_string(st->stop)).c_str());
   return 0;
 }
 

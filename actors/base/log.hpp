@@ -25,6 +25,8 @@ enum class format { text, json };
 /// in text format, a log line (one JSON object) in json format, so that the stream stays
 /// machine-readable. `error` picks the level.
 void say(std::string_view text, bool error = false);
+/// say() with a printf format (one trailing newline of the text is dropped: say adds its own).
+void sayf(bool error, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 /// `text` as the inside of a JSON string (quotes, backslashes and control characters escaped, the
 /// short forms where JSON has them, as Python's json.dumps writes them; other bytes, UTF-8 or

@@ -4,7 +4,8 @@
 #   - TESSERA_LOG_LEVEL=warn: no info lines;
 #   - TESSERA_CLUSTER_KEY=@FILE without --cluster-key: the node takes the secret from it, and an
 #     exported TESSERA_CLIENT_KEY (for `tessera ask`) does not stop it;
-#   - run as an ordinary user without --data-dir: its state goes to ~/.local/share/tessera.
+#   - run as an ordinary user without --data-dir: its state goes to ~/.local/share/tessera;
+#   - `tessera --log-format json run`: the summary is JSON lines too.
 #   node_settings_test.sh TESSERA_BINARY
 set -uo pipefail
 T=$1
@@ -36,6 +37,16 @@ if grep -q " I \[" <<<"$out" || ! grep -q "listening on" <<<"$out"; then
 fi
 out=$(TESSERA_CLUSTER_KEY="@$work/key" TESSERA_CLIENT_KEY=whatever run_node "$work/n3")
 grep -q "listening on" <<<"$out" || { echo "TESSERA_CLUSTER_KEY=@file: the node did not start:"; echo "$out"; FAILED=1; }
+# `tessera --log-format json run`: its summary on stderr is JSON lines too.
+"$T" model synth --dim 64 --layers 1 --heads 2 --kv-heads 1 --ffn 128 --vocab 512 --type f16 \
+  -o "$work/m.gguf" >/dev/null
+out=$("$T" --log-format json run "$work/m.gguf" -p "hi" -n 2 2>&1 >/dev/null)
+echo "$out" | /usr/bin/python3 -c '
+import json, sys
+lines = [l for l in sys.stdin.read().splitlines() if l]
+assert lines and all(json.loads(l) for l in lines)
+assert any("decode:" in json.loads(l)["msg"] for l in lines)' \
+  || { echo "tessera --log-format json run: stderr is not JSON lines:"; echo "$out"; FAILED=1; }
 # Not root: without --data-dir the node keeps its state in ~/.local/share/tessera (XDG), which it
 # can create, not in /var/lib/tessera, which it cannot.
 # (Skipped where nobody cannot reach the binary, e.g. a checkout under a 0700 home.)
