@@ -6,6 +6,8 @@
 #   - openai_chat.py streams a chat answer and a completion (equal to `tessera run` again), through
 #     the OTHER peer's gateway;
 #   - without the API key: 401; an unknown model: 404 with code model_not_found;
+#   - the official OpenAI JavaScript client (npm `openai`): models, completions, chat (streamed with
+#     usage), stop, logprobs, and its typed errors for an unknown model, n = 2 and a wrong key;
 #   - GET /v1/models lists the model and /metrics counts the requests.
 # Usage: run_example.sh TESSERA_BINARY [BASE_PORT (default 27500)]
 # Peer i uses ports BASE+10i .. BASE+10i+4 (control, bulk, client request, client response, http).
@@ -157,6 +159,21 @@ check "openai_chat.py streams the completion tessera run computes" same_text "$p
   >"$DIR/chat.out" 2>"$DIR/chat.err"
 chat_rc=$?
 check "openai_chat.py streams a chat answer (exit $chat_rc)" test "$chat_rc" -eq 0 -a -s "$DIR/chat.out"
+
+# 3b. The official OpenAI JavaScript client from npm (installed once into $NPM_DIR), as an
+#     application would use it. Skipped where there is no node/npm.
+NPM_DIR=${NPM_DIR:-/tmp/tessera-npm-openai}
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  mkdir -p "$NPM_DIR"
+  if [[ ! -f "$NPM_DIR/node_modules/openai/package.json" ]]; then
+    printf '{"name":"tessera-openai-js-check","private":true,"type":"module","dependencies":{"openai":"6.49.0"}}\n' \
+      >"$NPM_DIR/package.json"
+    (cd "$NPM_DIR" && npm install --no-audit --no-fund --loglevel=error >npm.log 2>&1) \
+      || { echo "  [FAILED] npm install openai:"; cat "$NPM_DIR/npm.log"; FAILED=1; }
+  fi
+  cp "$HERE/openai_js_check.mjs" "$NPM_DIR/"
+  node "$NPM_DIR/openai_js_check.mjs" "$H0" "$KEY" "$MODEL" "$PROMPT" "$REF" || FAILED=1
+fi
 
 # 4. Refusals.
 code=$(curl -s -o "$DIR/noauth.json" -w '%{http_code}' "$H0/v1/completions" -d "$BODY")

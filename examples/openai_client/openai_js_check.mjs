@@ -1,0 +1,104 @@
+// The official OpenAI JavaScript client (npm `openai`), pointed at a Tessera peer as any
+// application would: base URL and key, nothing Tessera-specific. Checks what docs/HTTP.md says
+// works, and that what is refused comes back as the client's own typed errors.
+//   node openai_js_check.mjs BASE_URL KEY MODEL PROMPT REFERENCE_TEXT
+// REFERENCE_TEXT: `tessera run`'s greedy completion of PROMPT (its first space dropped, see
+// run_example.sh). Prints one line per check; exits 1 when any failed.
+import OpenAI from "openai";
+
+const [baseURL, apiKey, model, prompt, reference] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
+let failed = false;
+const check = (what, ok, detail = "") => {
+  console.log(`  [${ok ? "ok" : "FAILED"}] openai (JS): ${what}${detail ? ` (${detail})` : ""}`);
+  if (!ok) failed = true;
+};
+const sameText = (got, ref) => got === ref || got === ` ${ref}`;
+const n = 12;
+
+try {
+  // Models.
+  const models = [];
+  for await (const m of client.models.list()) models.push(m.id);
+  check("models.list names the model", models.includes(model), models.join(","));
+  const one = await client.models.retrieve(model);
+  check("models.retrieve returns it", one.id === model, one.id);
+
+  // A greedy completion equals `tessera run`'s.
+  const c = await client.completions.create({ model, prompt, max_tokens: n, temperature: 0 });
+  check("completions.create: tessera run's text", sameText(c.choices[0].text, reference),
+        JSON.stringify(c.choices[0].text));
+  check("completions.create: usage", c.usage.completion_tokens === n && c.usage.prompt_tokens > 0,
+        JSON.stringify(c.usage));
+
+  // Chat, then the same streamed with usage: the same text.
+  const msgs = [{ role: "system", content: "Be brief." }, { role: "user", content: "Hello" }];
+  const chat = await client.chat.completions.create({
+    model, messages: msgs, max_tokens: 10, temperature: 0, seed: 7 });
+  const text = chat.choices[0].message.content;
+  check("chat.completions.create answers", typeof text === "string" && text.length > 0 &&
+        chat.choices[0].message.role === "assistant", JSON.stringify(text));
+  const stream = await client.chat.completions.create({
+    model, messages: msgs, max_tokens: 10, temperature: 0, seed: 7, stream: true,
+    stream_options: { include_usage: true } });
+  let streamed = "", usage = null, finish = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) usage = chunk.usage;
+    for (const ch of chunk.choices) {
+      streamed += ch.delta?.content ?? "";
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  check("a streamed chat gives the same text", streamed === text, JSON.stringify(streamed));
+  check("the stream ends with a finish reason and usage",
+        finish !== null && usage && usage.completion_tokens === chat.usage.completion_tokens,
+        `${finish} ${JSON.stringify(usage)} in ${chunks} chunks`);
+
+  // A stop sequence: the answer is the reference cut before it, finish_reason "stop".
+  const full = c.choices[0].text;
+  const cut = full.trim().split(/\s+/)[1] ?? "";
+  if (cut.length > 0) {
+    const s = await client.completions.create({ model, prompt, max_tokens: n, temperature: 0,
+                                                stop: [cut] });
+    const want = full.slice(0, full.indexOf(cut));
+    check("a stop sequence cuts the text before it",
+          s.choices[0].finish_reason === "stop" && s.choices[0].text === want,
+          `${JSON.stringify(cut)} -> ${JSON.stringify(s.choices[0].text)}`);
+  }
+
+  // Log-probabilities on a chat answer: one entry per token, each with its alternatives.
+  const lp = await client.chat.completions.create({
+    model, messages: msgs, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 });
+  const content = lp.choices[0].logprobs?.content ?? [];
+  check("logprobs: one entry per token with 2 alternatives",
+        content.length === lp.usage.completion_tokens &&
+        content.every((t) => typeof t.logprob === "number" && t.top_logprobs.length === 2),
+        `${content.length} entries`);
+
+  // What is refused is the client's typed error, naming the problem.
+  try {
+    await client.chat.completions.create({ model: "no-such-model", messages: msgs });
+    check("an unknown model is refused", false, "answered");
+  } catch (e) {
+    check("an unknown model: NotFoundError with code model_not_found",
+          e instanceof OpenAI.NotFoundError && e.code === "model_not_found", `${e.status} ${e.code}`);
+  }
+  try {
+    await client.chat.completions.create({ model, messages: msgs, n: 2 });
+    check("n = 2 is refused", false, "answered");
+  } catch (e) {
+    check("n = 2: BadRequestError naming the parameter",
+          e instanceof OpenAI.BadRequestError && e.param === "n", `${e.status} ${e.param}`);
+  }
+  try {
+    const bad = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: "sk-wrong", maxRetries: 0 });
+    await bad.models.list();
+    check("a wrong key is refused", false, "answered");
+  } catch (e) {
+    check("a wrong key: AuthenticationError", e instanceof OpenAI.AuthenticationError, `${e.status}`);
+  }
+} catch (e) {
+  check("the client ran without an unexpected error", false, e.stack?.split("\n")[0] ?? String(e));
+}
+process.exit(failed ? 1 : 0);
