@@ -107,6 +107,7 @@ struct tokenize_args {
   bool no_special = false;
   bool json = false;
   bool chat = false;
+  std::string tools;  // with --chat: the tools array (JSON), as the HTTP API takes it
 };
 
 /// Bound on text read from a file: tokenizing is linear, but a typo must not read a disk image.
@@ -146,12 +147,27 @@ int run_tokenize(const tokenize_args& a) {
     std::vector<inf::tokenizer::chat_message> msgs;
     for (const auto& m : j) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-          !m.contains("content") || !m["content"].is_string())
+          (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()))
         return fail(fmt::format("--chat: message {} needs a string role and content", msgs.size()));
-      msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      inf::tokenizer::chat_message c;
+      c.role = m["role"].get<std::string>();
+      if (m.contains("content") && m["content"].is_string())
+        c.content = m["content"].get<std::string>();
+      if (m.contains("tool_calls") && m["tool_calls"].is_array())
+        c.tool_calls_json = m["tool_calls"].dump();
+      if (m.contains("tool_call_id") && m["tool_call_id"].is_string())
+        c.tool_call_id = m["tool_call_id"].get<std::string>();
+      if (m.contains("name") && m["name"].is_string()) c.name = m["name"].get<std::string>();
+      msgs.push_back(std::move(c));
+    }
+    std::string tools;
+    if (!a.tools.empty()) {
+      const auto t = nlohmann::ordered_json::parse(a.tools, nullptr, false);
+      if (!t.is_array()) return fail("--tools: a JSON array of {\"type\": \"function\", ...}");
+      tools = t.dump();
     }
     const auto chat = inf::tokenizer::chat_template_for(*f, *tok);
-    auto p = inf::tokenizer::apply_chat_template(chat, msgs, true);
+    auto p = inf::tokenizer::apply_chat_template(chat, msgs, true, tools);
     if (!p) return fail(p.error().message);
     // As the engine encodes a chat prompt: special-token texts matched, BOS as the vocabulary asks.
     ids = tok->encode(p->text, {.add_special = p->add_bos && !a.no_special, .parse_special = true});
@@ -231,6 +247,9 @@ void register_model(CLI::App& root, int& exit_code) {
                      "the text is a conversation, a JSON array of {\"role\", \"content\"} "
                      "messages: render it with the model's chat template (its own Jinja "
                      "template, else a built-in family), as the HTTP API does, then tokenize");
+  tokenize->add_option("--tools", tk->tools,
+                       "with --chat: the tools the model may call, a JSON array as the HTTP API "
+                       "takes it");
   tokenize->callback([&exit_code, tk] { exit_code = run_tokenize(*tk); });
 }
 

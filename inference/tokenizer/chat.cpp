@@ -1,5 +1,7 @@
 #include "inference/tokenizer/chat.hpp"
 
+#include <algorithm>
+
 #include "inference/gguf/gguf.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
 
@@ -52,7 +54,8 @@ chat_family chat_family_for(const gguf::file& f) {
 namespace {
 
 // The shape every template takes: every system text joined (\n\n) apart, and consecutive turns
-// of one role joined into one — what llama.cpp does for templates that need it.
+// of one role joined into one — what llama.cpp does for templates that need it. Tool results and
+// turns carrying tool calls stay whole.
 std::pair<std::string, std::vector<chat_message>> fold_turns(
     const std::vector<chat_message>& messages) {
   std::string system;
@@ -60,7 +63,8 @@ std::pair<std::string, std::vector<chat_message>> fold_turns(
   for (const auto& m : messages) {
     if (m.role == "system") {
       system += (system.empty() ? "" : "\n\n") + m.content;
-    } else if (!turns.empty() && turns.back().role == m.role) {
+    } else if (!turns.empty() && turns.back().role == m.role && m.role != "tool" &&
+               m.tool_calls_json.empty() && turns.back().tool_calls_json.empty()) {
       turns.back().content += "\n\n" + m.content;
     } else {
       turns.push_back(m);
@@ -153,16 +157,43 @@ chat_template chat_template_for(const gguf::file& f, const tokenizer& tok) {
 
 namespace {
 
+// A tool call's `function.arguments` arrive as JSON text (OpenAI); templates expect a mapping
+// (they print it with tojson), as Hugging Face and llama.cpp pass it.
+jinja::value tool_calls_value(const std::string& text) {
+  auto calls = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (calls.is_discarded() || !calls.is_array()) return jinja::value(jinja::array{});
+  for (auto& c : calls) {
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
+    auto& f = c["function"];
+    if (f.contains("arguments") && f["arguments"].is_string()) {
+      auto args = nlohmann::ordered_json::parse(f["arguments"].get<std::string>(), nullptr, false);
+      if (!args.is_discarded() && args.is_object()) f["arguments"] = std::move(args);
+    }
+  }
+  return jinja::from_json(calls);
+}
+
 result<std::string> render_jinja(const chat_template& t, const std::vector<chat_message>& messages,
-                                 bool add_generation_prompt) {
+                                 bool add_generation_prompt, std::string_view tools_json) {
   jinja::array msgs;
-  for (const auto& m : messages)
-    msgs.emplace_back(
-        jinja::object{{"role", jinja::value(m.role)}, {"content", jinja::value(m.content)}});
-  const jinja::object globals{{"messages", jinja::value(std::move(msgs))},
-                              {"add_generation_prompt", jinja::value(add_generation_prompt)},
-                              {"bos_token", jinja::value(t.bos_token)},
-                              {"eos_token", jinja::value(t.eos_token)}};
+  for (const auto& m : messages) {
+    jinja::object o{{"role", jinja::value(m.role)}, {"content", jinja::value(m.content)}};
+    if (!m.tool_calls_json.empty())
+      o.emplace_back("tool_calls", tool_calls_value(m.tool_calls_json));
+    if (!m.tool_call_id.empty()) o.emplace_back("tool_call_id", jinja::value(m.tool_call_id));
+    if (!m.name.empty()) o.emplace_back("name", jinja::value(m.name));
+    msgs.emplace_back(std::move(o));
+  }
+  jinja::object globals{{"messages", jinja::value(std::move(msgs))},
+                        {"add_generation_prompt", jinja::value(add_generation_prompt)},
+                        {"bos_token", jinja::value(t.bos_token)},
+                        {"eos_token", jinja::value(t.eos_token)}};
+  if (!tools_json.empty()) {
+    auto tools = nlohmann::ordered_json::parse(tools_json, nullptr, false);
+    if (tools.is_discarded() || !tools.is_array())
+      return make_error(errc::invalid_argument, "'tools' is not a JSON array");
+    globals.emplace_back("tools", jinja::from_json(tools));
+  }
   return t.jinja->render(globals);
 }
 
@@ -170,14 +201,25 @@ result<std::string> render_jinja(const chat_template& t, const std::vector<chat_
 
 result<chat_prompt> apply_chat_template(const chat_template& t,
                                         const std::vector<chat_message>& messages,
-                                        bool add_generation_prompt) {
-  if (!t.jinja) return apply_chat_template(t.family, messages, add_generation_prompt);
-  for (const auto& m : messages) {
-    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+                                        bool add_generation_prompt, std::string_view tools_json) {
+  const bool tool_use =
+      !tools_json.empty() || std::any_of(messages.begin(), messages.end(), [](const auto& m) {
+        return m.role == "tool" || !m.tool_calls_json.empty();
+      });
+  if (!t.jinja) {
+    if (tool_use)
       return make_error(errc::invalid_argument,
-                        "chat message role '{}' is not system, user or assistant", m.role);
+                        "tools need the model's own chat template, and this model file has none "
+                        "that Tessera renders (it uses the built-in {} family)",
+                        to_string(t.family));
+    return apply_chat_template(t.family, messages, add_generation_prompt);
   }
-  auto text = render_jinja(t, messages, add_generation_prompt);
+  for (const auto& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool")
+      return make_error(errc::invalid_argument,
+                        "chat message role '{}' is not system, user, assistant or tool", m.role);
+  }
+  auto text = render_jinja(t, messages, add_generation_prompt, tools_json);
   if (!text) {
     // Many templates refuse a system role, or turns that do not alternate; clients send both.
     auto [system, folded] = fold_turns(messages);
@@ -187,7 +229,7 @@ result<chat_prompt> apply_chat_template(const chat_template& t,
       else
         folded.insert(folded.begin(), chat_message{"user", system});
     }
-    auto again = render_jinja(t, folded, add_generation_prompt);
+    auto again = render_jinja(t, folded, add_generation_prompt, tools_json);
     if (!again)
       return make_error(errc::invalid_argument,
                         "the model's chat template refuses the messages: {}", text.error().message);

@@ -27,8 +27,13 @@ std::string_view to_string(chat_family f) noexcept;
 result<chat_family> parse_chat_family(std::string_view name);
 
 struct chat_message {
-  std::string role;  ///< "system", "user" or "assistant"
+  std::string role;  ///< "system", "user", "assistant" (or "tool": Jinja templates only)
   std::string content;
+  /// An assistant's tool calls (OpenAI's JSON array, "" when none), and a tool message's call id
+  /// and tool name: what templates that support tools render (Jinja templates only).
+  std::string tool_calls_json;
+  std::string tool_call_id;
+  std::string name;
 };
 
 /// A formatted prompt: `text` holds special-token texts to be matched (encode with
@@ -72,8 +77,12 @@ chat_template chat_template_for(const gguf::file& f, const tokenizer& tok);
 /// folded into the first user turn, consecutive turns of one role joined — and the error names
 /// the template's own reason when it still refuses. A leading BOS text is left to the tokenizer
 /// (add_bos), which adds it when the vocabulary asks, as llama.cpp does.
+/// `tools_json`: the tools the model may call (OpenAI's JSON array; "" none), given to the template
+/// as `tools`, as Hugging Face does. Tools, tool calls and tool messages need the file's own Jinja
+/// template: with a built-in family they are an error naming the reason.
 result<chat_prompt> apply_chat_template(const chat_template& t,
                                         const std::vector<chat_message>& messages,
-                                        bool add_generation_prompt = true);
+                                        bool add_generation_prompt = true,
+                                        std::string_view tools_json = {});
 
 }  // namespace tessera::inference::tokenizer

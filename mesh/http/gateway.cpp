@@ -23,6 +23,7 @@
 #include "mesh/http/metrics.hpp"
 #include "mesh/http/ollama.hpp"
 #include "mesh/http/openai.hpp"
+#include "mesh/http/tools.hpp"
 #include "mesh/serving/protocol.hpp"
 
 namespace tessera::mesh::http {
@@ -481,6 +482,7 @@ struct gateway::impl {
     // Log-probabilities of the tokens whose text has not gone out yet: they go with it.
     std::vector<serving::token_logprob> pending_lp;
     std::size_t text_offset = 0;  // bytes of the answer written so far
+    std::string written;          // with tools: that answer's text (calls are read from it)
     const auto piece_event = [&](std::string_view text) {
       std::string e = openai ? sse(chunk(r, text, false, "", created, pending_lp, text_offset))
                              : ndjson(ollama_chunk(r, text, rfc3339_now()));
@@ -499,9 +501,11 @@ struct gateway::impl {
       return false;
     std::uint32_t written_tokens = 0;
     // A token's bytes that end inside a UTF-8 character wait here for the next token's, and so do
-    // bytes that may begin a stop sequence (until the text shows whether one follows).
+    // bytes that may begin a stop sequence (until the text shows whether one follows), and, with
+    // tools, everything from where a tool call may begin (mesh/http/tools.hpp).
     std::string carry;
     bool stopped = false;  // a stop sequence appeared: the text ends before it
+    const bool tools = openai && r.tools;
     for (;;) {
       std::deque<relay::piece> pieces;
       std::optional<result<serving::outcome>> end;
@@ -534,11 +538,33 @@ struct gateway::impl {
             n = std::min(n, carry.size() - stop_holdback(carry, r.stop));
           }
         }
+        if (tools) {
+          // The answer so far is what went out (text_offset bytes) and the carry.
+          const std::size_t from = tool_holdback_from(written + carry);
+          if (from != std::string_view::npos)
+            n = std::min(n, from > text_offset ? from - text_offset : 0);
+        }
         if (n == 0) continue;
+        written.append(carry, 0, n);
         if (!write(piece_event(std::string_view(carry).substr(0, n)))) return false;
         carry.erase(0, n);
       }
+      if (end && tools && (end->has_value() || stopped)) {
+        // The held text: tool calls (a chunk of them ends the stream), or content after all.
+        auto parsed = parse_tool_calls(written + carry);
+        if (!parsed.calls.empty()) {
+          if (!write(sse(tool_calls_chunk(r, parsed.calls, created)))) return false;
+          if (end->has_value() && r.include_usage &&
+              !write(sse(usage_chunk(r, (**end).prompt_tokens,
+                                     static_cast<std::uint32_t>((**end).tokens.size()), created))))
+            return false;
+          if (!write(std::string(sse_done))) return false;
+          sink.done();
+          return true;
+        }
+      }
       if (end && !carry.empty()) {
+        written += carry;
         if (!write(piece_event(carry))) return false;
         carry.clear();
       }

@@ -1,5 +1,7 @@
 #include "mesh/http/openai.hpp"
 
+#include "mesh/http/tools.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -91,10 +93,39 @@ std::optional<api_error> parse_messages(const json& body, serving::request& r) {
       return bad(where + ".role", fmt::format("'{}.role' must be a string", where));
     std::string role_text = role->get<std::string>();
     if (role_text == "developer") role_text = "system";  // OpenAI's newer name for system
-    if (role_text != "system" && role_text != "user" && role_text != "assistant")
+    if (role_text != "system" && role_text != "user" && role_text != "assistant" &&
+        role_text != "tool")
       return bad(where + ".role", fmt::format("'{}.role' is '{}'; Tessera takes system, user, "
-                                              "assistant (or developer)",
+                                              "assistant, tool (or developer)",
                                               where, role_text.substr(0, 32)));
+    serving::chat_message msg;
+    // An assistant's earlier tool calls, and a tool's answer to one: the model's own chat
+    // template renders them (mesh/http/tools.hpp).
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (role_text != "assistant" || !tc->is_array())
+        return bad(where + ".tool_calls",
+                   fmt::format("'{}.tool_calls' must be an array, on an assistant message", where));
+      for (std::size_t k = 0; k < tc->size(); ++k) {
+        const json& call = (*tc)[k];
+        const std::string cw = fmt::format("{}.tool_calls[{}]", where, k);
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].contains("name") || !call["function"]["name"].is_string())
+          return bad(cw, fmt::format("'{}' must be {{\"id\", \"type\": \"function\", "
+                                     "\"function\": {{\"name\", \"arguments\"}}}}",
+                                     cw));
+      }
+      if (!tc->empty()) msg.tool_calls = tc->dump();
+    }
+    if (role_text == "tool") {
+      if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+        if (!id->is_string())
+          return bad(where + ".tool_call_id",
+                     fmt::format("'{}.tool_call_id' must be a string", where));
+        msg.tool_call_id = id->get<std::string>();
+      }
+    }
+    if (auto nm = m.find("name"); nm != m.end() && nm->is_string())
+      msg.name = nm->get<std::string>();
     std::string content;
     auto c = m.find("content");
     if (c == m.end() || c->is_null()) {
@@ -116,7 +147,9 @@ std::optional<api_error> parse_messages(const json& body, serving::request& r) {
       return bad(where + ".content",
                  fmt::format("'{}.content' must be a string or an array of text parts", where));
     }
-    r.messages.push_back({std::move(role_text), std::move(content)});
+    msg.role = std::move(role_text);
+    msg.content = std::move(content);
+    r.messages.push_back(std::move(msg));
   }
   return std::nullopt;
 }
@@ -138,15 +171,17 @@ std::optional<api_error> parse_prompt(const json& body, serving::request& r) {
 }
 
 std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
-  for (auto [key, what] : {std::pair{"echo", "echoing the prompt"},
-                           {"suffix", "insertion"},
-                           {"logit_bias", "logit bias"},
-                           {"tools", "tool calls"},
-                           {"functions", "function calls"},
-                           {"tool_choice", "tool calls"},
-                           {"function_call", "function calls"}}) {
+  for (auto [key, what] :
+       {std::pair{"echo", "echoing the prompt"},
+        {"suffix", "insertion"},
+        {"logit_bias", "logit bias"},
+        {"functions", "function calls (the older API: use 'tools')"},
+        {"function_call", "function calls (the older API: use 'tool_choice')"}}) {
     if (auto e = only_default(body, key, what)) return e;
   }
+  if (kind != api_kind::chat)
+    for (const char* key : {"tools", "tool_choice"})
+      if (auto e = only_default(body, key, "tool calls (chat completions take them)")) return e;
   for (const char* key : {"n", "best_of"}) {
     auto it = body.find(key);
     if (it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int>() == 1))
@@ -270,6 +305,13 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
                                     serving::max_model_bytes));
   if (auto e = kind == api_kind::chat ? parse_messages(body, r) : parse_prompt(body, r)) return *e;
   if (auto e = parse_unsupported(kind, body)) return *e;
+  if (kind == api_kind::chat && body.contains("tools")) {
+    // The tools go to the model's template in the client's own key order.
+    const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+    if (auto e = parse_tools(body, ordered, out)) return *e;
+  } else if (kind == api_kind::chat) {
+    if (auto e = parse_tools(body, nlohmann::ordered_json::object(), out)) return *e;
+  }
   if (auto e = parse_sampling(kind, body, r)) return *e;
   if (auto e = parse_stop(body, out.stop)) return *e;
   if (auto e = parse_logprobs(kind, body, r)) return *e;
@@ -440,10 +482,23 @@ json reply(const api_request& r, const serving::outcome& out, std::int64_t creat
       at += out.logprobs[n].text.size();
     choice["logprobs"] = logprobs_json(r, std::span(out.logprobs).first(n));
   }
-  if (r.kind == api_kind::chat)
+  if (r.kind == api_kind::chat && r.tools) {
+    // The model's answer read for calls in its template's format (mesh/http/tools.hpp).
+    auto parsed = parse_tool_calls(out.text);
+    if (!parsed.calls.empty()) {
+      choice["finish_reason"] = "tool_calls";
+      choice["message"] = {
+          {"role", "assistant"},
+          {"content", parsed.content.empty() ? json(nullptr) : json(parsed.content)},
+          {"tool_calls", tool_calls_json(parsed.calls, r.request.id, false)}};
+    } else {
+      choice["message"] = {{"role", "assistant"}, {"content", out.text}};
+    }
+  } else if (r.kind == api_kind::chat) {
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
-  else
+  } else {
     choice["text"] = out.text;
+  }
   return {{"id", r.request.id},
           {"object", r.kind == api_kind::chat ? "chat.completion" : "text_completion"},
           {"created", created_unix},
@@ -470,6 +525,19 @@ json chunk(const api_request& r, std::string_view text, bool first, std::string_
   }
   return {{"id", r.request.id},
           {"object", r.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created_unix},
+          {"model", r.request.model},
+          {"choices", json::array({choice})}};
+}
+
+json tool_calls_chunk(const api_request& r, const std::vector<tool_call>& calls,
+                      std::int64_t created_unix) {
+  json choice{{"index", 0},
+              {"finish_reason", "tool_calls"},
+              {"logprobs", nullptr},
+              {"delta", {{"tool_calls", tool_calls_json(calls, r.request.id, true)}}}};
+  return {{"id", r.request.id},
+          {"object", "chat.completion.chunk"},
           {"created", created_unix},
           {"model", r.request.model},
           {"choices", json::array({choice})}};

@@ -5,10 +5,10 @@
 //   POST /v1/completions       {"model", "prompt", "max_tokens", "stream", ...}
 //   POST /v1/chat/completions  {"model", "messages": [{"role", "content"}], "stream", ...}
 //
-// Fields OpenAI documents that would change the answer but that Tessera does not do (n > 1, stop
-// sequences, logprobs, echo, best_of, suffix, tools, non-zero frequency/presence penalties) are
-// refused with an error naming the field, never silently ignored: a client must not believe it got
-// something it did not. Fields that do not change the answer (user, metadata, ...) are ignored.
+// Fields OpenAI documents that would change the answer but that Tessera does not do (n > 1, echo,
+// best_of, suffix, logit_bias, tool_choice "required", structured output) are refused with an
+// error naming the field, never silently ignored: a client must not believe it got something it
+// did not. Fields that do not change the answer (user, metadata, ...) are ignored.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,8 @@ struct api_request {
   /// `stop`: up to max_stop_sequences strings; the text ends before the first of them to appear
   /// (finish_reason "stop") and the serving peer is told to stop generating.
   std::vector<std::string> stop;
+  /// Chat with `tools`: the answer is read for tool calls (mesh/http/tools.hpp).
+  bool tools = false;
 };
 
 inline constexpr std::size_t max_stop_sequences = 4;  ///< OpenAI's bound
@@ -117,6 +119,11 @@ struct api_error {
 [[nodiscard]] nlohmann::json logprobs_json(const api_request& r,
                                            std::span<const serving::token_logprob> lps,
                                            std::size_t offset = 0);
+struct tool_call;
+/// The last chunk of a chat stream whose answer held tool calls: the calls, finish "tool_calls".
+[[nodiscard]] nlohmann::json tool_calls_chunk(const api_request& r,
+                                              const std::vector<tool_call>& calls,
+                                              std::int64_t created_unix);
 /// The usage chunk of a stream that asked for it (choices empty).
 [[nodiscard]] nlohmann::json usage_chunk(const api_request& r, std::uint32_t prompt_tokens,
                                          std::uint32_t completion_tokens,

@@ -839,8 +839,8 @@ struct engine::impl {
     if (!q.messages.empty()) {
       std::vector<inf::tokenizer::chat_message> msgs;
       for (const auto& m : q.messages)
-        msgs.push_back({m.role, m.content});
-      auto p = inf::tokenizer::apply_chat_template(lm->chat, msgs, true);
+        msgs.push_back({m.role, m.content, m.tool_calls, m.tool_call_id, m.name});
+      auto p = inf::tokenizer::apply_chat_template(lm->chat, msgs, true, q.tools);
       if (!p) {
         send_error(q, error_code::invalid_request, p.error().message);
         return nullptr;

@@ -107,11 +107,11 @@ result<void> validate(const request& r) {
     return make_error(errc::invalid_argument, "field 'messages': {} messages, at most {}",
                       r.messages.size(), max_messages);
   for (const auto& m : r.messages) {
-    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool")
       return make_error(errc::invalid_argument,
-                        "field 'messages': role '{}' (expected system, user or assistant)",
+                        "field 'messages': role '{}' (expected system, user, assistant or tool)",
                         m.role.substr(0, 32));
-    text += m.content.size();
+    text += m.content.size() + m.tool_calls.size();
   }
   if (text > max_prompt_bytes)
     return make_error(errc::invalid_argument, "the prompt has {} bytes, at most {}", text,

@@ -43,9 +43,14 @@ inline constexpr std::size_t max_message_bytes = 256 * 1024;  ///< a whole encod
 inline constexpr std::size_t max_peers = 256;                 ///< endpoints in a peers message
 
 struct chat_message {
-  std::string role;
+  std::string role;  ///< system, user, assistant or tool
   std::string content;
-  MSGPACK_DEFINE_MAP(role, content);
+  /// An assistant's tool calls as the client sent them (OpenAI's JSON array), "" when none.
+  std::string tool_calls;
+  /// A tool message: the call it answers, and the tool's name (may be empty).
+  std::string tool_call_id;
+  std::string name;
+  MSGPACK_DEFINE_MAP(role, content, tool_calls, tool_call_id, name);
 };
 
 /// A generation request. `attempt` and `resume` make failover a client decision: a client that
@@ -59,6 +64,9 @@ struct request {
   std::string model;
   std::string prompt;                  ///< plain completion (or use messages)
   std::vector<chat_message> messages;  ///< chat: rendered with the model's template
+  /// Chat: the tools the model may call (OpenAI's JSON array), "" when none; rendered by the
+  /// model's own chat template.
+  std::string tools;
   std::uint32_t max_tokens = 128;
   float temperature = 0.8f;  ///< <= 0: greedy
   std::int32_t top_k = 40;
@@ -81,7 +89,7 @@ struct request {
   std::string node;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
-                     presence_penalty, top_logprobs);
+                     presence_penalty, top_logprobs, tools);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };

@@ -19,7 +19,7 @@ trap cleanup EXIT
 PY=/usr/bin/python3
 "$T" keygen -o "$work/key" >/dev/null 2>&1
 "$T" model synth --arch qwen3 --dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 256 --vocab 600 \
-  --context 512 --type f16 --chat-template "$TEMPLATE" -o "$work/qt.gguf" >/dev/null
+  --context 2048 --type f16 --chat-template "$TEMPLATE" -o "$work/qt.gguf" >/dev/null
 [[ $("$T" model info "$work/qt.gguf" --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["chat_template"])') == jinja ]] \
   || { echo "model info does not report the file's Jinja template"; exit 1; }
 MSGS='[{"role":"user","content":"What is 2+2?"}]'
@@ -64,4 +64,43 @@ text = d["choices"][0]["message"]["content"]
 assert text in (ref, " " + ref), f"API text {text!r}, tessera run {ref!r}"
 print(f"chat_template_test: the API billed {n} prompt tokens (the file's template's rendering) "
       f"and answered {text!r}, as tessera run --chat does")
+PYEOF
+
+# Tools, an earlier call and its result reach the model through its template: the API bills the
+# prompt tokens `tokenize --chat --tools` renders (the template's "# Tools" block, the call, the
+# tool response), streamed or not, through the official client's shapes.
+TOOLS='[{"type":"function","function":{"name":"get_weather","description":"Current weather.","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]'
+TMSGS='[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":null,"tool_calls":[{"id":"call1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},{"role":"tool","tool_call_id":"call1","content":"21 C"},{"role":"user","content":"And Rome?"}]'
+"$T" model tokenize --chat --json --tools "$TOOLS" "$work/qt.gguf" "$TMSGS" >"$work/ttok.json"
+curl -sf "$H/v1/chat/completions" \
+  -d "{\"model\":\"qt\",\"messages\":$TMSGS,\"tools\":$TOOLS,\"max_tokens\":6,\"temperature\":0}" \
+  >"$work/tchat.json" || { echo "the chat request with tools failed"; exit 1; }
+curl -sfN "$H/v1/chat/completions" \
+  -d "{\"model\":\"qt\",\"messages\":$TMSGS,\"tools\":$TOOLS,\"max_tokens\":6,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" \
+  >"$work/tchat.sse" || { echo "the streamed chat request with tools failed"; exit 1; }
+"$PY" - "$work/ttok.json" "$work/tchat.json" "$work/tchat.sse" <<'PYEOF'
+import json, sys
+tok = json.load(open(sys.argv[1]))
+d = json.load(open(sys.argv[2]))
+n = len(tok["ids"])
+assert "<tools>" in tok["prompt"] and "get_weather" in tok["prompt"], tok["prompt"][:300]
+assert "<tool_response>\n21 C\n</tool_response>" in tok["prompt"], tok["prompt"]
+assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in tok["prompt"], tok["prompt"]
+assert d["usage"]["prompt_tokens"] == n, f"with tools: prompt_tokens {d['usage']['prompt_tokens']}, the template renders {n}"
+msg = d["choices"][0]["message"]
+assert msg["role"] == "assistant" and (msg.get("content") is not None or msg.get("tool_calls")), msg
+usage = None
+text = ""
+for block in open(sys.argv[3]).read().split("\n\n"):
+    if not block.startswith("data: ") or block == "data: [DONE]":
+        continue
+    c = json.loads(block[6:])
+    if c.get("usage"):
+        usage = c["usage"]
+    for ch in c["choices"]:
+        text += ch["delta"].get("content") or ""
+assert usage and usage["prompt_tokens"] == n, usage
+assert text == (msg.get("content") or ""), (text, msg)
+print(f"chat_template_test: tools, a call and its result rendered by the template: {n} prompt "
+      f"tokens billed, streamed and not")
 PYEOF

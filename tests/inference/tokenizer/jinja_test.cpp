@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "inference/tokenizer/chat.hpp"
 #include "inference/tokenizer/jinja.hpp"
 
 namespace tessera::inference::tokenizer::jinja {
@@ -199,3 +200,55 @@ TEST(Jinja, PublishedTemplatesRenderAsJinja2Does) {
 
 }  // namespace
 }  // namespace tessera::inference::tokenizer::jinja
+
+namespace tessera::inference::tokenizer {
+namespace {
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The API's path for tools: messages as the HTTP API carries them (a call's arguments as JSON
+// text, the tools as JSON text) through apply_chat_template give the text Jinja2 renders for the
+// same conversation (the expected files), the leading BOS text left to the tokenizer.
+TEST(ChatTemplate, ToolsToolCallsAndResultsRenderAsJinja2Does) {
+  const std::filesystem::path dir = TESSERA_CHAT_TEMPLATES;
+  const auto conv = nlohmann::ordered_json::parse(read_text(dir / "conversations.json"))["tools"];
+  std::vector<chat_message> msgs;
+  for (const auto& m : conv["messages"]) {
+    chat_message c{m["role"].get<std::string>(), m.value("content", std::string())};
+    if (m.contains("tool_calls")) {
+      auto calls = m["tool_calls"];
+      for (auto& call : calls)  // as OpenAI clients send them: arguments as JSON text
+        call["function"]["arguments"] = call["function"]["arguments"].dump();
+      c.tool_calls_json = calls.dump();
+    }
+    if (m.contains("tool_call_id")) c.tool_call_id = m["tool_call_id"].get<std::string>();
+    if (m.contains("name")) c.name = m["name"].get<std::string>();
+    msgs.push_back(std::move(c));
+  }
+  for (const char* name : {"qwen2.5-7b-instruct", "qwen3-8b", "llama-3.1-8b-instruct"}) {
+    auto program = jinja::template_program::parse(read_text(dir / (std::string(name) + ".jinja")));
+    ASSERT_TRUE(program.has_value()) << name;
+    chat_template t;
+    t.jinja = std::make_shared<const jinja::template_program>(std::move(*program));
+    t.bos_token = "<s>";
+    t.eos_token = "</s>";
+    auto p = apply_chat_template(t, msgs, true, conv["tools"].dump());
+    ASSERT_TRUE(p.has_value()) << name << ": " << p.error().message;
+    std::string want = nlohmann::json::parse(
+        read_text(dir / (std::string(name) + ".expected.json")))["tools"]["text"];
+    if (want.starts_with("<s>")) want.erase(0, 3);
+    EXPECT_EQ(p->text, want) << name;
+  }
+  // A built-in family cannot render tools: an error that says why.
+  chat_template family;
+  family.family = chat_family::chatml;
+  auto e = apply_chat_template(family, msgs, true, conv["tools"].dump());
+  ASSERT_FALSE(e.has_value());
+  EXPECT_NE(e.error().message.find("tools need the model's own chat template"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::inference::tokenizer
