@@ -482,7 +482,7 @@ struct gateway::impl {
     // Log-probabilities of the tokens whose text has not gone out yet: they go with it.
     std::vector<serving::token_logprob> pending_lp;
     std::size_t text_offset = 0;  // bytes of the answer written so far
-    std::string written;          // with tools: that answer's text (calls are read from it)
+    std::string written;          // that answer's text (with tools, calls are read from it)
     const auto piece_event = [&](std::string_view text) {
       std::string e = openai ? sse(chunk(r, text, false, "", created, pending_lp, text_offset))
                              : ndjson(ollama_chunk(r, text, rfc3339_now()));
