@@ -220,6 +220,17 @@ result<chat_prompt> apply_chat_template(const chat_template& t,
                         "chat message role '{}' is not system, user, assistant or tool", m.role);
   }
   auto text = render_jinja(t, messages, add_generation_prompt, tools_json);
+  // A template that asks for more than the Jinja subset does (an unknown filter, a bound): the
+  // model is still served, with its built-in family, as a file without a template is — unless
+  // tools need the file's template.
+  const auto beyond_subset = [&](const error& e) -> result<chat_prompt> {
+    if (tool_use)
+      return make_error(errc::invalid_argument,
+                        "the model's chat template cannot be rendered here ({}), and tools need it",
+                        e.message);
+    return apply_chat_template(t.family, messages, add_generation_prompt);
+  };
+  if (!text && text.error().code == errc::unsupported) return beyond_subset(text.error());
   if (!text) {
     // Many templates refuse a system role, or turns that do not alternate; clients send both.
     auto [system, folded] = fold_turns(messages);
@@ -230,6 +241,7 @@ result<chat_prompt> apply_chat_template(const chat_template& t,
         folded.insert(folded.begin(), chat_message{"user", system});
     }
     auto again = render_jinja(t, folded, add_generation_prompt, tools_json);
+    if (!again && again.error().code == errc::unsupported) return beyond_subset(again.error());
     if (!again)
       return make_error(errc::invalid_argument,
                         "the model's chat template refuses the messages: {}", text.error().message);

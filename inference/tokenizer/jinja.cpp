@@ -28,6 +28,9 @@ constexpr std::size_t kMaxOutput = 16u << 20;
 // thread a result through every one of their many small functions. Nothing else throws it.
 struct template_error {
   std::string message;
+  /// invalid_argument: the template refused its input (raise_exception); unsupported: what the
+  /// template asked is beyond this subset or its bounds (the caller may render another way).
+  errc code = errc::unsupported;
 };
 
 [[noreturn]] void fail(int line, std::string message) {
@@ -1389,11 +1392,11 @@ class renderer {
         stop = a.positional[1].integer();
         if (a.positional.size() > 2) step = a.positional[2].integer();
       }
-      if (step == 0) return make_error(errc::invalid_argument, "range(): step is zero");
+      if (step == 0) return make_error(errc::unsupported, "range(): step is zero");
       array out;
       for (std::int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (out.size() >= kMaxIterations)
-          return make_error(errc::invalid_argument, "range(): more than {} items", kMaxIterations);
+          return make_error(errc::unsupported, "range(): more than {} items", kMaxIterations);
         out.emplace_back(i);
         if (__builtin_add_overflow(i, step, &i)) break;  // past the 64-bit range: the end
       }
@@ -1498,7 +1501,7 @@ class renderer {
     const node* m = &n;
     scopes_.back()[n.text] = value(function([this, m](const call_args& a) -> result<value> {
       if (macro_depth_ >= kMaxDepth)
-        return make_error(errc::invalid_argument,
+        return make_error(errc::unsupported,
                           "chat template line {}: macros call each other "
                           "more than {} deep",
                           m->line, kMaxDepth);
@@ -1607,7 +1610,7 @@ class renderer {
     if (f.type() != value::kind::function)
       fail(line, fmt::format("a {} is not callable", type_name(f)));
     auto r = f.fn()(a);
-    if (!r) throw template_error{r.error().message};
+    if (!r) throw template_error{r.error().message, r.error().code};
     return std::move(*r);
   }
 
@@ -2207,23 +2210,23 @@ value renderer::method(const value& self, const std::string& name) {
     if (name == "append")
       return bound([self](const call_args& a) -> result<value> {
         if (self.items().size() >= kMaxIterations)
-          return make_error(errc::invalid_argument, "append(): more than {} items", kMaxIterations);
+          return make_error(errc::unsupported, "append(): more than {} items", kMaxIterations);
         if (holds(arg(a, 0, "item"), &self.items()))
-          return make_error(errc::invalid_argument, "append(): a list cannot hold itself");
+          return make_error(errc::unsupported, "append(): a list cannot hold itself");
         self.items().push_back(arg(a, 0, "item"));
         return value::none();
       });
     if (name == "pop")
       return bound([self](const call_args& a) -> result<value> {
         auto& items = self.items();
-        if (items.empty()) return make_error(errc::invalid_argument, "pop(): the list is empty");
+        if (items.empty()) return make_error(errc::unsupported, "pop(): the list is empty");
         const value& i = arg(a, 0, "index");
         auto at = static_cast<std::int64_t>(items.size()) - 1;
         if (i.is_number())
           at =
               i.integer() < 0 ? i.integer() + static_cast<std::int64_t>(items.size()) : i.integer();
         if (at < 0 || at >= static_cast<std::int64_t>(items.size()))
-          return make_error(errc::invalid_argument, "pop(): index out of range");
+          return make_error(errc::unsupported, "pop(): index out of range");
         value v = items[static_cast<std::size_t>(at)];
         items.erase(items.begin() + at);
         return v;
@@ -2256,9 +2259,9 @@ value renderer::method(const value& self, const std::string& name) {
         const value& o = arg(a, 0, "other");
         for (const auto& [k, v] : a.keyword)
           if (holds(v, &self.fields()))
-            return make_error(errc::invalid_argument, "update(): a dict cannot hold itself");
+            return make_error(errc::unsupported, "update(): a dict cannot hold itself");
         if (holds(o, &self.fields()) && !(o.is_object() && &o.fields() == &self.fields()))
-          return make_error(errc::invalid_argument, "update(): a dict cannot hold itself");
+          return make_error(errc::unsupported, "update(): a dict cannot hold itself");
         if (o.is_object() && &o.fields() != &self.fields())
           for (const auto& [k, v] : o.fields())
             self.set(k, v);
@@ -2300,7 +2303,7 @@ result<std::string> template_program::render(const object& globals) const {
     renderer r(globals);
     return r.run(root_->body);
   } catch (const template_error& e) {
-    return make_error(errc::invalid_argument, "{}", e.message);
+    return make_error(e.code, "{}", e.message);
   }
 }
 

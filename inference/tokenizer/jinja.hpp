@@ -123,7 +123,8 @@ class template_program {
   static result<template_program> parse(std::string_view source);
   /// Renders with `globals` (messages, add_generation_prompt, bos_token, ...); the built-in
   /// functions range, namespace, dict, raise_exception and strftime_now are there unless
-  /// `globals` names them. A raise_exception(msg) comes back as errc::invalid_argument with msg.
+  /// `globals` names them. A raise_exception(msg) comes back as errc::invalid_argument with msg;
+  /// anything beyond this subset or its bounds as errc::unsupported.
   [[nodiscard]] result<std::string> render(const object& globals) const;
 
   template_program(template_program&&) noexcept;

@@ -502,6 +502,16 @@ TEST(ChatTemplate, TheFilesOwnJinjaTemplate) {
   EXPECT_EQ(fallback.family, chat_family::chatml);
   EXPECT_NE(fallback.describe().find("unknown or unsupported tag 'include'"), std::string::npos)
       << fallback.describe();
+  // A template that parses but asks for more than the subset at render time (an unknown
+  // filter): served with the family, as a file without a template is.
+  w.set("tokenizer.chat_template",
+        gguf::value::str("{% for m in messages %}<|im_start|>{{ m.content | nosuchfilter }}"
+                         "{% endfor %}"));
+  const auto odd = chat_template_for(*as_file(w), *tok);
+  ASSERT_NE(odd.jinja, nullptr);
+  auto served = apply_chat_template(odd, {{"user", "Hi"}});
+  ASSERT_TRUE(served) << served.error().message;
+  EXPECT_EQ(served->text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   w.set("tokenizer.chat_template", gguf::value::str("mistral"));  // synthetic files name a family
   EXPECT_EQ(chat_template_for(*as_file(w), *tok).describe(), "mistral");
 }
