@@ -505,7 +505,7 @@ struct gateway::impl {
     // tools, everything from where a tool call may begin (mesh/http/tools.hpp).
     std::string carry;
     bool stopped = false;  // a stop sequence appeared: the text ends before it
-    const bool tools = openai && r.tools;
+    const bool tools = r.tools && (openai || r.dialect == api_dialect::ollama_chat);
     for (;;) {
       std::deque<relay::piece> pieces;
       std::optional<result<serving::outcome>> end;
@@ -552,7 +552,13 @@ struct gateway::impl {
       if (end && tools && (end->has_value() || stopped)) {
         // The held text: tool calls (a chunk of them ends the stream), or content after all.
         auto parsed = parse_tool_calls(written + carry);
-        if (!parsed.calls.empty()) {
+        if (!parsed.calls.empty() && !openai && end->has_value()) {
+          // Ollama: the last line carries the calls (ollama_final reads them from the answer).
+          if (!write(ndjson(ollama_final(r, **end, "", "stop", rfc3339_now())))) return false;
+          sink.done();
+          return true;
+        }
+        if (!parsed.calls.empty() && openai) {
           if (!write(sse(tool_calls_chunk(r, parsed.calls, created)))) return false;
           if (end->has_value() && r.include_usage &&
               !write(sse(usage_chunk(r, (**end).prompt_tokens,

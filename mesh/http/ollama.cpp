@@ -1,5 +1,7 @@
 #include "mesh/http/ollama.hpp"
 
+#include "mesh/http/tools.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -97,20 +99,46 @@ std::optional<api_error> parse_chat(const json& body, serving::request& r) {
     const std::string where = fmt::format("messages[{}]", i);
     if (!m.is_object()) return field_error(where, fmt::format("'{}' must be an object", where));
     const auto role = m.value("role", json(nullptr));
-    if (!role.is_string() || (role != "system" && role != "user" && role != "assistant"))
+    if (!role.is_string() ||
+        (role != "system" && role != "user" && role != "assistant" && role != "tool"))
       return field_error(where + ".role",
-                         fmt::format("'{}.role' must be system, user or assistant, got {}", where,
-                                     shown_json(role)));
+                         fmt::format("'{}.role' must be system, user, assistant or tool, got {}",
+                                     where, shown_json(role)));
     if (present(m, "images"))
       return field_error(where + ".images",
                          fmt::format("'{}.images': Tessera serves text models", where));
-    if (present(m, "tool_calls"))
-      return field_error(where + ".tool_calls",
-                         fmt::format("'{}.tool_calls': tool calls are not supported", where));
     const auto content = m.value("content", json(""));
-    if (!content.is_string())
+    if (!content.is_string() && !content.is_null())
       return field_error(where + ".content", fmt::format("'{}.content' must be a string", where));
-    r.messages.push_back({role.get<std::string>(), content.get<std::string>()});
+    serving::chat_message msg;
+    msg.role = role.get<std::string>();
+    msg.content = content.is_string() ? content.get<std::string>() : std::string();
+    // An assistant's earlier calls, in OpenAI's shape for the template (Ollama's arguments are an
+    // object already: the template takes it as it is).
+    if (present(m, "tool_calls")) {
+      const json& tc = m["tool_calls"];
+      if (msg.role != "assistant" || !tc.is_array())
+        return field_error(
+            where + ".tool_calls",
+            fmt::format("'{}.tool_calls' must be an array, on an assistant message", where));
+      json calls = json::array();
+      for (std::size_t k = 0; k < tc.size(); ++k) {
+        const json& f = tc[k].value("function", json(nullptr));
+        if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+          return field_error(fmt::format("{}.tool_calls[{}]", where, k),
+                             fmt::format("'{}.tool_calls[{}]' must be {{\"function\": "
+                                         "{{\"name\", \"arguments\"}}}}",
+                                         where, k));
+        calls.push_back(
+            {{"type", "function"},
+             {"function",
+              {{"name", f["name"]}, {"arguments", f.value("arguments", json::object())}}}});
+      }
+      if (!calls.empty()) msg.tool_calls = calls.dump();
+    }
+    for (const char* key : {"tool_name", "name"})
+      if (m.contains(key) && m[key].is_string()) msg.name = m[key].get<std::string>();
+    r.messages.push_back(std::move(msg));
   }
   return std::nullopt;
 }
@@ -153,10 +181,16 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
                            {"format", "structured output is not supported"},
                            {"template", "the model's own chat template is used"},
                            {"context", "pass the conversation in messages (/api/chat) instead"},
-                           {"tools", "tool calls are not supported"},
                            {"suffix", "insertion is not supported"}})
     if (present(body, key))
       return field_error(key, fmt::format("'{}' is not supported by Tessera ({})", key, what));
+  if (dialect != api_dialect::ollama_chat && present(body, "tools"))
+    return field_error("tools", "'tools' is not supported by /api/generate (use /api/chat)");
+  if (dialect == api_dialect::ollama_chat && present(body, "tools")) {
+    // The tools go to the model's template in the client's own key order (mesh/http/tools.hpp).
+    const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+    if (auto e = parse_tools(body, ordered, out)) return *e;
+  }
   if (dialect == api_dialect::ollama_chat) {
     out.kind = api_kind::chat;
     if (auto e = parse_chat(body, r)) return *e;
@@ -215,9 +249,29 @@ json ollama_chunk(const api_request& r, std::string_view text, const std::string
   return j;
 }
 
+json ollama_tool_calls(const std::vector<tool_call>& calls) {
+  json out = json::array();
+  for (const auto& c : calls) {
+    json args = json::parse(c.arguments, nullptr, false);
+    out.push_back(
+        {{"function",
+          {{"name", c.name}, {"arguments", args.is_discarded() ? json::object() : args}}}});
+  }
+  return out;
+}
+
 json ollama_final(const api_request& r, const serving::outcome& out, std::string_view text,
                   std::string_view done_reason, const std::string& created_at) {
   json j = ollama_chunk(r, text, created_at);
+  if (r.tools && r.dialect == api_dialect::ollama_chat && !out.text.empty()) {
+    // The answer's calls; the text outside them is the content when this line carries the whole
+    // answer (not streamed; a stream sent that text before).
+    auto parsed = parse_tool_calls(out.text);
+    if (!parsed.calls.empty()) {
+      if (text == out.text) j["message"]["content"] = parsed.content;
+      j["message"]["tool_calls"] = ollama_tool_calls(parsed.calls);
+    }
+  }
   const auto ns = [](double s) { return static_cast<std::int64_t>(std::llround(s * 1e9)); };
   j["done"] = true;
   j["done_reason"] = std::string(done_reason);

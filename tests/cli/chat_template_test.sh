@@ -104,3 +104,17 @@ assert text == (msg.get("content") or ""), (text, msg)
 print(f"chat_template_test: tools, a call and its result rendered by the template: {n} prompt "
       f"tokens billed, streamed and not")
 PYEOF
+
+# The same conversation through Ollama's /api/chat (its shapes: arguments as an object, no call
+# ids): the same rendering, so the same prompt tokens.
+OMSGS='[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},{"role":"tool","content":"21 C","tool_name":"get_weather"},{"role":"user","content":"And Rome?"}]'
+curl -sf "http://127.0.0.1:17904/api/chat" \
+  -d "{\"model\":\"qt\",\"messages\":$OMSGS,\"tools\":$TOOLS,\"stream\":false,\"options\":{\"num_predict\":6,\"temperature\":0}}" \
+  >"$work/ochat.json" || { echo "Ollama's /api/chat with tools failed"; exit 1; }
+"$PY" - "$work/ttok.json" "$work/ochat.json" <<'PYEOF'
+import json, sys
+n = len(json.load(open(sys.argv[1]))["ids"])
+d = json.load(open(sys.argv[2]))
+assert d["done"] and d["prompt_eval_count"] == n, f"Ollama: prompt_eval_count {d.get('prompt_eval_count')}, the template renders {n}"
+print(f"chat_template_test: Ollama's /api/chat with tools billed the same {n} prompt tokens")
+PYEOF

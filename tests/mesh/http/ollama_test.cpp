@@ -75,7 +75,7 @@ TEST(Ollama, ChatTakesMessagesAndEveryRefusalNamesItsField) {
   const row rows[] = {
       {api_dialect::ollama_chat, R"({"messages":[{"role":"user","content":"u"}]})", "model"},
       {api_dialect::ollama_chat, R"({"model":"m","messages":[]})", "messages"},
-      {api_dialect::ollama_chat, R"({"model":"m","messages":[{"role":"tool","content":"x"}]})",
+      {api_dialect::ollama_chat, R"({"model":"m","messages":[{"role":"robot","content":"x"}]})",
        "messages[0].role"},
       {api_dialect::ollama_chat,
        R"({"model":"m","messages":[{"role":"user","content":"x","images":["aGk="]}]})",
@@ -83,7 +83,10 @@ TEST(Ollama, ChatTakesMessagesAndEveryRefusalNamesItsField) {
       {api_dialect::ollama_chat,
        R"({"model":"m","messages":[{"role":"user","content":"x"}],"format":"json"})", "format"},
       {api_dialect::ollama_chat,
-       R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{}]})", "tools"},
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{}]})", "tools[0]"},
+      {api_dialect::ollama_generate,
+       R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})",
+       "tools"},
       {api_dialect::ollama_generate, R"({"model":"m","prompt":"x","context":[1,2]})", "context"},
       {api_dialect::ollama_generate, R"({"model":"m","prompt":5})", "prompt"},
       {api_dialect::ollama_generate, R"({"model":"m","prompt":"x","options":{"temperature":9}})",
@@ -143,6 +146,34 @@ TEST(Ollama, ObjectsHaveOllamasShape) {
   const std::string ts = rfc3339_now();
   EXPECT_EQ(ts.size(), 27u) << ts;
   EXPECT_EQ(ts.back(), 'Z');
+}
+
+// Ollama's tools: the request's tools and an assistant's earlier calls (arguments an object, as
+// Ollama sends them) go to the template; the answer's calls come back in Ollama's shape.
+TEST(Ollama, ChatTakesToolsAndAnswersWithToolCalls) {
+  auto res = parse_ollama(api_dialect::ollama_chat, R"({"model":"m","stream":false,
+      "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],
+      "messages":[{"role":"user","content":"Paris?"},
+        {"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather",
+          "arguments":{"city":"Paris"}}}]},
+        {"role":"tool","content":"21 C","tool_name":"get_weather"}]})",
+                          "id", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(res)) << std::get<api_error>(res).message;
+  const auto& r = std::get<api_request>(res);
+  EXPECT_TRUE(r.tools);
+  EXPECT_NE(r.request.tools.find("get_weather"), std::string::npos);
+  ASSERT_EQ(r.request.messages.size(), 3u);
+  EXPECT_EQ(
+      nlohmann::json::parse(r.request.messages[1].tool_calls)[0]["function"]["arguments"]["city"],
+      "Paris");
+  EXPECT_EQ(r.request.messages[2].name, "get_weather");
+  serving::outcome out;
+  out.text =
+      "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>";
+  const auto j = ollama_final(r, out, out.text, "stop", "now");
+  EXPECT_EQ(j["message"]["content"], "");
+  EXPECT_EQ(j["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(j["message"]["tool_calls"][0]["function"]["arguments"]["city"], "Rome");
 }
 
 }  // namespace
