@@ -482,7 +482,7 @@ struct gateway::impl {
     // Log-probabilities of the tokens whose text has not gone out yet: they go with it.
     std::vector<serving::token_logprob> pending_lp;
     std::size_t text_offset = 0;  // bytes of the answer written so far
-    std::string written;          // that answer's text (with tools, calls are read from it)
+    std::string written;          // with tools only: that answer's text (calls are read from it)
     const auto piece_event = [&](std::string_view text) {
       std::string e = openai ? sse(chunk(r, text, false, "", created, pending_lp, text_offset))
                              : ndjson(ollama_chunk(r, text, rfc3339_now()));
@@ -545,7 +545,7 @@ struct gateway::impl {
             n = std::min(n, from > text_offset ? from - text_offset : 0);
         }
         if (n == 0) continue;
-        written.append(carry, 0, n);
+        if (tools) written.append(carry, 0, n);
         if (!write(piece_event(std::string_view(carry).substr(0, n)))) return false;
         carry.erase(0, n);
       }
@@ -570,7 +570,7 @@ struct gateway::impl {
         }
       }
       if (end && !carry.empty()) {
-        written += carry;
+        if (tools) written += carry;
         if (!write(piece_event(carry))) return false;
         carry.clear();
       }

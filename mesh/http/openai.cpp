@@ -305,12 +305,13 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
                                     serving::max_model_bytes));
   if (auto e = kind == api_kind::chat ? parse_messages(body, r) : parse_prompt(body, r)) return *e;
   if (auto e = parse_unsupported(kind, body)) return *e;
-  if (kind == api_kind::chat && body.contains("tools")) {
-    // The tools go to the model's template in the client's own key order.
-    const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+  if (kind == api_kind::chat) {
+    // The tools go to the model's template in the client's own key order (parsed again, in
+    // order, only when there are tools).
+    const auto ordered = body.contains("tools")
+                             ? nlohmann::ordered_json::parse(body_text, nullptr, false)
+                             : nlohmann::ordered_json::object();
     if (auto e = parse_tools(body, ordered, out)) return *e;
-  } else if (kind == api_kind::chat) {
-    if (auto e = parse_tools(body, nlohmann::ordered_json::object(), out)) return *e;
   }
   if (auto e = parse_sampling(kind, body, r)) return *e;
   if (auto e = parse_stop(body, out.stop)) return *e;
