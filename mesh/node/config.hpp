@@ -111,6 +111,12 @@ struct node_config {
   /// Serve the client endpoints to other hosts without client_auth, on purpose (a trusted
   /// network); the node warns in its log and status.
   bool insecure_clients = false;
+  /// Open connections one source address may hold on each client endpoint (more are shut down
+  /// as they arrive, counted in status): a stranger holding idle connections cannot take the
+  /// node's descriptors (all client connections together are bounded by half the descriptors
+  /// as well). Clients behind one NAT or on one host share an address, and every peer's HTTP
+  /// gateway holds a connection per API request in flight: raise it for many such clients.
+  std::uint32_t client_connections_per_address = 256;
   std::string log_level = "info";
   std::string log_format = "text";
 };

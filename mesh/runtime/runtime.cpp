@@ -212,6 +212,25 @@ rlim_t raise_descriptor_limit() {
   return lim.rlim_cur;
 }
 
+/// How the node's `limit` descriptors are shared among what strangers can open (issue 32: 300
+/// idle client connections once left a node of 256 descriptors none for its control plane). Half
+/// of them, up to 4096, are reserved: a quarter of the reserve for HTTP handler threads and as
+/// many for accepted HTTP connections waiting for one (beyond, connections wait in the kernel's
+/// backlog), the rest for the control plane, peer links and model files. The client endpoints'
+/// connections may use what is not reserved.
+struct descriptor_budget {
+  std::uint32_t client_connections = 1u << 20;
+  std::uint32_t http_threads = 1024;
+};
+descriptor_budget budget_of(rlim_t limit) {
+  if (limit == 0 || limit == RLIM_INFINITY) return {};
+  const rlim_t reserved = std::min<rlim_t>(limit / 2, 4096);
+  descriptor_budget b;
+  b.client_connections = static_cast<std::uint32_t>(std::min<rlim_t>(limit - reserved, 1u << 20));
+  b.http_threads = static_cast<std::uint32_t>(std::clamp<rlim_t>(reserved / 4, 4, 1024));
+  return b;
+}
+
 /// The warning a node with few descriptors gives in its log and status, if any.
 std::optional<std::string> descriptor_warning(rlim_t limit) {
   if (limit == 0 || limit >= kFewDescriptors) return std::nullopt;
@@ -1213,6 +1232,7 @@ result<std::unique_ptr<http::gateway>> start_gateway(node_runtime::impl& p,
   go.bind_address = cfg.listen.http_address;
   go.cors_origins = cfg.http.cors_origins;
   go.port = cfg.listen.http_port;
+  go.threads = std::min(go.threads, budget_of(p.descriptor_limit).http_threads);
   if (!cfg.http.api_key_file.empty()) {
     auto key = read_api_key(cfg.http.api_key_file);
     if (!key) return key.error();
@@ -1354,6 +1374,8 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     so.model_paths = cfg.model_paths;
     so.threads = cfg.threads != 0 ? cfg.threads : std::max(1u, std::thread::hardware_concurrency());
     so.max_batch_streams = cfg.max_batch_streams;
+    so.client_connections_per_address = cfg.client_connections_per_address;
+    so.client_connections_total = budget_of(p->descriptor_limit).client_connections;
     so.compute_nice = static_cast<int>(cfg.compute_nice);
     so.bind_address = cfg.listen.address;
     so.advertise_address = adv_host;

@@ -28,6 +28,8 @@
 #include "inference/model/sampler.hpp"
 #include "inference/tokenizer/chat.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
+#include "mesh/serving/connection_guard.hpp"
+#include "mesh/serving/fair_share.hpp"
 #include "mesh/serving/group_host.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/ledger.hpp"
@@ -62,6 +64,9 @@ inline constexpr std::size_t kMaxAwaitingSubscriber = 256;
 /// A stream whose topic has had no subscriber on this peer for this long is cut (its client
 /// left or never listened): its slot goes to requests someone reads.
 inline constexpr auto kUnreadStreamCut = std::chrono::seconds(5);
+/// A running stream makes way for a client with fewer (fair_share.hpp, rule 3) only after it has
+/// run this long since it took its slot: each turn pays for the re-read of its tokens so far.
+inline constexpr auto kPreemptQuantum = std::chrono::milliseconds(500);
 
 namespace inf = tessera::inference;
 namespace mdl = tessera::inference::model;
@@ -209,6 +214,8 @@ struct session {
   clock_type::time_point last_sent{};
   clock_type::time_point started{};  // accepted here (the stream statistics' zero)
   bool sent_any = false;             // a token of this attempt went out
+  std::string client;                // the identity its fair share counts by (request::client)
+  clock_type::time_point ran_since{};  // took its slot (rule 3's quantum counts from here)
 };
 
 /// A local stream whose model's weights are on their way (loading, or about to): it waits queued.
@@ -240,6 +247,10 @@ struct engine::impl {
   zmq::socket_t push{zctx, zmq::socket_type::push};
   // The ZAP handler of this context (client authentication only; bound before the endpoints).
   std::optional<zmq::socket_t> zap;
+  // Bounds the client endpoints' connections (slot 0: the request port, 1: the response port);
+  // read by the io thread, made before the endpoints bind.
+  std::unique_ptr<connection_guard> guard;
+  std::atomic<std::uint64_t> connections_refused{0}, connections_open{0};
   std::uint16_t req_port = 0, resp_port = 0;
   std::atomic<std::uint64_t> auth_allowed{0}, auth_denied{0};
 
@@ -271,6 +282,8 @@ struct engine::impl {
   std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
       tokens_out{0}, duplicates{0}, cancelled{0},
       resumed_first{0},  // resumed streams queued ahead of new ones
+      made_way{0},       // waiting streams refused for a newcomer of a client with fewer
+      preempted{0},      // running streams sent back to the queue for a client with fewer
       subscriptions_refused{0}, unread_requests{0}, unread_streams_cut{0};
   // --- io thread only: subscribers per response topic (request id) on the XPUB, and the bytes
   // of every subscription libzmq holds for its connections (kMaxSubscriptionTrieBytes) ---
@@ -325,13 +338,21 @@ struct engine::impl {
     zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0},
                                {pull.handle(), 0, ZMQ_POLLIN, 0},
                                {xpub.handle(), 0, ZMQ_POLLIN, 0},
-                               {zap ? zap->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+                               {zap->handle(), 0, ZMQ_POLLIN, 0},
+                               {guard->monitor_handle(0), 0, ZMQ_POLLIN, 0},
+                               {guard->monitor_handle(1), 0, ZMQ_POLLIN, 0}};
     auto next_peers = clock_type::now();
     while (!io_stopping.load()) {
       try {
-        items[2].socket = xpub.handle();  // a reset replaces the socket
-        zmq::poll(items, zap ? 4 : 3, std::chrono::milliseconds(100));
-        if (zap && (items[3].revents & ZMQ_POLLIN)) answer_zap();
+        items[2].socket = xpub.handle();  // a reset replaces the socket and its monitor
+        items[5].socket = guard->monitor_handle(1);
+        zmq::poll(items, 6, std::chrono::milliseconds(100));
+        // Connections first: one past a bound is shut down before it is read from.
+        for (int slot = 0; slot < 2; ++slot)
+          if (items[4 + slot].revents & ZMQ_POLLIN) guard->drain(slot);
+        connections_open = guard->ledger().open();
+        connections_refused = guard->refused();
+        if (items[3].revents & ZMQ_POLLIN) answer_zap();
         // Subscriptions first: a client subscribes to a request's topic before it publishes the
         // request, and the request must find that subscription here.
         if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
@@ -367,13 +388,18 @@ struct engine::impl {
         (void)zap->recv(next, zmq::recv_flags::none);
         parts.push_back(std::move(next));
       }
-      // version, request id, domain, address, identity, mechanism, credentials (the key).
+      // version, request id, domain, address, identity, mechanism[, credentials (the key)].
+      // Open endpoints ask only for the user id (the NULL mechanism); keyed ones for CURVE with
+      // the cluster's client key.
       const bool allow =
-          parts.size() == 7 && parts[0].to_string_view() == "1.0" &&
-          parts[5].to_string_view() == "CURVE" && parts[6].size() == 32 &&
-          std::memcmp(parts[6].data(), opt.client_auth->allowed_client.data(), 32) == 0;
+          parts.size() >= 6 && parts[0].to_string_view() == "1.0" &&
+          (opt.client_auth
+               ? parts.size() == 7 && parts[5].to_string_view() == "CURVE" &&
+                     parts[6].size() == 32 &&
+                     std::memcmp(parts[6].data(), opt.client_auth->allowed_client.data(), 32) == 0
+               : parts[5].to_string_view() == "NULL");
       if (allow) {
-        auth_allowed.fetch_add(1);
+        if (opt.client_auth) auth_allowed.fetch_add(1);
       } else {
         auth_denied.fetch_add(1);
         const auto now = clock_type::now();
@@ -391,10 +417,17 @@ struct engine::impl {
       zap->send(allow ? zmq::str_buffer("200") : zmq::str_buffer("400"), zmq::send_flags::sndmore);
       zap->send(allow ? zmq::str_buffer("OK") : zmq::str_buffer("not this cluster's client key"),
                 zmq::send_flags::sndmore);
-      zap->send(zmq::str_buffer("client"), zmq::send_flags::sndmore);  // user id
-      zap->send(zmq::str_buffer(""), zmq::send_flags::none);           // metadata
+      // The user id names the connection: every message it carries has it as "User-Id", the
+      // identity fair_share counts by. Clients share one access key, so the key cannot tell
+      // them apart; a connection can (and connections per address are bounded).
+      const std::string user =
+          fmt::format("{}#{}", parts.size() > 3 ? parts[3].to_string() : "?", ++connections_seen);
+      zap->send(zmq::buffer(user), zmq::send_flags::sndmore);
+      zap->send(zmq::str_buffer(""), zmq::send_flags::none);  // metadata
     }
   }
+  // Numbers the request connections' user ids (written by the io thread; status reads it).
+  std::atomic<std::uint64_t> connections_seen{0};
   clock_type::time_point last_auth_log{};
 
   void on_request_frames() {
@@ -423,6 +456,9 @@ struct engine::impl {
         note_malformed(r.error().message);
         continue;
       }
+      // Set by ZAP for the connection (see answer_zap): the client's identity, not its word.
+      const char* user = zmq_msg_gets(parts[1].handle(), "User-Id");
+      r->client = user != nullptr ? user : "";
       // Only a request whose answer someone subscribed to reaches the engine: serving one nobody
       // reads would only hold a slot (a flood of them starved every client who reads). Its
       // subscription may still be on its way (a client subscribes, then publishes, over two
@@ -527,9 +563,11 @@ struct engine::impl {
     }
     topic_subscribers.clear();
     subscription_bytes = 0;
+    guard->forget(1);
     xpub.close();
     xpub = zmq::socket_t(zctx, zmq::socket_type::xpub);
     configure_response_port();
+    guard->watch(1, xpub);
     // The old listener closes asynchronously (libzmq's reaper): the port frees within moments.
     const std::string ep = fmt::format("tcp://{}:{}", client_address(), resp_port);
     for (int tries = 0;; ++tries) {
@@ -800,15 +838,18 @@ struct engine::impl {
     if (!s) return;  // answered with an error
     s->started = clock_type::now();
     s->host = host;
+    s->client = s->req.client;
     // A resumed stream is refused last: it may use the headroom too (an `overloaded` ends it).
     const std::size_t bound =
         opt.max_active + opt.max_queued + (s->req.attempt > 0 ? opt.resume_headroom : 0);
-    if (active.size() + queued.size() >= bound) {
+    if (active.size() + queued.size() >= bound && !make_way_for(*s)) {
       ++rejected;
       send_error(
           s->req, error_code::overloaded,
-          fmt::format("peer {} has {} streams running and {} waiting (bounds {} and {})",
-                      opt.node_hex, active.size(), queued.size(), opt.max_active, opt.max_queued));
+          fmt::format("peer {} has {} streams running and {} waiting (bounds {} and {}), {} of "
+                      "them this client's",
+                      opt.node_hex, active.size(), queued.size(), opt.max_active, opt.max_queued,
+                      count_clients()[s->client].total()));
       return;
     }
     ++accepted;
@@ -826,6 +867,41 @@ struct engine::impl {
     } else {
       queued.push_back(std::move(s));
     }
+  }
+
+  /// Each client's running and waiting streams here.
+  client_counts count_clients() const {
+    client_counts counts;
+    for (const auto& [id, s] : active)
+      ++counts[s->client].running;
+    for (const auto& s : queued)
+      ++counts[s->client].waiting;
+    return counts;
+  }
+
+  /// Rule 1 of fair_share.hpp: at the bound, the newest waiting stream of the client holding the
+  /// most (two more than the newcomer's) ends `overloaded`, and the newcomer takes its place.
+  /// Only a stream that sent no token yet: one that was running and went back to the queue (rule
+  /// 3) keeps its place.
+  bool make_way_for(const session& newcomer) {
+    const auto counts = count_clients();
+    const auto from = makes_way_for(counts, newcomer.client);
+    if (!from) return false;
+    for (auto it = queued.rbegin(); it != queued.rend(); ++it) {
+      session& w = **it;
+      if (w.client != *from || w.sent_any) continue;
+      ++made_way;
+      send_error(
+          w.req, error_code::overloaded,
+          fmt::format(
+              "peer {} is full: this client holds {} of its streams, and its "
+              "newest waiting one made way for a client holding {}; retry later",
+              opt.node_hex, counts.at(*from).total(),
+              counts.contains(newcomer.client) ? counts.find(newcomer.client)->second.total() : 0));
+      queued.erase(std::next(it).base());
+      return true;
+    }
+    return false;
   }
 
   std::unique_ptr<session> make_session(request q) {
@@ -1138,6 +1214,103 @@ struct engine::impl {
     return true;
   }
 
+  /// A queued local stream whose model will not be ready here (its load failed, or the plan moved
+  /// it elsewhere) ends now with the reason; the others wait.
+  void drop_unservable() {
+    for (auto q = queued.begin(); q != queued.end();) {
+      session& w = **q;
+      if (w.host != nullptr || waits_for_weights(w) || w.model->state == loaded::weights::ready) {
+        ++q;
+        continue;
+      }
+      if (w.model->state == loaded::weights::failed)
+        send_error(w.req, error_code::no_capacity,
+                   fmt::format("model '{}' did not load on peer {}: {}", w.req.model, opt.node_hex,
+                               w.model->failure));
+      else
+        send_error(w.req, error_code::unavailable,
+                   fmt::format("the plan no longer serves model '{}' on peer {}; resume",
+                               w.req.model, opt.node_hex));
+      q = queued.erase(q);
+    }
+  }
+
+  /// The queued streams as fair_share's rule 2 sees them: whether each may start now, given the
+  /// free slots (a resumed one may also take the headroom beyond max_active; `ignore_slots`: as
+  /// if a slot were free).
+  std::vector<waiting_stream> waiting_view(bool ignore_slots) const {
+    std::vector<waiting_stream> w;
+    w.reserve(queued.size());
+    for (const auto& q : queued) {
+      const bool slot =
+          ignore_slots || active.size() < opt.max_active ||
+          (q->req.attempt > 0 && active.size() < opt.max_active + opt.resume_headroom);
+      w.push_back({q->client, slot && !waits_for_weights(*q)});
+    }
+    return w;
+  }
+
+  /// Rule 2 of fair_share.hpp: free slots go to the waiting streams of the clients running the
+  /// fewest (queue order among equals: resumed streams first); a local stream whose model is
+  /// still loading waits, with keepalives, and lets the others go first.
+  void start_waiting() {
+    auto counts = count_clients();
+    while (!queued.empty()) {
+      const auto i = next_to_start(waiting_view(false), counts);
+      if (!i) break;
+      auto s = std::move(queued[*i]);
+      queued.erase(queued.begin() + static_cast<std::ptrdiff_t>(*i));
+      auto& c = counts[s->client];
+      --c.waiting;
+      if (auto a = activate(*s); !a) {
+        // A split group that failed after it accepted the stream (a rank declared dead, a link
+        // cut) is being re-planned: the client resumes, and its next attempt waits, silent,
+        // for the group that replaces this one. Only a full group is out of capacity.
+        const bool group_down =
+            s->host != nullptr && s->host->current() == group_host::state::failed;
+        send_error(s->req, group_down ? error_code::unavailable : error_code::no_capacity,
+                   group_down ? fmt::format("{}; resume", a.error().message) : a.error().message);
+        continue;
+      }
+      ++c.running;
+      s->ran_since = clock_type::now();
+      const std::string id = s->req.id;
+      active[id] = std::move(s);
+    }
+  }
+
+  /// Rule 3 of fair_share.hpp: every slot taken, and the stream that would start next belongs to
+  /// a client running at least two fewer than another: that other client's stream that has run
+  /// longest (at least kPreemptQuantum) goes back to the head of the queue. Its tokens so far stay
+  /// in its history, which it re-reads when it runs again (as a resumed stream does), and its
+  /// client gets keepalives meanwhile: a pause, nothing lost. One per round.
+  void preempt_for_fairness() {
+    if (active.size() < opt.max_active || queued.empty()) return;
+    if (next_to_start(waiting_view(false), {})) return;  // one can start without (the headroom)
+    const auto counts = count_clients();
+    const auto next = next_to_start(waiting_view(true), counts);
+    if (!next) return;
+    const auto from = preempted_for(counts, queued[*next]->client);
+    if (!from) return;
+    const auto now = clock_type::now();
+    auto victim = active.end();
+    for (auto it = active.begin(); it != active.end(); ++it) {
+      const session& a = *it->second;
+      if (a.client != *from || now - a.ran_since < kPreemptQuantum) continue;
+      if (victim == active.end() || a.ran_since < victim->second->ran_since) victim = it;
+    }
+    if (victim == active.end()) return;
+    auto s = std::move(victim->second);
+    active.erase(victim);
+    release(*s);
+    s->ctx.reset();
+    s->n_ctx = 0;
+    s->fed = 0;  // prompt and generated tokens are read again when it runs again
+    s->have_logits = false;
+    ++preempted;
+    queued.push_front(std::move(s));
+  }
+
   void keepalive(session& s) {
     const auto now = clock_type::now();
     if (now - s.last_sent <= std::chrono::milliseconds(opt.keepalive_ms)) return;
@@ -1153,9 +1326,14 @@ struct engine::impl {
                    {"attempt", s->req.attempt},
                    {"prompt_tokens", s->prompt.size()},
                    {"tokens", s->next_index},
-                   {"context", s->n_ctx}});
+                   {"context", s->n_ctx},
+                   {"client", s->client}});
     for (const auto& s : queued)
-      v.push_back({{"id", s->req.id}, {"model", s->req.model}, {"queued", true}});
+      v.push_back({{"id", s->req.id},
+                   {"model", s->req.model},
+                   {"queued", true},
+                   {"tokens", s->next_index},
+                   {"client", s->client}});
     std::vector<json> g;
     for (const auto& [key, h] : hosts) {
       const auto st = h->current();
@@ -1225,46 +1403,9 @@ struct engine::impl {
       for (auto& q : batch)
         on_request(std::move(q));
       tend_weights();
-      // Admit waiting sessions into free slots, in order; a local stream whose model is still
-      // loading waits (with keepalives) and lets the ones behind it go first. Resumed streams
-      // (queued first) may also take the headroom beyond max_active.
-      for (auto q = queued.begin(); q != queued.end();) {
-        session& w = **q;
-        if (active.size() >= opt.max_active &&
-            (w.req.attempt == 0 || active.size() >= opt.max_active + opt.resume_headroom))
-          break;
-        if (waits_for_weights(w)) {
-          ++q;
-          continue;
-        }
-        if (w.host == nullptr && w.model->state != loaded::weights::ready) {
-          if (w.model->state == loaded::weights::failed) {
-            send_error(w.req, error_code::no_capacity,
-                       fmt::format("model '{}' did not load on peer {}: {}", w.req.model,
-                                   opt.node_hex, w.model->failure));
-          } else {
-            send_error(w.req, error_code::unavailable,
-                       fmt::format("the plan no longer serves model '{}' on peer {}; resume",
-                                   w.req.model, opt.node_hex));
-          }
-          q = queued.erase(q);
-          continue;
-        }
-        auto s = std::move(*q);
-        q = queued.erase(q);
-        if (auto a = activate(*s); !a) {
-          // A split group that failed after it accepted the stream (a rank declared dead, a link
-          // cut) is being re-planned: the client resumes, and its next attempt waits, silent,
-          // for the group that replaces this one. Only a full group is out of capacity.
-          const bool group_down =
-              s->host != nullptr && s->host->current() == group_host::state::failed;
-          send_error(s->req, group_down ? error_code::unavailable : error_code::no_capacity,
-                     group_down ? fmt::format("{}; resume", a.error().message) : a.error().message);
-          continue;
-        }
-        const std::string id = s->req.id;
-        active[id] = std::move(s);
-      }
+      drop_unservable();
+      preempt_for_fairness();
+      start_waiting();
       // One round: every active session advances by one unit. A session quiet for keepalive_ms
       // says it is alive first, so a slow round never looks like a dead peer to its client. The
       // local streams' units then run together, a forward pass per model (continuous batching):
@@ -1710,22 +1851,30 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
       const std::string ep = s.get(zmq::sockopt::last_endpoint);
       return static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
     };
+    // The ZAP handler must be bound before the endpoints accept their first connection. It
+    // names each request connection (the identity of fair shares) and, under --client-auth,
+    // admits only the cluster's client key.
+    p->zap.emplace(p->zctx, zmq::socket_type::rep);
+    p->zap->set(zmq::sockopt::linger, 0);
+    p->zap->bind("inproc://zeromq.zap.01");
+    p->guard = std::make_unique<connection_guard>(
+        p->zctx,
+        connection_limits{p->opt.client_connections_per_address, p->opt.client_connections_total},
+        p->opt.node_hex);
+    p->guard->watch(0, p->sub);
+    p->sub.set(zmq::sockopt::zap_domain, "tessera-clients");
     if (p->opt.client_auth) {
-      // The ZAP handler must be bound before the endpoints accept their first connection.
-      p->zap.emplace(p->zctx, zmq::socket_type::rep);
-      p->zap->set(zmq::sockopt::linger, 0);
-      p->zap->bind("inproc://zeromq.zap.01");
       const std::string secret =
           transport::control::z85_key(p->opt.client_auth->client_endpoint.secret_key);
       p->sub.set(zmq::sockopt::curve_server, 1);
       p->sub.set(zmq::sockopt::curve_secretkey, secret);
-      p->sub.set(zmq::sockopt::zap_domain, "tessera-clients");
     }
     p->sub.set(zmq::sockopt::rcvhwm, 10000);
     p->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_message_bytes + 1024));
     p->sub.set(zmq::sockopt::subscribe, request_topic);
     p->req_port = bind(p->sub, p->opt.request_port);
     p->configure_response_port();
+    p->guard->watch(1, p->xpub);
     p->resp_port = bind(p->xpub, p->opt.response_port);
     const std::string inproc = fmt::format("inproc://serving-{}", static_cast<void*>(p.get()));
     p->pull.bind(inproc);
@@ -1762,6 +1911,7 @@ void engine::stop() {
   impl_->pull.close();
   impl_->push.close();
   if (impl_->zap) impl_->zap->close();
+  impl_->guard.reset();  // its monitor sockets, before the context ends
 }
 
 const std::vector<local_model>& engine::models() const {
@@ -1912,6 +2062,14 @@ json engine::status() const {
                  {"response_port_resets", impl_->response_port_resets.load()},
                  {"requests_ignored", impl_->unread_requests.load()},
                  {"streams_cut", impl_->unread_streams_cut.load()}};
+  // fair_share.hpp: clients are request connections (numbered as they connect).
+  j["connections"] = {{"open", impl_->connections_open.load()},
+                      {"refused", impl_->connections_refused.load()},
+                      {"per_address_bound", impl_->opt.client_connections_per_address},
+                      {"bound", impl_->opt.client_connections_total}};
+  j["fair_share"] = {{"connections", impl_->connections_seen.load()},
+                     {"made_way", impl_->made_way.load()},
+                     {"preempted", impl_->preempted.load()}};
   j["passes"] = impl_->passes.load();
   j["pass_streams"] = impl_->pass_streams.load();
   j["stream_stats"] = impl_->stats.to_json();

@@ -61,6 +61,10 @@ struct engine_options {
   /// resumed stream waited 12-31 s there); each holds a KV cache too, so this bounds that memory.
   std::uint32_t resume_headroom = 8;
   std::uint32_t max_queued = 64;       ///< accepted requests waiting for a session slot
+  /// Open connections per source address on each client endpoint, and on both together; more
+  /// are shut down as they arrive (connection_guard.hpp).
+  std::uint32_t client_connections_per_address = 256;
+  std::uint32_t client_connections_total = 4096;
   std::uint32_t max_inbox = 1024;      ///< requests waiting for intake; beyond: dropped (counted)
   std::uint32_t prefill_chunk = 64;    ///< prompt tokens per round per session
   /// Continuous batching: the local streams of one model advance together, up to this many in one

@@ -87,6 +87,10 @@ struct request {
   /// With `cancel`: only the peer of this node id stops (a client cutting short a duplicate
   /// acceptance of its attempt keeps the first peer's stream). Empty: whichever peer serves it.
   std::string node;
+  /// Not on the wire: set by the receiving peer to the client connection the request came on
+  /// (its ZAP user id), the identity its fair share is counted by (fair_share.hpp). A client
+  /// cannot claim another's.
+  std::string client;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
                      presence_penalty, top_logprobs, tools);

@@ -149,7 +149,9 @@ std::vector<std::string> cluster_fixture::node_argv(std::size_t i, const std::st
 
 result<void> cluster_fixture::spawn(std::size_t i, const std::vector<std::string>& argv) {
   auto& n = nodes_.at(i);
-  auto p = child_process::spawn(wrap(n.ns, argv), {}, n.log);
+  std::vector<std::string> full = n.exec_prefix;
+  full.insert(full.end(), argv.begin(), argv.end());
+  auto p = child_process::spawn(wrap(n.ns, std::move(full)), {}, n.log);
   if (!p) return p.error();
   n.proc.emplace(std::move(p).value());
   return ok();

@@ -24,6 +24,9 @@ struct cluster_node {
   std::string data_dir;
   std::string log;
   std::string ns;  ///< network namespace ("" = host)
+  /// Runs before the node's argv, inside its namespace (e.g. {"prlimit", "--nofile=256:256"}:
+  /// a command that execs the rest, so that the pid is the node's).
+  std::vector<std::string> exec_prefix;
   std::optional<child_process> proc;
   [[nodiscard]] std::string endpoint() const { return host + ":" + std::to_string(port); }
 };

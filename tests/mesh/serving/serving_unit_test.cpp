@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "mesh/serving/client.hpp"
+#include "mesh/serving/connection_guard.hpp"
+#include "mesh/serving/fair_share.hpp"
 #include "mesh/serving/follower.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/ledger.hpp"
@@ -423,6 +425,122 @@ TEST(ServingLedger, EachAttemptGeneratesOnceAndFinishedOnesRepeatTheirAnswer) {
   EXPECT_EQ(done.find("a"), nullptr);
   EXPECT_NE(done.find("b"), nullptr);
   EXPECT_NE(done.find("d"), nullptr);
+}
+
+// ------------------------------------------------------------------ fair share
+TEST(ServingFairShare, ANewcomerAtTheBoundTakesThePlaceOfTheClientHoldingTheMost) {
+  client_counts c;
+  c["hog"] = {8, 64};
+  EXPECT_EQ(makes_way_for(c, "honest"), "hog");
+  c["honest"] = {0, 71};  // holds more than the hog (the hog's 72 are not two more)
+  EXPECT_EQ(makes_way_for(c, "honest"), std::nullopt);
+  c["honest"] = {0, 70};
+  EXPECT_EQ(makes_way_for(c, "honest"), "hog");
+  // The hog itself never displaces its own; a client with nothing waiting cannot make way.
+  EXPECT_EQ(makes_way_for(c, "hog"), std::nullopt);
+  client_counts running_only;
+  running_only["hog"] = {8, 0};
+  EXPECT_EQ(makes_way_for(running_only, "honest"), std::nullopt);
+  // Equal holders: the first by identity, whoever asks.
+  client_counts two;
+  two["b"] = {4, 6};
+  two["a"] = {4, 6};
+  EXPECT_EQ(makes_way_for(two, "c"), "a");
+}
+
+TEST(ServingFairShare, AFreeSlotGoesToTheClientRunningTheFewestInQueueOrderAmongEquals) {
+  client_counts c;
+  c["hog"] = {7, 3};
+  c["honest"] = {1, 1};
+  c["new"] = {0, 2};
+  const std::vector<waiting_stream> w = {
+      {"hog", true}, {"honest", true}, {"new", false}, {"hog", true}, {"new", true}};
+  EXPECT_EQ(next_to_start(w, c), 4u);  // "new" runs none; its first stream cannot start yet
+  const std::vector<waiting_stream> w2 = {{"hog", true}, {"honest", true}, {"honest", true}};
+  EXPECT_EQ(next_to_start(w2, c), 1u);
+  const std::vector<waiting_stream> none = {{"hog", false}};
+  EXPECT_EQ(next_to_start(none, c), std::nullopt);
+}
+
+TEST(ServingFairShare, ARunningStreamMakesWayOnlyForAClientRunningTwoFewer) {
+  client_counts c;
+  c["hog"] = {8, 10};
+  c["honest"] = {0, 1};
+  EXPECT_EQ(preempted_for(c, "honest"), "hog");
+  c["hog"] = {5, 10};
+  c["honest"] = {3, 1};
+  EXPECT_EQ(preempted_for(c, "honest"), "hog");
+  c["hog"] = {4, 10};
+  EXPECT_EQ(preempted_for(c, "honest"), std::nullopt);
+  EXPECT_EQ(preempted_for(c, "hog"), std::nullopt);  // never for itself
+}
+
+// The three rules applied to one peer of 8 slots and a queue of 64, as the engine applies them:
+// a client with 150 long streams holds every slot and the queue, then an honest client asks for
+// 8. Each rule step converges — no slot is traded back and forth — to 4 and 4, and the honest
+// client is never refused.
+TEST(ServingFairShare, AHogAndAnHonestClientConvergeToEqualSlotsWithoutTrading) {
+  constexpr std::uint32_t slots = 8, queue = 64;
+  client_counts c;
+  std::uint32_t refused_hog = 0;
+  for (int k = 0; k < 150; ++k) {
+    auto& h = c["hog"];
+    if (h.total() >= slots + queue) {
+      ++refused_hog;
+      continue;
+    }
+    (h.running < slots ? h.running : h.waiting) += 1;
+  }
+  EXPECT_EQ(refused_hog, 150u - slots - queue);
+  for (int k = 0; k < 8; ++k) {
+    const auto way = makes_way_for(c, "honest");
+    ASSERT_EQ(way, "hog") << k;
+    --c["hog"].waiting;
+    ++c["honest"].waiting;
+  }
+  int preemptions = 0;
+  for (int round = 0; round < 100; ++round) {
+    const auto from = preempted_for(c, "honest");
+    if (!from) break;
+    ASSERT_EQ(*from, "hog");
+    --c["hog"].running;
+    ++c["hog"].waiting;
+    const std::vector<waiting_stream> w = {{"hog", true}, {"honest", true}};
+    ASSERT_EQ(next_to_start(w, c), 1u);
+    --c["honest"].waiting;
+    ++c["honest"].running;
+    ++preemptions;
+  }
+  EXPECT_EQ(preemptions, 4);
+  EXPECT_EQ(c["hog"].running, 4u);
+  EXPECT_EQ(c["honest"].running, 4u);
+}
+
+// ------------------------------------------------------------------ connection bounds
+TEST(ServingConnections, OneAddressPerEndpointAndAllTogetherAreBounded) {
+  connection_ledger l({.per_address = 2, .total = 5});
+  EXPECT_TRUE(l.opened(0, 10, "10.0.0.1"));
+  EXPECT_TRUE(l.opened(0, 11, "10.0.0.1"));
+  EXPECT_FALSE(l.opened(0, 12, "10.0.0.1"));  // a third from one address on one endpoint
+  EXPECT_TRUE(l.opened(1, 13, "10.0.0.1"));   // the other endpoint counts apart
+  EXPECT_EQ(l.open(), 4u);                    // a refused one holds its descriptor until closed
+  l.closed(0, 12);
+  EXPECT_EQ(l.open_from(0, "10.0.0.1"), 2u);
+  EXPECT_TRUE(l.opened(0, 14, "10.0.0.2"));
+  EXPECT_TRUE(l.opened(1, 15, "10.0.0.3"));   // the fifth
+  EXPECT_FALSE(l.opened(1, 17, "10.0.0.4"));  // a sixth in all
+  l.closed(1, 17);
+  l.closed(0, 10);
+  EXPECT_TRUE(l.opened(0, 16, "10.0.0.1"));  // room again
+  // A descriptor reported twice (its close unseen) counts once; unknown closes are ignored.
+  EXPECT_TRUE(l.opened(0, 16, "10.0.0.1"));
+  l.closed(0, 99);
+  EXPECT_EQ(l.open(), 5u);
+  // An endpoint whose socket closed takes its connections with it.
+  l.forget(0);
+  EXPECT_EQ(l.open(), 2u);
+  EXPECT_EQ(l.open_from(0, "10.0.0.1"), 0u);
+  EXPECT_EQ(l.open_from(1, "10.0.0.1"), 1u);
 }
 
 // ------------------------------------------------------------------ stream follower
