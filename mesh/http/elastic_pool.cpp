@@ -41,7 +41,11 @@ void elastic_pool::start_one() {
 void elastic_pool::enqueue(std::function<void()> fn) {
   std::vector<std::thread> done;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    // At the bound the caller (the accept loop) waits; `release` is polled, it has no notify.
+    while (opt_.max_queued != 0 && queue_.size() >= opt_.max_queued && !stop_ &&
+           (opt_.release == nullptr || !opt_.release->load()))
+      space_.wait_for(lock, std::chrono::milliseconds(100));
     queue_.push_back(std::move(fn));
     if (idle_ < queue_.size() && alive_ < opt_.max_threads && !stop_) start_one();
     done.swap(finished_);
@@ -63,6 +67,7 @@ void elastic_pool::work(std::size_t slot) {
     if (queue_.empty()) continue;
     auto fn = std::move(queue_.front());
     queue_.pop_front();
+    space_.notify_one();
     lock.unlock();
     fn();
     lock.lock();
@@ -83,6 +88,7 @@ void elastic_pool::shutdown() {
     finished_.clear();
   }
   cv_.notify_all();
+  space_.notify_all();
   for (auto& t : all)
     if (t.joinable()) t.join();
 }

@@ -8,11 +8,15 @@
 // connection arrives and every thread is busy (up to `max_threads`), and a thread that had nothing
 // to do for `idle_exit_ms` leaves (never below `min_threads`). Threads are named `<prefix>-<slot>`.
 //
-// Bounds: at most `max_threads` threads. Connections beyond that wait in the queue, which is
-// bounded by the process's descriptor limit: every queued task owns an accepted socket, which
-// only the task closes, so a task cannot be refused here without leaking its descriptor.
+// Bounds: at most `max_threads` threads, and `max_queued` tasks waiting for one. A queued task
+// owns an accepted socket, which only the task closes, so it cannot be refused here without
+// leaking its descriptor: at the bound, enqueue() waits instead. The accept loop that calls it
+// then stops accepting, and further connections wait in the kernel's listen backlog, holding no
+// descriptor of ours (issue 32: connections a stranger holds must not take the descriptors the
+// control plane needs). `release` (when set) ends such waits: at shutdown every task is taken.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +34,8 @@ struct elastic_pool_options {
   std::size_t max_threads = 40;
   std::uint32_t idle_exit_ms = 10'000;
   std::string name_prefix = "http";
+  std::size_t max_queued = 0;  ///< 0: unbounded
+  const std::atomic<bool>* release = nullptr;
 };
 
 class elastic_pool {
@@ -55,6 +61,7 @@ class elastic_pool {
   elastic_pool_options opt_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable space_;  // a queued task was taken (enqueue waits at max_queued)
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> threads_;   // by slot; a slot whose thread left is reused
   std::vector<bool> running_;          // by slot

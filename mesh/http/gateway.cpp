@@ -115,11 +115,14 @@ struct relay {
 constexpr int kListenBacklog = 1024;
 
 /// cpp-httplib's task queue on the elastic pool: one idle handler thread, up to `threads` while
-/// connections are open (elastic_pool.hpp says why).
+/// connections are open, and as many accepted connections waiting for one; beyond that the accept
+/// loop waits and connections stay in the kernel's backlog (elastic_pool.hpp says why).
+/// `release`: the gateway is stopping (waits end).
 class pool_queue final : public httplib::TaskQueue {
  public:
-  explicit pool_queue(std::size_t threads)
-      : pool_(elastic_pool_options{.min_threads = 1, .max_threads = threads}) {}
+  pool_queue(std::size_t threads, const std::atomic<bool>* release)
+      : pool_(elastic_pool_options{
+            .min_threads = 1, .max_threads = threads, .max_queued = threads, .release = release}) {}
   void enqueue(std::function<void()> fn) override { pool_.enqueue(std::move(fn)); }
   void shutdown() override { pool_.shutdown(); }
 
@@ -761,7 +764,8 @@ result<std::unique_ptr<gateway>> gateway::start(gateway_options options) {
   auto p = std::make_unique<impl>();
   p->opt = std::move(options);
   const auto threads = p->opt.threads;
-  p->svr.new_task_queue = [threads] { return new pool_queue(threads); };
+  const std::atomic<bool>* release = &p->stopping;
+  p->svr.new_task_queue = [threads, release] { return new pool_queue(threads, release); };
   p->svr.set_payload_max_length(p->opt.max_body_bytes);
   // cpp-httplib's default sets SO_REUSEPORT: a second process could then bind the same port and
   // take every other connection (even another cluster's node). SO_REUSEADDR only: a taken port

@@ -234,6 +234,23 @@ void serving_metrics(family_writer& w, const json& s) {
   w.family("tessera_inbox_dropped_total", "counter",
            "Requests dropped at the engine's inbox bound (clients re-publish).");
   w.sample(num(e, "inbox_dropped"));
+  // The client endpoints' bounds (mesh/serving/connection_guard.hpp, fair_share.hpp).
+  if (e.contains("connections") && e["connections"].is_object()) {
+    w.family("tessera_client_connections", "gauge",
+             "Connections open on this node's client endpoints.");
+    w.sample(num(e["connections"], "open"));
+    w.family("tessera_client_connections_refused_total", "counter",
+             "Client connections shut down on arrival: past the bound per source address or in "
+             "all.");
+    w.sample(num(e["connections"], "refused"));
+  }
+  if (e.contains("fair_share") && e["fair_share"].is_object()) {
+    w.family("tessera_fair_share_total", "counter",
+             "Streams of a client holding more than its share: waiting ones that made way for "
+             "another client's request, running ones paused for another client's.");
+    w.sample(num(e["fair_share"], "made_way"), {{"action", "made_way"}});
+    w.sample(num(e["fair_share"], "preempted"), {{"action", "preempted"}});
+  }
   // Model distribution: the parts this node fetches from holders, and what it served to others.
   if (e.contains("fetches") && e["fetches"].is_array() && !e["fetches"].empty()) {
     w.family("tessera_model_fetch_bytes", "gauge",

@@ -78,5 +78,56 @@ TEST(ElasticPool, NamesItsThreadsAndRunsWhatIsQueuedBeforeShutdown) {
   pool.shutdown();  // idempotent
 }
 
+// At max_queued the caller waits (the gateway's accept loop: connections then stay in the kernel's
+// backlog, holding none of the process's descriptors) until a thread takes a task, or until
+// `release` is set.
+TEST(ElasticPool, AtTheQueueBoundEnqueueWaitsUntilATaskIsTakenOrReleased) {
+  std::atomic<bool> release{false};
+  elastic_pool pool({.min_threads = 1,
+                     .max_threads = 2,
+                     .idle_exit_ms = 1000,
+                     .name_prefix = "qb",
+                     .max_queued = 2,
+                     .release = &release});
+  std::promise<void> open;
+  std::shared_future<void> gate = open.get_future().share();
+  std::atomic<int> started{0};
+  for (int i = 0; i < 2; ++i)
+    pool.enqueue([&, gate] {
+      ++started;
+      gate.wait();
+    });
+  ASSERT_TRUE(eventually([&] { return started.load() == 2; }));
+  pool.enqueue([] {});  // queued: 1
+  pool.enqueue([] {});  // queued: 2, the bound
+  std::atomic<bool> fifth_in{false};
+  std::thread caller([&] {
+    pool.enqueue([] {});
+    fifth_in = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(fifth_in.load()) << "enqueue past max_queued returned";
+  open.set_value();  // the threads take the queued tasks: room again
+  ASSERT_TRUE(eventually([&] { return fifth_in.load(); }));
+  caller.join();
+  // Released: no wait, whatever the queue holds.
+  std::promise<void> open2;
+  std::shared_future<void> gate2 = open2.get_future().share();
+  for (int i = 0; i < 4; ++i)
+    pool.enqueue([gate2] { gate2.wait(); });
+  std::atomic<bool> released_in{false};
+  std::thread late([&] {
+    pool.enqueue([] {});
+    released_in = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(released_in.load());
+  release = true;
+  ASSERT_TRUE(eventually([&] { return released_in.load(); }));
+  late.join();
+  open2.set_value();
+  pool.shutdown();
+}
+
 }  // namespace
 }  // namespace tessera::mesh::http
