@@ -21,7 +21,7 @@ th{background:#f0f0f0} .num{text-align:right;font-variant-numeric:tabular-nums}
 .alive{color:#187a2f} .suspect{color:#b7791f} .dead,.left{color:#b42318} .leader{font-weight:bold}
 #state{color:#666} .bad{color:#b42318} svg text{font:12px system-ui,sans-serif} svg text.id{font-size:10px}
 </style></head><body>
-<h1>Tessera</h1><div id="state">connecting…</div>
+<h1>Tessera</h1><div><a id="chat" href="/chat">chat</a></div><div id="state">connecting…</div>
 <div id="summary"></div>
 <h2>Topology</h2><svg id="graph" width="520" height="300"></svg>
 <h2>Peers</h2><table id="peers"></table>
@@ -31,6 +31,7 @@ th{background:#f0f0f0} .num{text-align:right;font-variant-numeric:tabular-nums}
 "use strict";
 const key=(location.hash.match(/key=([^&]+)/)||[])[1];
 const headers=key?{Authorization:"Bearer "+decodeURIComponent(key)}:{};
+if(key)document.getElementById("chat").href="/chat#key="+key;
 let last=null;
 const esc=s=>String(s??"").replace(/[&<>"]/g,c=>({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"}[c]));
 const short=id=>String(id??"").slice(0,8);

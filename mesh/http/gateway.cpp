@@ -47,7 +47,7 @@ bool same_secret(std::string_view a, std::string_view b) {
 
 /// The routes counted by name; anything else is "other" (a scanner must not grow the label set).
 std::string route_of(const std::string& path) {
-  for (const char* r : {"/", "/health", "/status", "/cluster", "/metrics", "/v1/models",
+  for (const char* r : {"/", "/chat", "/health", "/status", "/cluster", "/metrics", "/v1/models",
                         "/v1/completions", "/v1/chat/completions", "/api/generate", "/api/chat",
                         "/api/tags", "/api/show", "/api/version"})
     if (path == r) return path;
@@ -95,6 +95,7 @@ struct relay {
   struct piece {
     std::string text;
     std::optional<serving::token_logprob> logprob;
+    std::string node;  // the peer that generated it
   };
   std::deque<piece> pieces;
   std::uint32_t tokens = 0;
@@ -443,7 +444,8 @@ struct gateway::impl {
                                                rl->pieces.push_back({std::string(t.text),
                                                                      t.logprob != nullptr
                                                                          ? std::optional(*t.logprob)
-                                                                         : std::nullopt});
+                                                                         : std::nullopt,
+                                                                     std::string(t.node)});
                                                ++rl->tokens;
                                                rl->cv.notify_all();
                                              },
@@ -486,9 +488,19 @@ struct gateway::impl {
     std::vector<serving::token_logprob> pending_lp;
     std::size_t text_offset = 0;  // bytes of the answer written so far
     std::string written;          // with tools only: that answer's text (calls are read from it)
+    // The peer serving the stream, sent with the first event after it changed (the first token,
+    // and a failover's first): `"tessera": {"node": id}` (docs/HTTP.md).
+    std::string last_node, pending_node;
     const auto piece_event = [&](std::string_view text) {
-      std::string e = openai ? sse(chunk(r, text, false, "", created, pending_lp, text_offset))
-                             : ndjson(ollama_chunk(r, text, rfc3339_now()));
+      std::string e;
+      if (openai) {
+        json j = chunk(r, text, false, "", created, pending_lp, text_offset);
+        if (!pending_node.empty()) j["tessera"] = {{"node", pending_node}};
+        pending_node.clear();
+        e = sse(j);
+      } else {
+        e = ndjson(ollama_chunk(r, text, rfc3339_now()));
+      }
       pending_lp.clear();
       text_offset += text.size();
       return e;
@@ -529,6 +541,7 @@ struct gateway::impl {
       for (auto& piece : pieces) {
         if (stopped) break;  // tokens generated before the peer heard the cancel
         if (piece.logprob) pending_lp.push_back(std::move(*piece.logprob));
+        if (piece.node != last_node) last_node = pending_node = piece.node;
         carry += piece.text;
         std::size_t n = utf8_complete_prefix(carry);
         if (!r.stop.empty()) {
@@ -599,8 +612,9 @@ struct gateway::impl {
       }
       if (*end) {
         const auto& out = **end;
-        if (!write(sse(chunk(r, "", false, stopped ? "stop" : finish_reason(out.stop), created))))
-          return false;
+        json last = chunk(r, "", false, stopped ? "stop" : finish_reason(out.stop), created);
+        last["tessera"] = tessera_extension(out);
+        if (!write(sse(last))) return false;
         if (r.include_usage &&
             !write(sse(usage_chunk(r, out.prompt_tokens,
                                    static_cast<std::uint32_t>(out.tokens.size()), created))))
@@ -620,6 +634,9 @@ struct gateway::impl {
   void routes() {
     svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(std::string(dashboard_html()), "text/html; charset=utf-8");
+    });
+    svr.Get("/chat", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(chat_html()), "text/html; charset=utf-8");
     });
     // Browsers ask for it with every page: no icon, and no 404 in the logs and counters.
     svr.Get("/favicon.ico",

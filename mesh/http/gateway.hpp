@@ -79,5 +79,8 @@ class gateway {
 
 /// The dashboard page (self-contained HTML + JS; it polls /status and /cluster).
 [[nodiscard]] std::string_view dashboard_html() noexcept;
+/// The chat page (GET /chat): a model, a conversation streamed from this peer's API, stop, and the
+/// peers that served each answer.
+[[nodiscard]] std::string_view chat_html() noexcept;
 
 }  // namespace tessera::mesh::http

@@ -420,11 +420,11 @@ std::size_t stop_holdback(std::string_view text, const std::vector<std::string>&
   return hold;
 }
 
-namespace {
-
 json tessera_extension(const serving::outcome& out) {
   return {{"nodes", out.nodes}, {"attempts", out.attempts}};
 }
+
+namespace {
 
 json usage(std::uint32_t prompt, std::uint32_t completion) {
   return {{"prompt_tokens", prompt},

@@ -129,6 +129,10 @@ struct tool_call;
                                          std::uint32_t completion_tokens,
                                          std::int64_t created_unix);
 
+/// The `tessera` object of a reply and of a stream's last chunk: the peers that served it, in
+/// order (more than one after a failover), and its attempts.
+[[nodiscard]] nlohmann::json tessera_extension(const serving::outcome& out);
+
 /// One server-sent event: "data: <json>\n\n". Invalid UTF-8 is replaced, never thrown on.
 [[nodiscard]] std::string sse(const nlohmann::json& j);
 inline constexpr std::string_view sse_done = "data: [DONE]\n\n";

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The dashboard in a real browser: starts a 3-peer cluster on loopback (API key on), installs
-# playwright-core from npm once (into NPM_DIR), and runs browser/dashboard_check.mjs in Debian's
-# headless Chromium: the page must draw the peers, links, leader and plan the nodes report, update
-# live, and its screenshot must show the topology (kept as dashboard.png in NPM_DIR for a look).
+# The dashboard and the chat page in a real browser: starts a 3-peer cluster on loopback (API key
+# on), installs playwright-core from npm once (into NPM_DIR), and runs browser/dashboard_check.mjs
+# in Debian's headless Chromium: the page must draw the peers, links, leader and plan the nodes
+# report, update live, and its screenshot must show the topology (kept as dashboard.png in NPM_DIR
+# for a look). Then browser/chat_check.mjs: an answer, Stop, a failover (a peer is killed) and the
+# dead peer on the dashboard (chat.png).
 # Usage: dashboard_browser_test.sh TESSERA_BINARY NPM_DIR [BASE_PORT (default 27600)]
 # Exit status: 0 when every check passed, 1 otherwise, 2 on bad arguments.
 set -u
@@ -24,7 +26,8 @@ done
 
 # playwright-core (JavaScript only: it drives the Chromium that Debian installed, downloads none).
 mkdir -p "$NPM_DIR"
-cp "$HERE/browser/package.json" "$HERE/browser/dashboard_check.mjs" "$NPM_DIR/"
+cp "$HERE/browser/package.json" "$HERE/browser/dashboard_check.mjs" "$HERE/browser/chat_check.mjs" \
+  "$NPM_DIR/"
 if [[ ! -f "$NPM_DIR/node_modules/playwright-core/package.json" ]]; then
   (cd "$NPM_DIR" && npm install --no-audit --no-fund --loglevel=error >npm.log 2>&1) \
     || { echo "npm install playwright-core failed:"; cat "$NPM_DIR/npm.log"; exit 1; }
@@ -100,4 +103,17 @@ if (( rc != 0 )); then
   exit 1
 fi
 echo "dashboard browser test: all checks passed (screenshot $NPM_DIR/dashboard.png)"
+
+# The chat page of node 2: an answer, Stop, a failover when the serving peer (never node 2) is
+# killed, and the dashboard showing that peer down.
+node "$NPM_DIR/chat_check.mjs" "$H2" "$KEY" "$MODEL" "$NPM_DIR/chat.png" >"$DIR/chat.json"
+rc=$?
+if (( rc != 0 )); then
+  echo "chat browser test: FAILED"
+  cat "$DIR/chat.json"
+  KEEP_DIR=1
+  for f in "$DIR"/node*.log; do echo "--- $f"; tail -n 10 "$f"; done
+  exit 1
+fi
+echo "chat browser test: all checks passed (screenshot $NPM_DIR/chat.png)"
 exit 0

@@ -37,6 +37,8 @@ struct sse_result {
   std::size_t chunks = 0;
   std::size_t text_chunks = 0;  ///< chunks that carry text
   std::string error;  ///< an error event's message
+  std::vector<std::string> nodes;  ///< chunks' "tessera": {"node"}: each serving peer, in order
+  std::vector<std::string> last_nodes;  ///< the last chunk's "tessera": {"nodes"}
 };
 
 /// Feeds bytes as they arrive; calls on_chunk after each complete event.
@@ -60,6 +62,11 @@ class sse_parser {
         continue;
       }
       ++out_.chunks;
+      if (j.contains("tessera")) {
+        if (j["tessera"].contains("node")) out_.nodes.push_back(j["tessera"]["node"]);
+        if (j["tessera"].contains("nodes"))
+          out_.last_nodes = j["tessera"]["nodes"].get<std::vector<std::string>>();
+      }
       const auto before = out_.text.size();
       for (const auto& c : j["choices"]) {
         if (c.contains("text")) out_.text += c["text"].get<std::string>();
@@ -547,6 +554,12 @@ TEST_F(HttpGateway, StreamSurvivesTheDeathOfItsServingPeer) {
     EXPECT_EQ(s.text, ref) << "the stream resumed on another peer must be the same text";
     EXPECT_EQ(s.finish, "length");
     EXPECT_TRUE(s.done);
+    // The stream names its serving peers as it goes (the chat page shows them): the killed one
+    // first, then the one that took over; the last chunk lists both.
+    ASSERT_GE(s.nodes.size(), 2u);
+    EXPECT_EQ(s.nodes.front(), cluster_->node_id(killed));
+    EXPECT_NE(s.nodes.back(), cluster_->node_id(killed));
+    EXPECT_EQ(s.last_nodes, s.nodes);
     return;
   }
   FAIL() << "node 0 served every try; no stream to break";
