@@ -76,6 +76,17 @@ try {
         content.every((t) => typeof t.logprob === "number" && t.top_logprobs.length === 2),
         `${content.length} entries`);
 
+  // JSON mode: the answer is a JSON object (whole when the model ended it, else its beginning).
+  const jm = await client.chat.completions.create({
+    model, messages: msgs, max_tokens: 24, response_format: { type: "json_object" } });
+  const jt = jm.choices[0].message.content;
+  const jf = jm.choices[0].finish_reason;
+  let whole = jf !== "stop";
+  if (jf === "stop") { try { whole = typeof JSON.parse(jt) === "object"; } catch { whole = false; } }
+  check("response_format json_object: the answer is a JSON object (or its beginning, cut at max_tokens)",
+        jt.trimStart().startsWith("{") && whole && (jf === "stop" || jf === "length"),
+        `${jf} ${JSON.stringify(jt.slice(0, 40))}`);
+
   // What is refused is the client's typed error, naming the problem.
   try {
     await client.chat.completions.create({ model: "no-such-model", messages: msgs });

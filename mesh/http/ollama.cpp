@@ -178,12 +178,20 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
     return field_error("model", fmt::format("'model' is {} bytes, at most {}", r.model.size(),
                                             serving::max_model_bytes));
   for (auto [key, what] : {std::pair{"images", "Tessera serves text models"},
-                           {"format", "structured output is not supported"},
                            {"template", "the model's own chat template is used"},
                            {"context", "pass the conversation in messages (/api/chat) instead"},
                            {"suffix", "insertion is not supported"}})
     if (present(body, key))
       return field_error(key, fmt::format("'{}' is not supported by Tessera ({})", key, what));
+  // "format": "json" is a JSON object by constrained decoding; a JSON schema is not taken yet.
+  if (present(body, "format")) {
+    const auto& f = body["format"];
+    if (!(f.is_string() && f.get<std::string>() == "json"))
+      return field_error("format",
+                         "'format' must be \"json\" (a JSON schema is not supported "
+                         "yet)");
+    r.format = "json_object";
+  }
   if (dialect != api_dialect::ollama_chat && present(body, "tools"))
     return field_error("tools", "'tools' is not supported by /api/generate (use /api/chat)");
   if (dialect == api_dialect::ollama_chat && present(body, "tools")) {

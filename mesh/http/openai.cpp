@@ -188,14 +188,27 @@ std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
       return bad(key,
                  fmt::format("'{}' must be 1 (one choice per request), got {}", key, shown(*it)));
   }
-  if (kind == api_kind::chat) {
-    auto it = body.find("response_format");
-    if (it != body.end() && !it->is_null() && !(it->is_object() && it->value("type", "") == "text"))
-      return bad("response_format",
-                 "'response_format' must be {\"type\": \"text\"} (structured "
-                 "output is not supported)");
-  }
   return std::nullopt;
+}
+
+/// `response_format` (chat): text, or json_object by constrained decoding (the request's
+/// `format`). json_schema is refused naming what is taken.
+std::optional<api_error> parse_response_format(api_kind kind, const json& body,
+                                               serving::request& r) {
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (kind != api_kind::chat)
+    return bad("response_format", "'response_format' is taken by chat completions only");
+  const std::string type = it->is_object() ? it->value("type", "") : "";
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    r.format = "json_object";
+    return std::nullopt;
+  }
+  return bad("response_format",
+             fmt::format("'response_format' must be {{\"type\": \"text\"}} or {{\"type\": "
+                         "\"json_object\"}} (json_schema is not supported yet), got {}",
+                         shown(*it)));
 }
 
 }  // namespace
@@ -316,6 +329,7 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
   if (auto e = parse_sampling(kind, body, r)) return *e;
   if (auto e = parse_stop(body, out.stop)) return *e;
   if (auto e = parse_logprobs(kind, body, r)) return *e;
+  if (auto e = parse_response_format(kind, body, r)) return *e;
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("stream", "'stream' must be true or false");
     out.stream = it->get<bool>();

@@ -27,6 +27,7 @@
 #include "inference/model/model.hpp"
 #include "inference/model/sampler.hpp"
 #include "inference/tokenizer/chat.hpp"
+#include "inference/tokenizer/json_grammar.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
 #include "mesh/serving/connection_guard.hpp"
 #include "mesh/serving/fair_share.hpp"
@@ -134,6 +135,9 @@ struct loaded {
   std::unique_ptr<inf::tokenizer::tokenizer> tok;
   mdl::hparams hp;
   inf::tokenizer::chat_template chat;  // the file's Jinja template, else a built-in family
+  // The vocabulary as JSON-constrained sampling sees it: made by the engine thread at the first
+  // request that asks for a JSON answer.
+  std::unique_ptr<inf::tokenizer::json_vocab> json_vocab;
   // A model fetched from peers (its file holds only the parts fetched): every use of a part waits
   // until fetch->ready_for() it. Null for a file of our own.
   model_fetch* fetch = nullptr;
@@ -215,6 +219,9 @@ struct session {
   clock_type::time_point started{};  // accepted here (the stream statistics' zero)
   bool sent_any = false;             // a token of this attempt went out
   std::string client;                // the identity its fair share counts by (request::client)
+  // format json_object: the answer so far, as a JSON object's beginning (its tokens are masked
+  // to keep it one, and the stream ends once it is complete).
+  std::optional<inf::tokenizer::json_prefix> json;
   clock_type::time_point ran_since{};  // took its slot (rule 3's quantum counts from here)
 };
 
@@ -940,6 +947,16 @@ struct engine::impl {
                              s->prompt.size(), q.resume.size(), q.model, cap));
       return nullptr;
     }
+    if (q.format == "json_object") {
+      s->json.emplace();
+      for (auto t : q.resume)
+        if (!s->json->feed(tok.token_bytes(t))) {
+          send_error(q, error_code::invalid_request,
+                     "field 'resume': the tokens are not the beginning of a JSON object (format "
+                     "json_object)");
+          return nullptr;
+        }
+    }
     s->history = s->prompt;
     s->history.insert(s->history.end(), q.resume.begin(), q.resume.end());
     s->next_index = static_cast<std::uint32_t>(q.resume.size());
@@ -1167,6 +1184,17 @@ struct engine::impl {
     }
     // Reseeded per index: a stream resumed on another peer draws what this one would have.
     s.work = s.logits;
+    if (s.json) {
+      if (!s.model->json_vocab)
+        s.model->json_vocab = std::make_unique<inf::tokenizer::json_vocab>(*s.model->tok);
+      if (s.model->json_vocab->mask(*s.json, s.work) == 0) {
+        send_error(s.req, error_code::invalid_request,
+                   fmt::format("model '{}': no token of its vocabulary continues the JSON object "
+                               "after {} tokens (format json_object)",
+                               s.req.model, s.next_index));
+        return false;
+      }
+    }
     const auto t = s.sampler->sample_at(s.work, s.history, s.next_index);
     if (s.model->tok->is_end_of_generation(t)) {
       finish(s, "end_of_generation");
@@ -1198,6 +1226,11 @@ struct engine::impl {
     s.last_sent = now;
     s.history.push_back(t);
     s.fed = s.history.size();
+    // The mask let only tokens through that continue the object: the feed cannot fail.
+    if (s.json && s.json->feed(bytes) && s.json->complete()) {
+      finish(s, "end_of_generation");
+      return false;
+    }
     if (s.next_index >= s.req.max_tokens) {
       finish(s, "max_tokens");
       return false;

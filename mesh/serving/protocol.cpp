@@ -145,6 +145,9 @@ result<void> validate(const request& r) {
                          std::pair{"presence_penalty", r.presence_penalty}})
     if (!(v >= -2.0f && v <= 2.0f))
       return make_error(errc::invalid_argument, "field '{}': {} (expected -2 to 2)", name, v);
+  if (!r.format.empty() && r.format != "json_object")
+    return make_error(errc::invalid_argument, "field 'format': '{}' (expected json_object or none)",
+                      r.format.substr(0, 32));
   if (!(r.repeat_penalty > 0.0f) || !std::isfinite(r.repeat_penalty))
     return make_error(errc::invalid_argument, "field 'repeat_penalty': {} (expected > 0)",
                       r.repeat_penalty);

@@ -67,6 +67,10 @@ struct request {
   /// Chat: the tools the model may call (OpenAI's JSON array), "" when none; rendered by the
   /// model's own chat template.
   std::string tools;
+  /// "json_object": the answer is one JSON object (constrained decoding: every token that cannot
+  /// continue one is masked, and the stream ends, stop "end_of_generation", when it is complete).
+  /// "": free text.
+  std::string format;
   std::uint32_t max_tokens = 128;
   float temperature = 0.8f;  ///< <= 0: greedy
   std::int32_t top_k = 40;
@@ -93,7 +97,7 @@ struct request {
   std::string client;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
-                     presence_penalty, top_logprobs, tools);
+                     presence_penalty, top_logprobs, tools, format);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };

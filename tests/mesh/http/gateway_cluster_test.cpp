@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "inference/gguf/gguf.hpp"
+#include "inference/tokenizer/json_grammar.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
 #include "tests/mesh/cluster/cluster_fixture.hpp"
 #include "tests/support/child_process.hpp"
@@ -388,6 +389,63 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
 // does, so its greedy answer is one process's text — streamed as NDJSON lines (the last one done,
 // with counts) or in one object; /api/chat streams a templated answer; /api/tags lists the model
 // as "tiny:latest", which /api/generate takes; an unknown model is 404 {"error"} naming it.
+// response_format json_object (and Ollama's "format": "json"): the answer is constrained to one
+// JSON object — every token that cannot continue one is masked. A random-weight model rarely
+// closes its first string within the budget, so the check is the one that holds either way: the
+// text is always a JSON object's beginning (what a byte-exact validator accepts), and an answer
+// that ended by itself ("stop") is a whole object that parses. Streamed and not alike. A schema
+// is refused naming the field.
+TEST_F(HttpGateway, JsonObjectAnswersAreAlwaysAJsonObjectsBeginning) {
+  const auto check = [](const std::string& text, const std::string& finish) {
+    inference::tokenizer::json_prefix p;
+    EXPECT_TRUE(p.feed(text)) << text;
+    if (finish == "stop") {
+      EXPECT_TRUE(p.complete()) << text;
+      EXPECT_TRUE(json::parse(text).is_object()) << text;
+    } else {
+      EXPECT_EQ(finish, "length");
+    }
+  };
+  for (int seed = 1; seed <= 3; ++seed) {
+    const json body{{"model", "tiny"},
+                    {"messages", {{{"role", "user"}, {"content", "Answer in JSON"}}}},
+                    {"response_format", {{"type", "json_object"}}},
+                    {"max_tokens", 64},
+                    {"seed", seed}};
+    auto r = client(seed % 3).Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    const auto text = j["choices"][0]["message"]["content"].get<std::string>();
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(text.find_first_not_of(" \t\r\n"), text.find('{')) << text;
+    check(text, j["choices"][0]["finish_reason"].get<std::string>());
+    json sb = body;
+    sb["stream"] = true;
+    const auto s = stream(seed % 3, "/v1/chat/completions", sb);
+    EXPECT_TRUE(s.done);
+    check(s.text, s.finish);
+  }
+  const json ob{{"model", "tiny"},
+                {"prompt", kPrompt},
+                {"format", "json"},
+                {"stream", false},
+                {"options", {{"num_predict", 48}}}};
+  auto o = client(1).Post("/api/generate", ob.dump(), "application/json");
+  ASSERT_TRUE(o);
+  ASSERT_EQ(o->status, 200) << o->body;
+  const json oj = json::parse(o->body);
+  check(oj["response"].get<std::string>(), oj["done_reason"].get<std::string>());
+  const json schema{
+      {"model", "tiny"},
+      {"messages", {{{"role", "user"}, {"content", "x"}}}},
+      {"response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}}};
+  auto bad = client(0).Post("/v1/chat/completions", schema.dump(), "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "response_format") << bad->body;
+}
+
 TEST_F(HttpGateway, OllamasApiAnswersLikeOnePeer) {
   constexpr int n = 16;
   const std::string ref = reference(n);

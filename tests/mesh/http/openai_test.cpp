@@ -128,7 +128,9 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
        "tools"},
       {api_kind::chat,
        R"({"model":"m","messages":[{"role":"user","content":"x"}],
-           "response_format":{"type":"json_object"}})",
+           "response_format":{"type":"json_schema","json_schema":{}}})",
+       "response_format"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","response_format":{"type":"text"}})",
        "response_format"},
   };
   for (const auto& r : rows) {
@@ -137,6 +139,23 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
     EXPECT_EQ(e.param, r.param) << r.body << " -> " << e.message;
     EXPECT_NE(e.message.find(r.param), std::string::npos) << r.body << " -> " << e.message;
   }
+}
+
+// response_format json_object becomes the request's format (constrained decoding on the peer);
+// text is the default.
+TEST(OpenAI, ResponseFormatJsonObjectAsksForAJsonAnswer) {
+  auto parsed = parse_request(api_kind::chat,
+                              R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                                  "response_format":{"type":"json_object"}})",
+                              "id", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
+  EXPECT_EQ(std::get<api_request>(parsed).request.format, "json_object");
+  parsed = parse_request(api_kind::chat,
+                         R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                             "response_format":{"type":"text"}})",
+                         "id", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
+  EXPECT_EQ(std::get<api_request>(parsed).request.format, "");
 }
 
 // `stop`: a string or up to four; empty ones stop nothing. The text ends before the first to

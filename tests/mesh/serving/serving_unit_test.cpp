@@ -112,6 +112,7 @@ TEST(ServingProtocol, ValidationNamesTheField) {
       {[](request& r) { r.max_tokens = max_tokens_limit + 1; }, "'max_tokens'"},
       {[](request& r) { r.resume = std::vector<std::int32_t>(9, 1); }, "'resume'"},
       {[](request& r) { r.resume = {-1}; }, "'resume'"},
+      {[](request& r) { r.format = "xml"; }, "'format'"},
       {[](request& r) { r.temperature = 1e9f; }, "'temperature'"},
       {[](request& r) { r.top_p = 1.5f; }, "'top_p'"},
       {[](request& r) { r.top_k = -1; }, "'top_k'"},
