@@ -33,6 +33,7 @@ struct ask_args {
   bool seed_given = false;
   bool chat = false;
   bool json = false;
+  std::string format;  // "json_object": the answer is one JSON object (constrained decoding)
   std::string id;
   std::uint32_t timeout_s = 120;
   std::uint32_t wait_s = 3;  // for a first connection; 0: as long as --timeout
@@ -82,6 +83,7 @@ int ask(const ask_args& a) {
     r.messages.push_back({"user", a.prompt});
   else
     r.prompt = a.prompt;
+  r.format = a.format;
   r.max_tokens = a.max_tokens;
   r.temperature = a.temp;
   r.top_k = a.top_k;
@@ -159,6 +161,9 @@ void register_ask(CLI::App& root, int& exit_code) {
                   "the cluster's client access key file, for peers started with --client-auth "
                   "(default: TESSERA_CLIENT_KEY; `tessera keygen --client-key FILE` writes one)");
   cmd->add_flag("--chat", a->chat, "send the prompt as a chat message (the model's template)");
+  cmd->add_option("--format", a->format,
+                  "json_object: the answer is one JSON object (constrained decoding)")
+      ->check(CLI::IsMember({"json_object"}));
   cmd->add_flag("--json", a->json,
                 "print one JSON object (text, tokens, peers, timings) at the end");
   cmd->callback([&exit_code, a, seed] {

@@ -436,6 +436,14 @@ TEST_F(HttpGateway, JsonObjectAnswersAreAlwaysAJsonObjectsBeginning) {
   ASSERT_EQ(o->status, 200) << o->body;
   const json oj = json::parse(o->body);
   check(oj["response"].get<std::string>(), oj["done_reason"].get<std::string>());
+  // `tessera ask --format json_object` asks the same over the pub-sub protocol.
+  auto asked = test::run_command(
+      {TESSERA_BINARY, "ask", "--peer", "127.0.0.1:" + std::to_string(cluster_->node(0).port + 2),
+       "-m", "tiny", "-n", "32", "--format", "json_object", "--json", kPrompt},
+      std::chrono::seconds(60));
+  ASSERT_TRUE(asked) << asked.error().describe();
+  const json aj = json::parse(asked->substr(asked->find('{')));
+  check(aj["text"].get<std::string>(), aj["stop"] == "max_tokens" ? "length" : "stop");
   const json schema{
       {"model", "tiny"},
       {"messages", {{{"role", "user"}, {"content", "x"}}}},
