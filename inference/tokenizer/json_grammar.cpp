@@ -223,7 +223,8 @@ bool json_prefix::feed(unsigned char c) {
   }
 }
 
-json_vocab::json_vocab(const tokenizer& t) : bytes_(t.size()), kind_(t.size(), 2) {
+json_vocab::json_vocab(const tokenizer& t)
+    : bytes_(t.size()), kind_(t.size(), 2), string_safe_(t.size(), 0) {
   for (std::size_t i = 0; i < t.size(); ++i) {
     const auto id = static_cast<token_id>(i);
     if (t.is_end_of_generation(id)) {
@@ -234,19 +235,27 @@ json_vocab::json_vocab(const tokenizer& t) : bytes_(t.size()), kind_(t.size(), 2
     if (type == token_type::control || type == token_type::unknown || type == token_type::unused)
       continue;
     bytes_[i] = t.token_bytes(id);
-    if (!bytes_[i].empty()) kind_[i] = 0;
+    if (bytes_[i].empty()) continue;
+    kind_[i] = 0;
+    // String-safe: what a string in progress accepts whole, decided by the validator itself.
+    json_prefix in_string;
+    (void)in_string.feed(std::string_view("{\"k\":\""));
+    string_safe_[i] = in_string.feed(bytes_[i]) && in_string.in_plain_string();
   }
 }
 
 std::size_t json_vocab::mask(const json_prefix& state, std::span<float> logits) const {
   constexpr float off = -std::numeric_limits<float>::infinity();
   const bool complete = state.complete();
+  const bool plain = state.in_plain_string();
   std::size_t allowed = 0;
   for (std::size_t i = 0; i < logits.size(); ++i) {
     bool ok = false;
     if (i < kind_.size()) {
       if (kind_[i] == 1) {
         ok = complete;
+      } else if (plain && string_safe_[i]) {
+        ok = true;
       } else if (kind_[i] == 0 && !complete) {
         json_prefix s = state;
         ok = s.feed(bytes_[i]);

@@ -158,6 +158,22 @@ TEST(JsonVocab, MasksTokensThatCannotContinueAndOnlyEndsACompleteObject) {
     EXPECT_TRUE(p.feed(bytes)) << "allowed token " << i << " '" << bytes << "'";
     EXPECT_FALSE(t->is_end_of_generation(static_cast<token_id>(i)));
   }
+  // Inside a string (the mask's fast path for string-safe tokens) and in the other states, the
+  // mask allows exactly the tokens whose bytes the validator takes.
+  for (const char* prefix : {"{\"k\":\"ab", "{\"k\":\"a\xc3", "{\"k\":\"a\\", "{\"k\":[1",
+                             "{\"k\":tr", "{\"k\":{\"x\":null},"}) {
+    json_prefix st;
+    ASSERT_TRUE(st.feed(prefix)) << prefix;
+    std::vector<float> l(t->size(), 1.0f);
+    jv.mask(st, l);
+    for (std::size_t i = 0; i < l.size(); ++i) {
+      const auto id = static_cast<token_id>(i);
+      json_prefix p = st;
+      const bool takes = !t->is_end_of_generation(id) && t->type(id) != token_type::control &&
+                         !t->token_bytes(id).empty() && p.feed(t->token_bytes(id));
+      ASSERT_EQ(!std::isinf(l[i]), takes) << prefix << " token " << i;
+    }
+  }
   // A complete object: only the end of generation remains.
   json_prefix done;
   ASSERT_TRUE(done.feed("{}"));
