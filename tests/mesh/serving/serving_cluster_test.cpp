@@ -168,6 +168,27 @@ class ServingCluster : public ::testing::Test {
       s.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
   }
 
+  /// Five honest asks of 16 greedy tokens (ids `<prefix>-k`), each from a client of its own with
+  /// `deadline_ms`: each must be the reference; the times are printed under `under`. Use under
+  /// ASSERT_NO_FATAL_FAILURE.
+  void honest_asks(const std::vector<std::int32_t>& ref, const std::string& prefix,
+                   const char* under, std::uint32_t deadline_ms) {
+    for (int k = 0; k < 5; ++k) {
+      auto o = options();
+      o.deadline_ms = deadline_ms;
+      auto hc = client::connect(o);
+      ASSERT_TRUE(hc);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto out = (*hc)->ask(greedy(prefix + "-" + std::to_string(k), 16));
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+      ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+      EXPECT_EQ(out->tokens, ref);
+      std::printf("[serving] %s: honest ask %d in %lld ms\n", under, k, static_cast<long long>(ms));
+    }
+  }
+
   std::size_t index_of(const std::string& node_hex) const {
     for (std::size_t i = 0; i < cluster_->size(); ++i)
       if (cluster_->node_id(i) == node_hex) return i;
@@ -1234,18 +1255,8 @@ TEST_F(ServingCluster, UnreadRequestsDoNotStarveAClientWhoReads) {
                    zmq::send_flags::none);
   }
   std::this_thread::sleep_for(300ms);
-  for (int k = 0; k < 5; ++k) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto out = (*c)->ask(greedy("reader-" + std::to_string(k), 16));
-    const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
-    EXPECT_EQ(out->tokens, ref);
-    std::printf(
-        "[serving] with 150 unread 4096-token requests published: honest ask %d in %lld ms\n", k,
-        static_cast<long long>(ms));
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      honest_asks(ref, "reader", "with 150 unread 4096-token requests published", 180'000));
   std::uint64_t ignored = 0;
   for (std::size_t i = 0; i < cluster_->size(); ++i) {
     auto st = cluster_->status(i);
@@ -1318,22 +1329,9 @@ TEST_F(ServingCluster, AClientReadingManyLongStreamsLeavesOthersTheirShare) {
   }
   // Every slot is the hog's, and its streams have run past the preemption quantum.
   std::this_thread::sleep_for(1500ms);
-  for (int k = 0; k < 5; ++k) {
-    auto honest = options();
-    honest.deadline_ms = 20'000;  // a hog stream of 4096 tokens takes longer than this
-    auto hc = client::connect(honest);
-    ASSERT_TRUE(hc);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto out = (*hc)->ask(greedy("honest-" + std::to_string(k), 16));
-    const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
-    EXPECT_EQ(out->tokens, ref);
-    std::printf(
-        "[serving] with a client reading 300 4096-token streams: honest ask %d in %lld ms\n", k,
-        static_cast<long long>(ms));
-  }
+  // 20 s: a hog stream of 4096 tokens takes longer, so waiting for one to end would fail.
+  ASSERT_NO_FATAL_FAILURE(
+      honest_asks(ref, "honest", "with a client reading 300 4096-token streams", 20'000));
   std::uint64_t made_way = 0, preempted = 0;
   for (std::size_t i = 0; i < cluster_->size(); ++i) {
     auto st = cluster_->status(i);
