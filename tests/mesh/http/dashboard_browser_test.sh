@@ -26,7 +26,8 @@ done
 
 # playwright-core (JavaScript only: it drives the Chromium that Debian installed, downloads none).
 mkdir -p "$NPM_DIR"
-cp "$HERE/browser/package.json" "$HERE/browser/dashboard_check.mjs" "$HERE/browser/chat_check.mjs" \
+cp "$HERE/browser/package.json" "$HERE/browser/common.mjs" "$HERE/browser/dashboard_check.mjs" \
+  "$HERE/browser/chat_check.mjs" \
   "$NPM_DIR/"
 if [[ ! -f "$NPM_DIR/node_modules/playwright-core/package.json" ]]; then
   (cd "$NPM_DIR" && npm install --no-audit --no-fund --loglevel=error >npm.log 2>&1) \

@@ -6,23 +6,14 @@
 //    the answer completes and the page shows the failover (two peers);
 // 4. the dashboard then shows that peer down (counted apart, drawn grey), not as a live peer.
 // Prints a JSON summary; exit status 0 when every check passed, 1 otherwise.
-import { chromium } from "playwright-core";
+import { check, checks, launch } from "./common.mjs";
 
 const [url, key, model, shot] = process.argv.slice(2);
-const checks = [];
-const check = (what, ok, detail = "") => {
-  checks.push({ what, ok: !!ok, detail: String(detail) });
-  console.error(`  [${ok ? "ok" : "FAILED"}] ${what}${detail !== "" ? ` (${detail})` : ""}`);
-};
 const auth = { Authorization: `Bearer ${key}` };
 const getJson = async (path) => (await fetch(`${url}${path}`, { headers: auth })).json();
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 let failed = false;
 try {
   const page = await browser.newPage({ viewport: { width: 1000, height: 1200 } });

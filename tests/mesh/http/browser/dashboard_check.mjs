@@ -4,21 +4,12 @@
 // LEADER), that it updates live (a completion sent to the API shows up in the tokens served), and
 // that the screenshot shows the topology with the leader drawn in the leader's colour. Prints a
 // JSON summary; exit status 0 when every check passed, 1 otherwise.
-import { chromium } from "playwright-core";
+import { check, checks, launch } from "./common.mjs";
 
 const [url, key, leader, peersText, shot, apiUrl, model] = process.argv.slice(2);
 const peers = Number(peersText);
-const checks = [];
-const check = (what, ok, detail = "") => {
-  checks.push({ what, ok: !!ok, detail: String(detail) });
-  console.error(`  [${ok ? "ok" : "FAILED"}] ${what}${detail !== "" ? ` (${detail})` : ""}`);
-};
 
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 let failed = false;
 try {
   const page = await browser.newPage({ viewport: { width: 1100, height: 1400 } });
