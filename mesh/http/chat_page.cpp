@@ -10,7 +10,7 @@ namespace tessera::mesh::http {
 
 namespace {
 
-constexpr std::string_view kPage = R"html(<!doctype html>
+constexpr std::string_view kChatPage = R"html(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Tessera chat</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,">
@@ -105,7 +105,7 @@ models();
 }  // namespace
 
 std::string_view chat_html() noexcept {
-  return kPage;
+  return kChatPage;
 }
 
 }  // namespace tessera::mesh::http
