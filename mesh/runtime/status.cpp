@@ -259,6 +259,16 @@ result<std::string> format_status(const std::string& json_text) {
       } else {
         out += "clients open (no --client-auth): anyone reaching the client ports may ask\n";
       }
+      // The client ports' bounds and the fair share among clients (older peers send neither).
+      if (const auto c = s.value("connections", nlohmann::json::object()); !c.empty()) {
+        const auto fair = s.value("fair_share", nlohmann::json::object());
+        out += fmt::format(
+            "clients connections {} open (bound {}, {} per address)  refused {}  fair share: "
+            "{} paused, {} made way\n",
+            c.value("open", std::uint64_t{0}), c.value("bound", std::uint64_t{0}),
+            c.value("per_address_bound", std::uint64_t{0}), c.value("refused", std::uint64_t{0}),
+            fair.value("preempted", std::uint64_t{0}), fair.value("made_way", std::uint64_t{0}));
+      }
       // Model distribution: what this peer fetches from holders, and what it served to others.
       for (const auto& f : s.value("fetches", nlohmann::json::array())) {
         const auto total = f.value("bytes_total", std::uint64_t{0});

@@ -57,6 +57,21 @@ TEST(StatusFormat, ClientAuthenticationIsShown) {
   EXPECT_EQ(authed->find("clients open"), std::string::npos) << *authed;
 }
 
+// The client ports' connection bounds and the fair share among clients (issue 32).
+TEST(StatusFormat, ClientConnectionsAndFairShareAreShown) {
+  auto text = format_status(doc("[]", R"(, "connections": {"open": 128, "refused": 472,
+      "per_address_bound": 256, "bound": 128},
+    "fair_share": {"connections": 9, "made_way": 2, "preempted": 5})"));
+  ASSERT_TRUE(text) << text.error().describe();
+  EXPECT_NE(text->find("clients connections 128 open (bound 128, 256 per address)  refused 472  "
+                       "fair share: 5 paused, 2 made way"),
+            std::string::npos)
+      << *text;
+  auto older = format_status(doc("[]"));  // a peer that sends neither
+  ASSERT_TRUE(older) << older.error().describe();
+  EXPECT_EQ(older->find("clients connections"), std::string::npos) << *older;
+}
+
 // Model distribution: a fetch in progress (with its holder), a failed one (with why), and what a
 // holder served.
 TEST(StatusFormat, FetchesAndSharingAreShown) {
