@@ -51,6 +51,16 @@ using test::cluster_fixture;
 
 constexpr const char* kPrompt = "Once upon a time";
 
+/// The most resident memory a process ever had, in MiB (VmHWM: a frame buffered and freed
+/// again still shows), 0 when unreadable.
+std::uint64_t peak_rss_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) / 1024;
+  return 0;
+}
+
 class ServingCluster : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -166,6 +176,59 @@ class ServingCluster : public ::testing::Test {
   void connect_responses(zmq::socket_t& s) {
     for (std::size_t i = 0; i < cluster_->size(); ++i)
       s.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(i).port + 3));
+  }
+
+  /// `tessera keygen --client-key` into the cluster's directory: `path` gets the file, `access`
+  /// what it holds. Use under ASSERT_NO_FATAL_FAILURE.
+  void make_client_key(std::string& path,
+                       std::optional<transport::control::client_access>& access) {
+    path = cluster_->dir() + "/client.key";
+    auto w = test::run_command(
+        {TESSERA_BINARY, "keygen", "--client-key", path, "--cluster-key", cluster_->key_file()},
+        std::chrono::seconds(30));
+    ASSERT_TRUE(w) << w.error().describe();
+    auto read = transport::control::read_client_access_file(path);
+    ASSERT_TRUE(read) << read.error().describe();
+    access = *read;
+  }
+
+  /// 30,000 subscriptions of 64-65 bytes through `flood` (an XSUB: a SUB drops subscriptions past
+  /// its send high-water mark), half of them valid response topics and half prefixes.
+  static void send_subscription_flood(zmq::socket_t& flood) {
+    std::mt19937_64 rng(11);
+    const std::string alphabet =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+    for (int k = 0; k < 30'000; ++k) {
+      std::string topic(64, 'x');
+      for (auto& ch : topic)
+        ch = alphabet[rng() % alphabet.size()];
+      if (k % 2 == 0) topic += ':';  // a valid response topic; the others are prefixes
+      (void)flood.send(zmq::buffer("\x01" + topic), zmq::send_flags::none);
+    }
+  }
+
+  /// After a flood on node 0's response port: its peak RSS grew less than 50 MiB from `before`
+  /// and the port was reset at least once; `what` names the flood in the printed figures.
+  /// Under ASan (CI) the peers are ASan builds, whose allocator holds freed memory in quarantine
+  /// and per-thread caches: the flood's churn of small messages shows as +16 to +400 MiB that
+  /// nothing holds. The memory bound is checked in release builds (here and
+  /// bench/serving/hostile/run); the resets everywhere. Use under ASSERT_NO_FATAL_FAILURE.
+  void expect_flood_cost_bounded(std::uint64_t before, const char* what) {
+    const auto after = peak_rss_mib(cluster_->node(0).proc->pid());
+    auto st = cluster_->status(0);
+    ASSERT_TRUE(st);
+    const auto resets = (*st)["serving"]["unread"]["response_port_resets"].get<std::uint64_t>();
+    std::printf("[serving] %s: peer peak RSS %llu -> %llu MiB, %llu response-port resets\n", what,
+                static_cast<unsigned long long>(before), static_cast<unsigned long long>(after),
+                static_cast<unsigned long long>(resets));
+#if defined(__SANITIZE_ADDRESS__)
+    (void)before;
+    (void)after;
+#else
+    EXPECT_LT(after, before + 50) << "the peer buffered frames or kept subscriptions\n"
+                                  << cluster_->logs();
+#endif
+    EXPECT_GE(resets, 1u);
   }
 
   /// Five honest asks of 16 greedy tokens (ids `<prefix>-k`), each from a client of its own with
@@ -1052,16 +1115,6 @@ TEST_F(ServingCluster, AFloodOfHostileRequestsDoesNotStopHonestClients) {
   EXPECT_EQ(after->tokens, ref);
 }
 
-/// The most resident memory a process ever had, in MiB (VmHWM: a frame buffered and freed
-/// again still shows), 0 when unreadable.
-std::uint64_t peak_rss_mib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) / 1024;
-  return 0;
-}
-
 // A stranger sends big frames to a peer's response port (XPUB), where clients only ever send
 // subscriptions. Each frame used to be buffered whole: ~2N bytes of peer memory per N-byte frame
 // (a 1 GiB frame peaked at 2.26 GB), before any authentication. Now a frame over the bound closes
@@ -1183,8 +1236,7 @@ TEST_F(ServingCluster, ASubscriptionFloodCostsThePeerBoundedMemory) {
     warm = w->nodes.back() == cluster_->node_id(0);
   }
   ASSERT_TRUE(warm) << "no warm-up request was served by node 0\n" << cluster_->logs();
-  const pid_t pid = cluster_->node(0).proc->pid();
-  const auto before = peak_rss_mib(pid);
+  const auto before = peak_rss_mib(cluster_->node(0).proc->pid());
   zmq::context_t ctx;
   {
     // XSUB, unbounded: a SUB drops subscriptions past its send high-water mark.
@@ -1193,16 +1245,7 @@ TEST_F(ServingCluster, ASubscriptionFloodCostsThePeerBoundedMemory) {
     flood.set(zmq::sockopt::sndhwm, 0);
     flood.connect("tcp://127.0.0.1:" + std::to_string(cluster_->node(0).port + 3));
     std::this_thread::sleep_for(300ms);
-    std::mt19937_64 rng(11);
-    const std::string alphabet =
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
-    for (int k = 0; k < 30'000; ++k) {
-      std::string topic(64, 'x');
-      for (auto& ch : topic)
-        ch = alphabet[rng() % alphabet.size()];
-      if (k % 2 == 0) topic += ':';  // a valid response topic; the others are prefixes
-      (void)flood.send(zmq::buffer("\x01" + topic), zmq::send_flags::none);
-    }
+    send_subscription_flood(flood);
     std::this_thread::sleep_for(2s);
     for (int k = 0; k < 3; ++k) {
       auto out = (*c)->ask(greedy("during-sub-flood-" + std::to_string(k), 16));
@@ -1210,26 +1253,7 @@ TEST_F(ServingCluster, ASubscriptionFloodCostsThePeerBoundedMemory) {
       EXPECT_EQ(out->tokens, ref);
     }
   }
-  const auto after = peak_rss_mib(pid);
-  auto st = cluster_->status(0);
-  ASSERT_TRUE(st);
-  const auto resets = (*st)["serving"]["unread"]["response_port_resets"].get<std::uint64_t>();
-  std::printf(
-      "[serving] 30,000 subscriptions of 64-65 bytes: peer peak RSS %llu -> %llu MiB, "
-      "%llu response-port resets\n",
-      static_cast<unsigned long long>(before), static_cast<unsigned long long>(after),
-      static_cast<unsigned long long>(resets));
-#if defined(__SANITIZE_ADDRESS__)
-  // Under ASan (CI) the peers are ASan builds, whose allocator holds freed memory in quarantine
-  // and per-thread caches: the flood's churn of small messages shows as +16 to +400 MiB that
-  // nothing holds. The bound is checked in release builds (here and bench/serving/hostile/run);
-  // the resets and the honest answers are checked everywhere.
-  (void)before;
-  (void)after;
-#else
-  EXPECT_LT(after, before + 50) << "the peer kept the subscriptions\n" << cluster_->logs();
-#endif
-  EXPECT_GE(resets, 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_flood_cost_bounded(before, "30,000 subscriptions of 64-65 bytes"));
   auto out = (*c)->ask(greedy("after-sub-flood", 16));
   ASSERT_TRUE(out) << out.error().describe();
   EXPECT_EQ(out->tokens, ref);
@@ -1641,15 +1665,11 @@ TEST_F(ServingCluster, AHostilePeerWithTheSecretCannotDisturbTheCluster) {
 TEST_F(ServingCluster, ClientAuthAdmitsOnlyTheClusterClientKey) {
   ASSERT_TRUE(cluster_->start(0, {"--model", model_, "--threads", "1", "--client-auth"}));
   wait_plan({0}, 1);
-  const std::string key = cluster_->dir() + "/client.key";
-  auto w = test::run_command(
-      {TESSERA_BINARY, "keygen", "--client-key", key, "--cluster-key", cluster_->key_file()},
-      std::chrono::seconds(30));
-  ASSERT_TRUE(w) << w.error().describe();
+  std::string key;
+  std::optional<transport::control::client_access> access;
+  ASSERT_NO_FATAL_FAILURE(make_client_key(key, access));
   EXPECT_EQ(std::filesystem::status(key).permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  auto access = transport::control::read_client_access_file(key);
-  ASSERT_TRUE(access) << access.error().describe();
 
   client_options one;
   const auto port = cluster_->node(0).port;
@@ -1739,13 +1759,9 @@ TEST_F(ServingCluster, ClientAuthAdmitsOnlyTheClusterClientKey) {
 TEST_F(ServingCluster, UnderClientAuthFloodsAndBigFramesCostThePeerBoundedMemory) {
   ASSERT_TRUE(cluster_->start(0, {"--model", model_, "--threads", "1", "--client-auth"}));
   wait_plan({0}, 1);
-  const std::string key = cluster_->dir() + "/client.key";
-  auto w = test::run_command(
-      {TESSERA_BINARY, "keygen", "--client-key", key, "--cluster-key", cluster_->key_file()},
-      std::chrono::seconds(30));
-  ASSERT_TRUE(w) << w.error().describe();
-  auto access = transport::control::read_client_access_file(key);
-  ASSERT_TRUE(access) << access.error().describe();
+  std::string key;
+  std::optional<transport::control::client_access> access;
+  ASSERT_NO_FATAL_FAILURE(make_client_key(key, access));
   client_options keyed;
   const auto port = cluster_->node(0).port;
   keyed.peers.push_back(
@@ -1756,8 +1772,7 @@ TEST_F(ServingCluster, UnderClientAuthFloodsAndBigFramesCostThePeerBoundedMemory
   ASSERT_TRUE(c) << c.error().describe();
   auto warm = (*c)->ask(greedy("auth-flood-warm-up", 16));  // weights and scratch are in
   ASSERT_TRUE(warm) << warm.error().describe() << "\n" << cluster_->logs();
-  const pid_t pid = cluster_->node(0).proc->pid();
-  const auto before = peak_rss_mib(pid);
+  const auto before = peak_rss_mib(cluster_->node(0).proc->pid());
   const auto curve = [&](zmq::socket_t& s) {
     s.set(zmq::sockopt::curve_serverkey, transport::control::z85_key(access->server_public));
     s.set(zmq::sockopt::curve_publickey, transport::control::z85_key(access->client.public_key));
@@ -1783,33 +1798,13 @@ TEST_F(ServingCluster, UnderClientAuthFloodsAndBigFramesCostThePeerBoundedMemory
     curve(flood);
     flood.connect(endpoint);
     std::this_thread::sleep_for(300ms);
-    std::mt19937_64 rng(12);
-    for (int k = 0; k < 30'000; ++k) {
-      std::string topic(64, 'x');
-      for (auto& ch : topic)
-        ch = static_cast<char>('a' + rng() % 26);
-      if (k % 2 == 0) topic += ':';
-      (void)flood.send(zmq::buffer("\x01" + topic), zmq::send_flags::none);
-    }
+    send_subscription_flood(flood);
     std::this_thread::sleep_for(3s);
   }
-  const auto after = peak_rss_mib(pid);
-  auto st = cluster_->status(0);
-  ASSERT_TRUE(st);
-  const auto resets = (*st)["serving"]["unread"]["response_port_resets"].get<std::uint64_t>();
-  std::printf(
-      "[serving] --client-auth: 2 x 64 MiB frames without the key, 2 with it, 30,000 keyed "
-      "subscriptions: peer peak RSS %llu -> %llu MiB, %llu response-port resets\n",
-      static_cast<unsigned long long>(before), static_cast<unsigned long long>(after),
-      static_cast<unsigned long long>(resets));
-#if defined(__SANITIZE_ADDRESS__)
-  (void)before;  // ASan's quarantine holds freed memory: see ASubscriptionFloodCostsThePeer...
-  (void)after;
-#else
-  EXPECT_LT(after, before + 50) << "the peer buffered frames or kept subscriptions\n"
-                                << cluster_->logs();
-#endif
-  EXPECT_GE(resets, 1u);
+  ASSERT_NO_FATAL_FAILURE(expect_flood_cost_bounded(
+      before,
+      "--client-auth: 2 x 64 MiB frames without the key, 2 with it, 30,000 keyed "
+      "subscriptions"));
   auto out = (*c)->ask(greedy("after-auth-flood", 16));
   ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
   EXPECT_EQ(out->tokens, warm->tokens);
