@@ -92,29 +92,24 @@ if [[ -z "$leader" ]]; then
 fi
 echo "dashboard browser test: cluster up, leader $leader; driving Chromium"
 
-# The page of node 2 (any peer's page shows the whole cluster); the completion goes to node 0.
-node "$NPM_DIR/dashboard_check.mjs" "$H2" "$KEY" "$leader" 3 "$NPM_DIR/dashboard.png" "$H0" "$MODEL" \
-  >"$DIR/check.json"
-rc=$?
-if (( rc != 0 )); then
-  echo "dashboard browser test: FAILED"
-  cat "$DIR/check.json"
-  KEEP_DIR=1
-  for f in "$DIR"/node*.log; do echo "--- $f"; tail -n 10 "$f"; done
-  exit 1
-fi
-echo "dashboard browser test: all checks passed (screenshot $NPM_DIR/dashboard.png)"
+# Runs browser/NAME_check.mjs with the arguments given; on a failure prints its summary and the
+# nodes' logs, keeps the directory and exits 1.
+run_check() {
+  local name=$1
+  shift
+  if ! node "$NPM_DIR/${name}_check.mjs" "$@" >"$DIR/$name.json"; then
+    echo "$name browser test: FAILED"
+    cat "$DIR/$name.json"
+    KEEP_DIR=1
+    for f in "$DIR"/node*.log; do echo "--- $f"; tail -n 10 "$f"; done
+    exit 1
+  fi
+  echo "$name browser test: all checks passed (screenshot $NPM_DIR/$name.png)"
+}
 
+# The page of node 2 (any peer's page shows the whole cluster); the completion goes to node 0.
+run_check dashboard "$H2" "$KEY" "$leader" 3 "$NPM_DIR/dashboard.png" "$H0" "$MODEL"
 # The chat page of node 2: an answer, Stop, a failover when the serving peer (never node 2) is
 # killed, and the dashboard showing that peer down.
-node "$NPM_DIR/chat_check.mjs" "$H2" "$KEY" "$MODEL" "$NPM_DIR/chat.png" >"$DIR/chat.json"
-rc=$?
-if (( rc != 0 )); then
-  echo "chat browser test: FAILED"
-  cat "$DIR/chat.json"
-  KEEP_DIR=1
-  for f in "$DIR"/node*.log; do echo "--- $f"; tail -n 10 "$f"; done
-  exit 1
-fi
-echo "chat browser test: all checks passed (screenshot $NPM_DIR/chat.png)"
+run_check chat "$H2" "$KEY" "$MODEL" "$NPM_DIR/chat.png"
 exit 0
