@@ -1287,6 +1287,7 @@ struct engine::impl {
   /// fewest (queue order among equals: resumed streams first); a local stream whose model is
   /// still loading waits, with keepalives, and lets the others go first.
   void start_waiting() {
+    if (queued.empty()) return;  // most rounds: no map of clients to build
     auto counts = count_clients();
     while (!queued.empty()) {
       const auto i = next_to_start(waiting_view(false), counts);
