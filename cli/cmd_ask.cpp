@@ -2,6 +2,8 @@
 // another peer when the serving one goes away (mesh/serving/client.hpp, docs/PROTOCOL.md).
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
@@ -13,6 +15,7 @@
 
 #include "actors/base/log.hpp"
 #include "cli/command.hpp"
+#include "inference/tokenizer/json_schema.hpp"
 #include "mesh/serving/client.hpp"
 
 namespace tessera::cli {
@@ -33,7 +36,8 @@ struct ask_args {
   bool seed_given = false;
   bool chat = false;
   bool json = false;
-  std::string format;  // "json_object": the answer is one JSON object (constrained decoding)
+  std::string format;  // "json_object" / "json_schema": constrained decoding
+  std::string schema;  // with json_schema: the schema's JSON text, or @FILE
   std::string id;
   std::uint32_t timeout_s = 120;
   std::uint32_t wait_s = 3;  // for a first connection; 0: as long as --timeout
@@ -84,6 +88,22 @@ int ask(const ask_args& a) {
   else
     r.prompt = a.prompt;
   r.format = a.format;
+  if (!a.schema.empty() && r.format.empty()) r.format = "json_schema";
+  if (r.format == "json_schema") {
+    if (a.schema.empty())
+      return fail("--format json_schema needs --schema (JSON text or @FILE)", 2);
+    r.schema = a.schema;
+    if (a.schema.starts_with("@")) {
+      std::ifstream in(a.schema.substr(1), std::ios::binary);
+      if (!in) return fail(fmt::format("--schema: cannot read '{}'", a.schema.substr(1)), 2);
+      r.schema.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    // Refused here, naming the keyword, rather than by every peer.
+    if (auto compiled = inference::tokenizer::json_schema::compile(r.schema); !compiled)
+      return fail(fmt::format("--schema: {}", compiled.error().message), 2);
+  } else if (!a.schema.empty()) {
+    return fail("--schema goes with --format json_schema", 2);
+  }
   r.max_tokens = a.max_tokens;
   r.temperature = a.temp;
   r.top_k = a.top_k;
@@ -161,9 +181,13 @@ void register_ask(CLI::App& root, int& exit_code) {
                   "the cluster's client access key file, for peers started with --client-auth "
                   "(default: TESSERA_CLIENT_KEY; `tessera keygen --client-key FILE` writes one)");
   cmd->add_flag("--chat", a->chat, "send the prompt as a chat message (the model's template)");
-  cmd->add_option("--format", a->format,
-                  "json_object: the answer is one JSON object (constrained decoding)")
-      ->check(CLI::IsMember({"json_object"}));
+  cmd->add_option(
+         "--format", a->format,
+         "json_object: the answer is one JSON object; json_schema: one JSON value that "
+         "satisfies --schema (constrained decoding; docs/HTTP.md lists the keywords taken)")
+      ->check(CLI::IsMember({"json_object", "json_schema"}));
+  cmd->add_option("--schema", a->schema,
+                  "with --format json_schema (implied): the JSON schema, as text or @FILE");
   cmd->add_flag("--json", a->json,
                 "print one JSON object (text, tokens, peers, timings) at the end");
   cmd->callback([&exit_code, a, seed] {

@@ -87,6 +87,33 @@ try {
         jt.trimStart().startsWith("{") && whole && (jf === "stop" || jf === "length"),
         `${jf} ${JSON.stringify(jt.slice(0, 40))}`);
 
+  // Structured output: with a JSON schema whose every part is bounded, the answer ends by itself
+  // and satisfies it (validated here by hand, as a client would).
+  const schema = {
+    type: "object",
+    properties: {
+      ok: { type: "boolean" },
+      level: { type: "integer", minimum: 1, maximum: 5 },
+      color: { enum: ["red", "green", "blue"] },
+      tags: { type: "array", items: { type: "string", maxLength: 3 }, maxItems: 2 },
+    },
+    required: ["ok", "level", "color", "tags"],
+    additionalProperties: false,
+  };
+  const js = await client.chat.completions.create({
+    model, messages: msgs, max_tokens: 512,
+    response_format: { type: "json_schema", json_schema: { name: "answer", strict: true, schema } } });
+  const st = js.choices[0].message.content;
+  let sv = null;
+  try { sv = JSON.parse(st); } catch { sv = null; }
+  const validates = sv !== null && typeof sv === "object" && !Array.isArray(sv) &&
+    Object.keys(sv).sort().join(",") === "color,level,ok,tags" && typeof sv.ok === "boolean" &&
+    Number.isInteger(sv.level) && sv.level >= 1 && sv.level <= 5 &&
+    ["red", "green", "blue"].includes(sv.color) && Array.isArray(sv.tags) && sv.tags.length <= 2 &&
+    sv.tags.every((t) => typeof t === "string" && [...t].length <= 3);
+  check("response_format json_schema: the answer parses and validates against the schema",
+        js.choices[0].finish_reason === "stop" && validates, JSON.stringify(st.slice(0, 80)));
+
   // What is refused is the client's typed error, naming the problem.
   try {
     await client.chat.completions.create({ model: "no-such-model", messages: msgs });

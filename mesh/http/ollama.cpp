@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "inference/tokenizer/json_schema.hpp"
+
 namespace tessera::mesh::http {
 namespace {
 
@@ -183,14 +185,24 @@ std::variant<api_request, api_error> parse_ollama(api_dialect dialect, std::stri
                            {"suffix", "insertion is not supported"}})
     if (present(body, key))
       return field_error(key, fmt::format("'{}' is not supported by Tessera ({})", key, what));
-  // "format": "json" is a JSON object by constrained decoding; a JSON schema is not taken yet.
+  // "format": "json" is a JSON object, a JSON schema (an object) a value that satisfies it, both
+  // by constrained decoding; a schema the grammar cannot follow is refused naming the keyword.
   if (present(body, "format")) {
     const auto& f = body["format"];
-    if (!(f.is_string() && f.get<std::string>() == "json"))
-      return field_error("format",
-                         "'format' must be \"json\" (a JSON schema is not supported "
-                         "yet)");
-    r.format = "json_object";
+    if (f.is_string() && f.get<std::string>() == "json") {
+      r.format = "json_object";
+    } else if (f.is_object()) {
+      std::string text = f.dump();
+      if (text.size() > serving::max_schema_bytes)
+        return field_error("format", fmt::format("'format' is a schema of {} bytes, at most {}",
+                                                 text.size(), serving::max_schema_bytes));
+      if (auto compiled = inference::tokenizer::json_schema::compile(text); !compiled)
+        return field_error("format", fmt::format("'format': {}", compiled.error().message));
+      r.format = "json_schema";
+      r.schema = std::move(text);
+    } else {
+      return field_error("format", "'format' must be \"json\" or a JSON schema (an object)");
+    }
   }
   if (dialect != api_dialect::ollama_chat && present(body, "tools"))
     return field_error("tools", "'tools' is not supported by /api/generate (use /api/chat)");

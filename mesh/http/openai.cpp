@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "inference/tokenizer/json_schema.hpp"
 #include "mesh/serving/follower.hpp"
 
 namespace tessera::mesh::http {
@@ -191,23 +192,46 @@ std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
   return std::nullopt;
 }
 
-/// `response_format` (chat): text, or json_object by constrained decoding (the request's
-/// `format`). json_schema is refused naming what is taken.
+/// `response_format` (chat): text, json_object, or json_schema, by constrained decoding (the
+/// request's `format` and `schema`). A schema the grammar cannot follow is refused here, with the
+/// compiler's words (the keyword and its place), before any peer is asked.
 std::optional<api_error> parse_response_format(api_kind kind, const json& body,
                                                serving::request& r) {
   auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (kind != api_kind::chat)
     return bad("response_format", "'response_format' is taken by chat completions only");
-  const std::string type = it->is_object() ? it->value("type", "") : "";
+  const auto type_it = it->is_object() ? it->find("type") : it->end();
+  const std::string type = it->is_object() && type_it != it->end() && type_it->is_string()
+                               ? type_it->get<std::string>()
+                               : "";
   if (type == "text") return std::nullopt;
   if (type == "json_object") {
     r.format = "json_object";
     return std::nullopt;
   }
+  if (type == "json_schema") {
+    const auto js = it->find("json_schema");
+    if (js == it->end() || !js->is_object() || !js->contains("schema") ||
+        !((*js)["schema"].is_object() || (*js)["schema"].is_boolean()))
+      return bad("response_format",
+                 "'response_format.json_schema' must be {\"name\": ..., \"schema\": {...}}");
+    std::string text = (*js)["schema"].dump();
+    if (text.size() > serving::max_schema_bytes)
+      return bad("response_format", fmt::format("'response_format.json_schema.schema' is {} "
+                                                "bytes, at most {}",
+                                                text.size(), serving::max_schema_bytes));
+    if (auto compiled = inference::tokenizer::json_schema::compile(text); !compiled)
+      return bad("response_format",
+                 fmt::format("'response_format.json_schema.schema': {}", compiled.error().message));
+    r.format = "json_schema";
+    r.schema = std::move(text);
+    return std::nullopt;
+  }
   return bad("response_format",
-             fmt::format("'response_format' must be {{\"type\": \"text\"}} or {{\"type\": "
-                         "\"json_object\"}} (json_schema is not supported yet), got {}",
+             fmt::format("'response_format' must be {{\"type\": \"text\"}}, {{\"type\": "
+                         "\"json_object\"}} or {{\"type\": \"json_schema\", \"json_schema\": "
+                         "{{\"schema\": ...}}}}, got {}",
                          shown(*it)));
 }
 

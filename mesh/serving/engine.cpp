@@ -219,8 +219,10 @@ struct session {
   clock_type::time_point started{};  // accepted here (the stream statistics' zero)
   bool sent_any = false;             // a token of this attempt went out
   std::string client;                // the identity its fair share counts by (request::client)
-  // format json_object: the answer so far, as a JSON object's beginning (its tokens are masked
-  // to keep it one, and the stream ends once it is complete).
+  // format json_object / json_schema: the answer so far, as the beginning of a valid one (its
+  // tokens are masked to keep it so, and the stream ends once it is complete). The compiled
+  // schema lives here, beside the state that points at it.
+  std::unique_ptr<const inf::tokenizer::json_schema> schema;
   std::optional<inf::tokenizer::json_prefix> json;
   clock_type::time_point ran_since{};  // took its slot (rule 3's quantum counts from here)
 };
@@ -949,14 +951,25 @@ struct engine::impl {
     }
     if (q.format == "json_object") {
       s->json.emplace();
+    } else if (q.format == "json_schema") {
+      auto compiled = inf::tokenizer::json_schema::compile(q.schema);
+      if (!compiled) {
+        send_error(q, error_code::invalid_request,
+                   fmt::format("field 'schema': {}", compiled.error().message));
+        return nullptr;
+      }
+      s->schema = std::make_unique<const inf::tokenizer::json_schema>(std::move(*compiled));
+      s->json.emplace(*s->schema);
+    }
+    if (s->json)
       for (auto t : q.resume)
         if (!s->json->feed(tok.token_bytes(t))) {
           send_error(q, error_code::invalid_request,
-                     "field 'resume': the tokens are not the beginning of a JSON object (format "
-                     "json_object)");
+                     fmt::format("field 'resume': the tokens are not the beginning of a valid "
+                                 "answer (format {})",
+                                 q.format));
           return nullptr;
         }
-    }
     s->history = s->prompt;
     s->history.insert(s->history.end(), q.resume.begin(), q.resume.end());
     s->next_index = static_cast<std::uint32_t>(q.resume.size());
@@ -1189,9 +1202,9 @@ struct engine::impl {
         s.model->json_vocab = std::make_unique<inf::tokenizer::json_vocab>(*s.model->tok);
       if (s.model->json_vocab->mask(*s.json, s.work) == 0) {
         send_error(s.req, error_code::invalid_request,
-                   fmt::format("model '{}': no token of its vocabulary continues the JSON object "
-                               "after {} tokens (format json_object)",
-                               s.req.model, s.next_index));
+                   fmt::format("model '{}': no token of its vocabulary continues the JSON answer "
+                               "after {} tokens (format {})",
+                               s.req.model, s.next_index, s.req.format));
         return false;
       }
     }

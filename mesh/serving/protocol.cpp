@@ -145,9 +145,17 @@ result<void> validate(const request& r) {
                          std::pair{"presence_penalty", r.presence_penalty}})
     if (!(v >= -2.0f && v <= 2.0f))
       return make_error(errc::invalid_argument, "field '{}': {} (expected -2 to 2)", name, v);
-  if (!r.format.empty() && r.format != "json_object")
-    return make_error(errc::invalid_argument, "field 'format': '{}' (expected json_object or none)",
+  if (!r.format.empty() && r.format != "json_object" && r.format != "json_schema")
+    return make_error(errc::invalid_argument,
+                      "field 'format': '{}' (expected json_object, json_schema or none)",
                       r.format.substr(0, 32));
+  if ((r.format == "json_schema") != !r.schema.empty())
+    return make_error(errc::invalid_argument,
+                      "field 'schema': given {}, format '{}' (a schema goes with json_schema only)",
+                      r.schema.empty() ? "none" : "one", r.format.substr(0, 32));
+  if (r.schema.size() > max_schema_bytes)
+    return make_error(errc::invalid_argument, "field 'schema': {} bytes, at most {}",
+                      r.schema.size(), max_schema_bytes);
   if (!(r.repeat_penalty > 0.0f) || !std::isfinite(r.repeat_penalty))
     return make_error(errc::invalid_argument, "field 'repeat_penalty': {} (expected > 0)",
                       r.repeat_penalty);

@@ -37,7 +37,8 @@ inline constexpr std::size_t max_model_bytes = 256;
 inline constexpr std::size_t max_prompt_bytes = 64 * 1024;
 inline constexpr std::size_t max_messages = 64;  ///< chat messages
 inline constexpr std::uint32_t max_tokens_limit = 4096;
-inline constexpr std::int32_t max_top_logprobs = 20;  ///< alternatives per token, as OpenAI
+inline constexpr std::int32_t max_top_logprobs = 20;        ///< alternatives per token, as OpenAI
+inline constexpr std::size_t max_schema_bytes = 64 * 1024;  ///< request::schema (json_schema.hpp)
 inline constexpr std::uint32_t max_attempt = 1000;
 inline constexpr std::size_t max_message_bytes = 256 * 1024;  ///< a whole encoded message
 inline constexpr std::size_t max_peers = 256;                 ///< endpoints in a peers message
@@ -69,8 +70,11 @@ struct request {
   std::string tools;
   /// "json_object": the answer is one JSON object (constrained decoding: every token that cannot
   /// continue one is masked, and the stream ends, stop "end_of_generation", when it is complete).
-  /// "": free text.
+  /// "json_schema": the answer is one JSON value that satisfies `schema` (the subset of JSON
+  /// Schema that inference/tokenizer/json_schema.hpp takes; others are refused naming the
+  /// keyword). "": free text.
   std::string format;
+  std::string schema;  ///< with format json_schema: the schema, as JSON text (at most 64 KiB)
   std::uint32_t max_tokens = 128;
   float temperature = 0.8f;  ///< <= 0: greedy
   std::int32_t top_k = 40;
@@ -97,7 +101,7 @@ struct request {
   std::string client;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
-                     presence_penalty, top_logprobs, tools, format);
+                     presence_penalty, top_logprobs, tools, format, schema);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };

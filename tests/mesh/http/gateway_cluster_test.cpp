@@ -394,7 +394,7 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
 // closes its first string within the budget, so the check is the one that holds either way: the
 // text is always a JSON object's beginning (what a byte-exact validator accepts), and an answer
 // that ended by itself ("stop") is a whole object that parses. Streamed and not alike. A schema
-// is refused naming the field.
+// the grammar cannot follow is refused naming the keyword.
 TEST_F(HttpGateway, JsonObjectAnswersAreAlwaysAJsonObjectsBeginning) {
   const auto check = [](const std::string& text, const std::string& finish) {
     inference::tokenizer::json_prefix p;
@@ -444,14 +444,92 @@ TEST_F(HttpGateway, JsonObjectAnswersAreAlwaysAJsonObjectsBeginning) {
   ASSERT_TRUE(asked) << asked.error().describe();
   const json aj = json::parse(asked->substr(asked->find('{')));
   check(aj["text"].get<std::string>(), aj["stop"] == "max_tokens" ? "length" : "stop");
-  const json schema{
-      {"model", "tiny"},
-      {"messages", {{{"role", "user"}, {"content", "x"}}}},
-      {"response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}}};
-  auto bad = client(0).Post("/v1/chat/completions", schema.dump(), "application/json");
+  // A schema the grammar cannot follow is refused naming the keyword and its place.
+  const json unfollowable = json::parse(R"({
+    "model": "tiny", "messages": [{"role": "user", "content": "x"}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "p",
+      "schema": {"properties": {"a": {"type": "string", "pattern": "^x"}}}}}})");
+  auto bad = client(0).Post("/v1/chat/completions", unfollowable.dump(), "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(json::parse(bad->body)["error"]["param"], "response_format") << bad->body;
+  EXPECT_NE(bad->body.find("#/properties/a/pattern"), std::string::npos) << bad->body;
+}
+
+// response_format json_schema (and Ollama's "format": {schema}, and `tessera ask --schema`): the
+// answer satisfies the schema. Every part of this one is bounded (an enum, a boolean, integers
+// with bounds, a string of at most 4 characters, at most 3 items, no other keys), so even a
+// random-weight model's answer must end by itself well within the budget: it parses and
+// validates, checked here by hand.
+TEST_F(HttpGateway, JsonSchemaAnswersParseAndValidate) {
+  const json schema = json::parse(R"({
+    "type": "object",
+    "properties": {
+      "ok": {"type": "boolean"},
+      "n": {"type": "integer", "minimum": 0, "maximum": 99},
+      "color": {"enum": ["red", "green", "blue"]},
+      "tag": {"type": "string", "maxLength": 4},
+      "xs": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+             "maxItems": 3}
+    },
+    "required": ["ok", "n", "color", "tag", "xs"],
+    "additionalProperties": false
+  })");
+  const auto valid = [](const std::string& text, const std::string& finish) {
+    EXPECT_EQ(finish, "stop") << text;
+    const json v = json::parse(text, nullptr, false);
+    ASSERT_TRUE(v.is_object()) << text;
+    EXPECT_EQ(v.size(), 5u) << text;
+    EXPECT_TRUE(v["ok"].is_boolean()) << text;
+    EXPECT_TRUE(v["n"].is_number_integer() && v["n"] >= 0 && v["n"] <= 99) << text;
+    EXPECT_TRUE(v["color"] == "red" || v["color"] == "green" || v["color"] == "blue") << text;
+    ASSERT_TRUE(v["tag"].is_string()) << text;
+    const auto tag = v["tag"].get<std::string>();
+    EXPECT_LE(std::count_if(tag.begin(), tag.end(),
+                            [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }),
+              4)
+        << text;
+    ASSERT_TRUE(v["xs"].is_array() && v["xs"].size() <= 3) << text;
+    for (const auto& x : v["xs"])
+      EXPECT_TRUE(x.is_number_integer() && x >= 0 && x <= 9) << text;
+  };
+  for (int seed = 1; seed <= 3; ++seed) {
+    const json body{{"model", "tiny"},
+                    {"messages", {{{"role", "user"}, {"content", "Answer in JSON"}}}},
+                    {"response_format",
+                     {{"type", "json_schema"},
+                      {"json_schema", {{"name", "answer"}, {"strict", true}, {"schema", schema}}}}},
+                    {"max_tokens", 1024},
+                    {"seed", seed}};
+    auto r = client(seed % 3).Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    valid(j["choices"][0]["message"]["content"].get<std::string>(),
+          j["choices"][0]["finish_reason"].get<std::string>());
+    json sb = body;
+    sb["stream"] = true;
+    const auto s = stream((seed + 1) % 3, "/v1/chat/completions", sb);
+    EXPECT_TRUE(s.done);
+    valid(s.text, s.finish);
+  }
+  const json ob{{"model", "tiny"},
+                {"prompt", kPrompt},
+                {"format", schema},
+                {"stream", false},
+                {"options", {{"num_predict", 1024}}}};
+  auto o = client(1).Post("/api/generate", ob.dump(), "application/json");
+  ASSERT_TRUE(o);
+  ASSERT_EQ(o->status, 200) << o->body;
+  const json oj = json::parse(o->body);
+  valid(oj["response"].get<std::string>(), oj["done_reason"].get<std::string>());
+  auto asked = test::run_command(
+      {TESSERA_BINARY, "ask", "--peer", "127.0.0.1:" + std::to_string(cluster_->node(0).port + 2),
+       "-m", "tiny", "-n", "1024", "--schema", schema.dump(), "--json", kPrompt},
+      std::chrono::seconds(60));
+  ASSERT_TRUE(asked) << asked.error().describe();
+  const json aj = json::parse(asked->substr(asked->find('{')));
+  valid(aj["text"].get<std::string>(), aj["stop"] == "max_tokens" ? "length" : "stop");
 }
 
 TEST_F(HttpGateway, OllamasApiAnswersLikeOnePeer) {

@@ -67,6 +67,12 @@ TEST(Ollama, ChatTakesMessagesAndEveryRefusalNamesItsField) {
                                                 {"role":"user","content":"u"}]})");
   ASSERT_EQ(r.request.messages.size(), 2u);
   EXPECT_EQ(r.dialect, api_dialect::ollama_chat);
+  // "format": a JSON schema (an object) is taken and carried to the peer.
+  const auto f = ok(api_dialect::ollama_chat,
+                    R"({"model":"m","messages":[{"role":"user","content":"u"}],
+                        "format":{"type":"object","properties":{"a":{"type":"boolean"}}}})");
+  EXPECT_EQ(f.request.format, "json_schema");
+  EXPECT_NE(f.request.schema.find("\"boolean\""), std::string::npos) << f.request.schema;
   struct row {
     api_dialect d;
     const char* body;
@@ -81,8 +87,9 @@ TEST(Ollama, ChatTakesMessagesAndEveryRefusalNamesItsField) {
        R"({"model":"m","messages":[{"role":"user","content":"x","images":["aGk="]}]})",
        "messages[0].images"},
       {api_dialect::ollama_chat,
-       R"({"model":"m","messages":[{"role":"user","content":"x"}],"format":{"type":"object"}})",
-       "format"},
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"format":{"not":{}}})", "format"},
+      {api_dialect::ollama_chat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"format":"yaml"})", "format"},
       {api_dialect::ollama_chat,
        R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{}]})", "tools[0]"},
       {api_dialect::ollama_generate,

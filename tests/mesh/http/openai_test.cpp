@@ -130,6 +130,11 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
        R"({"model":"m","messages":[{"role":"user","content":"x"}],
            "response_format":{"type":"json_schema","json_schema":{}}})",
        "response_format"},
+      {api_kind::chat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],
+           "response_format":{"type":"json_schema","json_schema":{"name":"s",
+             "schema":{"type":"object","properties":{"a":{"type":"string","pattern":"x+"}}}}}})",
+       "response_format"},
       {api_kind::completion, R"({"model":"m","prompt":"x","response_format":{"type":"text"}})",
        "response_format"},
   };
@@ -156,6 +161,28 @@ TEST(OpenAI, ResponseFormatJsonObjectAsksForAJsonAnswer) {
                          "id", 1);
   ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
   EXPECT_EQ(std::get<api_request>(parsed).request.format, "");
+}
+
+// response_format json_schema carries the schema to the peer; one the grammar cannot follow is a
+// 400 that quotes the compiler (the keyword and where it is).
+TEST(OpenAI, ResponseFormatJsonSchemaCarriesTheSchemaOrNamesWhatIsRefused) {
+  auto parsed = parse_request(api_kind::chat,
+                              R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                                  "response_format":{"type":"json_schema","json_schema":{
+                                    "name":"p","strict":true,"schema":{"type":"object",
+                                    "properties":{"n":{"type":"integer"}},"required":["n"]}}}})",
+                              "id", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
+  const auto& r = std::get<api_request>(parsed).request;
+  EXPECT_EQ(r.format, "json_schema");
+  EXPECT_EQ(nlohmann::json::parse(r.schema)["required"][0], "n") << r.schema;
+  const auto e = refused(api_kind::chat,
+                         R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                             "response_format":{"type":"json_schema","json_schema":{
+                               "schema":{"properties":{"a":{"allOf":[]}}}}}})");
+  EXPECT_EQ(e.param, "response_format");
+  EXPECT_NE(e.message.find("#/properties/a/allOf: 'allOf' is not supported"), std::string::npos)
+      << e.message;
 }
 
 // `stop`: a string or up to four; empty ones stop nothing. The text ends before the first to
