@@ -17,6 +17,7 @@
 #include "inference/gguf/gguf.hpp"
 #include "inference/tokenizer/json_grammar.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
+#include "mesh/serving/client.hpp"
 #include "tests/mesh/cluster/cluster_fixture.hpp"
 #include "tests/support/child_process.hpp"
 
@@ -530,6 +531,25 @@ TEST_F(HttpGateway, JsonSchemaAnswersParseAndValidate) {
   ASSERT_TRUE(asked) << asked.error().describe();
   const json aj = json::parse(asked->substr(asked->find('{')));
   valid(aj["text"].get<std::string>(), aj["stop"] == "max_tokens" ? "length" : "stop");
+  // Over the pub-sub protocol a schema reaches the peer unchecked: the peer compiles it and
+  // answers one error naming the field and the keyword.
+  serving::client_options co;
+  co.peers.push_back({"127.0.0.1", static_cast<std::uint16_t>(cluster_->node(0).port + 2),
+                      static_cast<std::uint16_t>(cluster_->node(0).port + 3)});
+  co.deadline_ms = 30'000;
+  auto c = serving::client::connect(co);
+  ASSERT_TRUE(c) << c.error().describe();
+  serving::request q;
+  q.id = "schema-refused-1";
+  q.model = "tiny";
+  q.prompt = "x";
+  q.format = "json_schema";
+  q.schema = R"({"type": "object", "properties": {"a": {"not": {}}}})";
+  const auto refused = (*c)->ask(q);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::invalid_argument) << refused.error().describe();
+  EXPECT_NE(refused.error().message.find("field 'schema': #/properties/a/not"), std::string::npos)
+      << refused.error().describe();
 }
 
 TEST_F(HttpGateway, OllamasApiAnswersLikeOnePeer) {

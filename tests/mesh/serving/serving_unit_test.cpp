@@ -113,6 +113,13 @@ TEST(ServingProtocol, ValidationNamesTheField) {
       {[](request& r) { r.resume = std::vector<std::int32_t>(9, 1); }, "'resume'"},
       {[](request& r) { r.resume = {-1}; }, "'resume'"},
       {[](request& r) { r.format = "xml"; }, "'format'"},
+      {[](request& r) { r.format = "json_schema"; }, "'schema'"},  // a schema must come with it
+      {[](request& r) { r.schema = "{}"; }, "'schema'"},           // and only with it
+      {[](request& r) {
+         r.format = "json_schema";
+         r.schema = std::string(max_schema_bytes + 1, ' ');
+       },
+       "'schema'"},
       {[](request& r) { r.temperature = 1e9f; }, "'temperature'"},
       {[](request& r) { r.top_p = 1.5f; }, "'top_p'"},
       {[](request& r) { r.top_k = -1; }, "'top_k'"},
@@ -370,7 +377,8 @@ TEST(ServingPlanning, PlansOnlyOverHoldersAndKeepsItsEpoch) {
 TEST(ServingPlanning, FetchersJoinModelsOfKnownContentOnly) {
   auto v = view_of({{11, true}, {22, false}, {33, false}, {44, true}});
   for (auto& m : v.members)
-    for (auto& s : m.caps.model_specs) s.content = "c1";
+    for (auto& s : m.caps.model_specs)
+      s.content = "c1";
   v.members[1].caps.fetches_models = true;  // 22 fetches
   v.members[2].caps.fetches_models = true;  // 33 fetches but holds "tiny" of other content
   v.members[2].caps.model_specs.push_back(spec("tiny"));
@@ -382,16 +390,19 @@ TEST(ServingPlanning, FetchersJoinModelsOfKnownContentOnly) {
   EXPECT_EQ(p->models[0].spec.content, "c1");
   std::set<member_id> planned;
   for (const auto& g : p->models[0].groups)
-    for (const auto& r : g.ranks) planned.insert(r.node);
+    for (const auto& r : g.ranks)
+      planned.insert(r.node);
   EXPECT_EQ(planned, (std::set<member_id>{11, 22}));
   // Without a content id nothing is fetched.
   for (auto& m : v.members)
-    for (auto& s : m.caps.model_specs) s.content.clear();
+    for (auto& s : m.caps.model_specs)
+      s.content.clear();
   auto q = plan_from_view(v, nullptr, 1);
   ASSERT_TRUE(q);
   planned.clear();
   for (const auto& g : q->models[0].groups)
-    for (const auto& r : g.ranks) planned.insert(r.node);
+    for (const auto& r : g.ranks)
+      planned.insert(r.node);
   EXPECT_EQ(planned, (std::set<member_id>{11, 33, 44}));
 }
 
@@ -414,7 +425,7 @@ TEST(ServingLedger, EachAttemptGeneratesOnceAndFinishedOnesRepeatTheirAnswer) {
   q.attempt = 1;
   EXPECT_EQ(admit(q, std::nullopt, done), admission::stale);
   q.attempt = 3;
-  EXPECT_EQ(admit(q, std::nullopt, done), admission::fresh);  // a resumption after an error
+  EXPECT_EQ(admit(q, std::nullopt, done), admission::fresh);    // a resumption after an error
   EXPECT_EQ(admit(q, 3u, done), admission::running_duplicate);  // the running stream comes first
   // Bounded: the oldest id is forgotten first; remembering an id again does not reorder.
   done.remember("b", 0, fin);
@@ -736,7 +747,8 @@ TEST(StreamFollower, GivesUpAfterItsAttemptsOrItsDeadlineAndCancelTellsThePeer) 
   {
     stream_follower f(valid_request(), o, 0);
     follower_step s;
-    for (std::uint64_t t = 0; t <= 10'000 * ms && !s.done; t += 100 * ms) s = f.on_tick(t);
+    for (std::uint64_t t = 0; t <= 10'000 * ms && !s.done; t += 100 * ms)
+      s = f.on_tick(t);
     ASSERT_TRUE(s.done);
     EXPECT_EQ(s.done->error().code, errc::timeout);
     EXPECT_NE(s.done->error().message.find("no peer accepted it"), std::string::npos);
@@ -775,10 +787,10 @@ namespace {
 // One garbage frame used to take every peer down: msgpack-c believed an array32 header claiming
 // 4 billion elements and allocated them (ASan: out-of-memory). Now the limits follow the input.
 TEST(ProtocolHostile, AHeaderClaimingBillionsOfElementsIsRefusedWithoutAllocatingThem) {
-  const std::string huge_array("\x81\xa2id\xdd\xff\xff\xff\xff", 9);   // {"id": array32(2^32-1)}
-  const std::string huge_map("\xdf\xff\xff\xff\xff", 5);                // map32(2^32-1)
-  const std::string huge_str("\x81\xa2id\xdb\xff\xff\xff\xf0", 9);     // {"id": str32(~4 GiB)}
-  std::string deep(1000, '\x91');                                      // 1000 nested arrays
+  const std::string huge_array("\x81\xa2id\xdd\xff\xff\xff\xff", 9);  // {"id": array32(2^32-1)}
+  const std::string huge_map("\xdf\xff\xff\xff\xff", 5);              // map32(2^32-1)
+  const std::string huge_str("\x81\xa2id\xdb\xff\xff\xff\xf0", 9);    // {"id": str32(~4 GiB)}
+  std::string deep(1000, '\x91');                                     // 1000 nested arrays
   deep += '\xc0';
   for (const auto& bytes : {huge_array, huge_map, huge_str, deep}) {
     auto r = decode_request(bytes);
