@@ -114,6 +114,25 @@ try {
   check("response_format json_schema: the answer parses and validates against the schema",
         js.choices[0].finish_reason === "stop" && validates, JSON.stringify(st.slice(0, 80)));
 
+  // n = 2: two choices in one reply (greedy: both the reference text), and streamed: chunks of
+  // both indices, each ending with its own finish_reason.
+  const two = await client.completions.create({ model, prompt, max_tokens: n, temperature: 0, n: 2 });
+  check("n = 2: two choices, each the reference text",
+        two.choices.length === 2 && two.choices.every((c, i) => c.index === i && c.text === full),
+        two.choices.map((c) => JSON.stringify(c.text.slice(0, 20))).join(" "));
+  const texts = ["", ""];
+  const finishes = [null, null];
+  const st2 = await client.chat.completions.create({ model, messages: msgs, max_tokens: 8, n: 2,
+                                                      stream: true, seed: 5 });
+  for await (const c of st2)
+    for (const ch of c.choices) {
+      texts[ch.index] += ch.delta?.content ?? "";
+      if (ch.finish_reason) finishes[ch.index] = ch.finish_reason;
+    }
+  check("n = 2 streamed: both choices stream and finish",
+        finishes.every((f) => f === "length" || f === "stop") && texts.every((t) => t.length > 0),
+        `${finishes.join(",")} ${texts.map((t) => t.length).join(",")}`);
+
   // What is refused is the client's typed error, naming the problem.
   try {
     await client.chat.completions.create({ model: "no-such-model", messages: msgs });
@@ -123,10 +142,10 @@ try {
           e instanceof OpenAI.NotFoundError && e.code === "model_not_found", `${e.status} ${e.code}`);
   }
   try {
-    await client.chat.completions.create({ model, messages: msgs, n: 2 });
-    check("n = 2 is refused", false, "answered");
+    await client.chat.completions.create({ model, messages: msgs, n: 9 });
+    check("n = 9 is refused", false, "answered");
   } catch (e) {
-    check("n = 2: BadRequestError naming the parameter",
+    check("n = 9 (more than 8): BadRequestError naming the parameter",
           e instanceof OpenAI.BadRequestError && e.param === "n", `${e.status} ${e.param}`);
   }
   try {

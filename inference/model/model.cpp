@@ -809,6 +809,34 @@ result<std::unique_ptr<context>> context::create(const model& m, const context_o
   return c;
 }
 
+result<void> context::copy_prefix(const context& from, std::int64_t n) {
+  if (from.m_ != m_)
+    return make_error(errc::invalid_argument, "context: a prefix from another model's context");
+  if (n < 0 || n > from.pos_ || n > n_ctx_)
+    return make_error(errc::invalid_argument,
+                      "context: a prefix of {} positions from a context at {} into one of {}", n,
+                      from.pos_, n_ctx_);
+  // Per layer and KV head: keys in whole panels of 16 positions (the positions past n in the last
+  // panel are overwritten before they are read), values position-major. The two contexts' n_ctx
+  // may differ: only the per-head stride does.
+  const hparams& H = m_->params();
+  const std::int64_t hd = H.head_dim;
+  const std::int64_t heads = m_->n_local_layers() * H.n_head_kv;
+  const auto key_elems = static_cast<std::size_t>((n + 15) / 16 * 16 * hd);
+  const auto value_elems = static_cast<std::size_t>(n * hd);
+  const auto src_stride = static_cast<std::size_t>(key_cache_positions(from.n_ctx_) * hd);
+  const auto dst_stride = static_cast<std::size_t>(key_cache_positions(n_ctx_) * hd);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const auto hs = static_cast<std::size_t>(h);
+    std::copy_n(from.k_cache_.data() + hs * src_stride, key_elems,
+                k_cache_.data() + hs * dst_stride);
+    std::copy_n(from.v_cache_.data() + hs * src_stride, value_elems,
+                v_cache_.data() + hs * dst_stride);
+  }
+  pos_ = n;
+  return ok();
+}
+
 void context::truncate(std::int64_t p) noexcept {
   if (p >= 0 && p < pos_) pos_ = p;
 }

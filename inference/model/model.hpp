@@ -351,6 +351,12 @@ class context {
 
   [[nodiscard]] std::int64_t pos() const noexcept { return pos_; }
   [[nodiscard]] std::int64_t n_ctx() const noexcept { return n_ctx_; }
+  /// Prefix sharing: takes the first `n` positions of `from`'s KV cache (a context of the same
+  /// model or shard) as its own, and pos() becomes n — as if it had evaluated those tokens, which
+  /// the caller knows are the same (the cache of a token is bit for bit the same whichever pass
+  /// computed it: attention.hpp). Errors (nothing is changed): another model, n > from.pos(), n >
+  /// n_ctx().
+  result<void> copy_prefix(const context& from, std::int64_t n);
   /// Forgets positions >= p (p <= pos()): the next eval starts at p.
   void truncate(std::int64_t p) noexcept;
   void reset() noexcept { truncate(0); }

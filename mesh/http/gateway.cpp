@@ -389,6 +389,15 @@ struct gateway::impl {
                       r->stream ? "application/x-ndjson" : "application/json");
       return;
     }
+    if (r->n > 1) {
+      if (r->stream) {
+        stream_choices(r, res);  // in_flight ends when the streams do
+        return;
+      }
+      complete_choices(*r, res);
+      in_flight.fetch_sub(1);
+      return;
+    }
     if (r->stream) {
       stream(r, res);  // in_flight ends when the stream does
       return;
@@ -398,8 +407,56 @@ struct gateway::impl {
   }
 
   void complete(const api_request& r, httplib::Response& res) {
+    auto out = run_choice(r);
+    if (!out) return send_error(res, error_of(out.error(), r.kind), r.dialect);
+    if (r.dialect == api_dialect::openai)
+      send_json(res, 200, reply(r, *out, unix_now()));
+    else
+      send_json(res, 200,
+                ollama_final(r, *out, out->text, finish_reason(out->stop), rfc3339_now()));
+  }
+
+  /// `n` > 1, not streamed: the choices run side by side (each its own stream, all routed to one
+  /// peer by their affinity, which reads the shared prompt once), then one reply holds them all.
+  void complete_choices(const api_request& r, httplib::Response& res) {
+    std::vector<api_request> choices;
+    for (std::uint32_t i = 0; i < r.n; ++i)
+      choices.push_back(choice_request(r, i));
+    std::vector<std::optional<result<serving::outcome>>> outs(r.n);
+    std::vector<std::thread> others;
+    for (std::uint32_t i = 1; i < r.n; ++i)
+      others.emplace_back([&, i] {
+        name_this_thread("http-choice");
+        outs[i].emplace(run_choice(choices[i]));
+      });
+    outs[0].emplace(run_choice(choices[0]));
+    for (auto& t : others)
+      t.join();
+    for (auto& o : outs)
+      if (!*o) return send_error(res, error_of(o->error(), r.kind), r.dialect);
+    const auto created = unix_now();
+    json j = reply(choices[0], **outs[0], created);
+    json ext = json::array();
+    std::uint32_t completion = 0;
+    for (std::uint32_t i = 0; i < r.n; ++i) {
+      const auto& out = **outs[i];
+      if (i > 0) j["choices"].push_back(reply(choices[i], out, created)["choices"][0]);
+      completion += static_cast<std::uint32_t>(out.tokens.size());
+      ext.push_back(tessera_extension(out));
+    }
+    // The prompt was read once for all of them.
+    const std::uint32_t prompt = (**outs[0]).prompt_tokens;
+    j["usage"] = {{"prompt_tokens", prompt},
+                  {"completion_tokens", completion},
+                  {"total_tokens", prompt + completion}};
+    j["tessera"]["choices"] = ext;
+    send_json(res, 200, j);
+  }
+
+  /// One stream to its outcome, the text cut at the first stop sequence.
+  result<serving::outcome> run_choice(const api_request& r) {
     auto c = serving::client::connect(client_options());
-    if (!c) return send_error(res, error_of(c.error()), r.dialect);
+    if (!c) return c.error();
     // Cancelled when the gateway stops: its thread pool joins this thread. With stop sequences
     // the text is watched as it comes, and the stream ends at the first one.
     std::atomic<bool> stop{false};
@@ -415,7 +472,7 @@ struct gateway::impl {
     };
     auto out = r.stop.empty() ? (*c)->ask(r.request, {}, &stopping)
                               : (*c)->ask(r.request, watch, &stopping, &stop);
-    if (!out) return send_error(res, error_of(out.error(), r.kind), r.dialect);
+    if (!out) return out;
     if (const auto at = find_stop(out->text, r.stop); at != std::string_view::npos) {
       out->text.resize(at);
       out->stop = "stop_sequence";
@@ -424,37 +481,39 @@ struct gateway::impl {
       std::lock_guard lock(mu);
       counters.streamed_tokens += out->tokens.size();
     }
-    if (r.dialect == api_dialect::openai)
-      send_json(res, 200, reply(r, *out, unix_now()));
-    else
-      send_json(res, 200,
-                ollama_final(r, *out, out->text, finish_reason(out->stop), rfc3339_now()));
+    return out;
   }
 
-  void stream(const std::shared_ptr<api_request>& r, httplib::Response& res) {
+  /// Starts the thread that runs `r`'s stream into a relay.
+  std::shared_ptr<relay> start_relay(std::shared_ptr<const api_request> r) {
     auto rl = std::make_shared<relay>();
     auto co = client_options();
     rl->worker = std::thread([rl, r, co] {
       name_this_thread("http-relay");
       auto c = serving::client::connect(co);
-      result<serving::outcome> out = c ? (*c)->ask(
-                                             r->request,
-                                             [&](const serving::token_event& t) {
-                                               std::lock_guard lock(rl->mu);
-                                               rl->pieces.push_back({std::string(t.text),
-                                                                     t.logprob != nullptr
-                                                                         ? std::optional(*t.logprob)
-                                                                         : std::nullopt,
-                                                                     std::string(t.node)});
-                                               ++rl->tokens;
-                                               rl->cv.notify_all();
-                                             },
-                                             &rl->cancel, &rl->stop)
-                                       : result<serving::outcome>(c.error());
+      result<serving::outcome> out =
+          c ? (*c)->ask(
+                  r->request,
+                  [&](const serving::token_event& t) {
+                    std::lock_guard lock(rl->mu);
+                    rl->pieces.push_back(
+                        {std::string(t.text),
+                         t.logprob != nullptr ? std::optional(*t.logprob) : std::nullopt,
+                         std::string(t.node)});
+                    ++rl->tokens;
+                    rl->cv.notify_all();
+                  },
+                  &rl->cancel, &rl->stop)
+            : result<serving::outcome>(c.error());
       std::lock_guard lock(rl->mu);
       rl->end.emplace(std::move(out));
       rl->cv.notify_all();
     });
+    return rl;
+  }
+
+  void stream(const std::shared_ptr<api_request>& r, httplib::Response& res) {
+    auto rl = start_relay(r);
     // Wait for the first token (or the end) before the status line goes out: a request that fails
     // before streaming anything gets its HTTP status, as the non-streaming API would.
     {
@@ -629,6 +688,173 @@ struct gateway::impl {
       sink.done();
       return true;
     }
+  }
+
+  /// `n` > 1, streamed (OpenAI's API): one relay per choice, their chunks interleaved as they
+  /// come, each with its choice's index and its own finish; usage (if asked) once all ended.
+  void stream_choices(const std::shared_ptr<api_request>& r, httplib::Response& res) {
+    auto relays = std::make_shared<std::vector<std::shared_ptr<relay>>>();
+    auto choices = std::make_shared<std::vector<api_request>>();
+    for (std::uint32_t i = 0; i < r->n; ++i) {
+      choices->push_back(choice_request(*r, i));
+      relays->push_back(start_relay(std::make_shared<const api_request>(choices->back())));
+    }
+    const auto join_all = [relays] {
+      for (auto& rl : *relays)
+        rl->join();
+    };
+    // As stream(): an error before any token gets its HTTP status.
+    for (auto& rl : *relays) {
+      std::unique_lock lock(rl->mu);
+      while (rl->tokens == 0 && !rl->end && !stopping)
+        rl->cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (rl->end && !*rl->end) {
+        const auto e = error_of(rl->end->error(), r->kind);
+        lock.unlock();
+        join_all();
+        in_flight.fetch_sub(1);
+        return send_error(res, e, r->dialect);
+      }
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, relays, choices](std::size_t, httplib::DataSink& sink) {
+          return write_choices(*relays, *choices, sink);
+        },
+        [this, join_all](bool) {
+          join_all();
+          in_flight.fetch_sub(1);
+        });
+  }
+
+  bool write_choices(std::vector<std::shared_ptr<relay>>& relays,
+                     const std::vector<api_request>& choices, httplib::DataSink& sink) {
+    const auto created = unix_now();
+    const api_request& r0 = choices[0];
+    struct state {
+      std::string carry;  // bytes held back: an unfinished UTF-8 character, a stop's beginning
+      std::vector<serving::token_logprob> pending_lp;
+      std::size_t text_offset = 0;
+      std::string last_node;
+      bool stopped = false;
+      bool ended = false;
+      std::uint32_t tokens = 0;
+      std::uint32_t prompt_tokens = 0;
+    };
+    std::vector<state> st(choices.size());
+    const auto cancel_all = [&] {
+      for (auto& rl : relays)
+        rl->cancel = true;
+    };
+    const auto write = [&](const std::string& e) {
+      if (sink.write(e.data(), e.size())) return true;
+      cancel_all();
+      std::lock_guard lock(mu);
+      ++counters.disconnects;
+      return false;
+    };
+    const auto piece = [&](std::size_t i, std::string_view text, const std::string& node) {
+      json j = chunk(choices[i], text, false, "", created, st[i].pending_lp, st[i].text_offset);
+      if (!node.empty()) j["tessera"] = {{"node", node}};
+      st[i].pending_lp.clear();
+      st[i].text_offset += text.size();
+      return write(sse(j));
+    };
+    if (r0.kind == api_kind::chat)
+      for (const auto& c : choices)
+        if (!write(sse(chunk(c, "", true, "", created)))) return false;
+    for (std::size_t left = choices.size(); left > 0;) {
+      bool any = false;
+      for (std::size_t i = 0; i < choices.size(); ++i) {
+        if (st[i].ended) continue;
+        relay& rl = *relays[i];
+        std::deque<relay::piece> pieces;
+        std::optional<result<serving::outcome>> end;
+        {
+          std::lock_guard lock(rl.mu);
+          pieces.swap(rl.pieces);
+          if (rl.end) end = std::move(rl.end);
+        }
+        any = any || !pieces.empty() || end.has_value();
+        const auto& r = choices[i];
+        for (auto& p : pieces) {
+          if (st[i].stopped) break;
+          ++st[i].tokens;
+          if (p.logprob) st[i].pending_lp.push_back(std::move(*p.logprob));
+          std::string node;
+          if (p.node != st[i].last_node) node = st[i].last_node = p.node;
+          st[i].carry += p.text;
+          std::size_t n = utf8_complete_prefix(st[i].carry);
+          if (!r.stop.empty()) {
+            if (const auto at = find_stop(st[i].carry, r.stop); at != std::string_view::npos) {
+              st[i].carry.resize(at);
+              st[i].stopped = true;
+              rl.stop = true;
+              n = st[i].carry.size();
+            } else {
+              n = std::min(n, st[i].carry.size() - stop_holdback(st[i].carry, r.stop));
+            }
+          }
+          if (n == 0) continue;
+          if (!piece(i, std::string_view(st[i].carry).substr(0, n), node)) return false;
+          st[i].carry.erase(0, n);
+        }
+        if (!end) continue;
+        if (!st[i].carry.empty() && !piece(i, st[i].carry, "")) return false;
+        st[i].carry.clear();
+        st[i].ended = true;
+        --left;
+        {
+          std::lock_guard lock(mu);
+          counters.streamed_tokens += st[i].tokens;
+        }
+        if (*end) {
+          const auto& out = **end;
+          st[i].prompt_tokens = out.prompt_tokens;
+          st[i].tokens = static_cast<std::uint32_t>(out.tokens.size());
+          json last =
+              chunk(r, "", false, st[i].stopped ? "stop" : finish_reason(out.stop), created);
+          last["tessera"] = tessera_extension(out);
+          if (!write(sse(last))) return false;
+        } else if (st[i].stopped) {
+          if (!write(sse(chunk(r, "", false, "stop", created)))) return false;
+        } else {
+          // One choice failed past every resumption: the whole answer ends with its error.
+          cancel_all();
+          if (!write(sse(error_of(end->error(), r.kind).to_json()))) return false;
+          if (!write(std::string(sse_done))) return false;
+          sink.done();
+          return true;
+        }
+      }
+      if (left == 0) break;
+      if (stopping) {
+        cancel_all();
+        return false;  // closes the connection: the client sees the stream cut
+      }
+      if (!any) {
+        // Nothing new from any choice: wait on the first that is still running.
+        for (std::size_t i = 0; i < choices.size(); ++i) {
+          if (st[i].ended) continue;
+          std::unique_lock lock(relays[i]->mu);
+          relays[i]->cv.wait_for(lock, std::chrono::milliseconds(20), [&] {
+            return !relays[i]->pieces.empty() || relays[i]->end.has_value() || stopping;
+          });
+          break;
+        }
+      }
+    }
+    if (r0.include_usage) {
+      std::uint32_t completion = 0;
+      for (const auto& c : st)
+        completion += c.tokens;
+      if (!write(sse(usage_chunk(r0, st[0].prompt_tokens, completion, created)))) return false;
+    }
+    if (!write(std::string(sse_done))) return false;
+    sink.done();
+    return true;
   }
 
   void routes() {

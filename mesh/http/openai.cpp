@@ -183,12 +183,10 @@ std::optional<api_error> parse_unsupported(api_kind kind, const json& body) {
   if (kind != api_kind::chat)
     for (const char* key : {"tools", "tool_choice"})
       if (auto e = only_default(body, key, "tool calls (chat completions take them)")) return e;
-  for (const char* key : {"n", "best_of"}) {
-    auto it = body.find(key);
-    if (it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int>() == 1))
-      return bad(key,
-                 fmt::format("'{}' must be 1 (one choice per request), got {}", key, shown(*it)));
-  }
+  if (auto it = body.find("best_of");
+      it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int>() == 1))
+    return bad("best_of",
+               fmt::format("'best_of' must be 1 (use n for several choices), got {}", shown(*it)));
   return std::nullopt;
 }
 
@@ -354,6 +352,15 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
   if (auto e = parse_stop(body, out.stop)) return *e;
   if (auto e = parse_logprobs(kind, body, r)) return *e;
   if (auto e = parse_response_format(kind, body, r)) return *e;
+  if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
+        it->get<std::int64_t>() > max_choices)
+      return bad(
+          "n", fmt::format("'n' must be an integer from 1 to {}, got {}", max_choices, shown(*it)));
+    out.n = static_cast<std::uint32_t>(it->get<std::int64_t>());
+    if (out.n > 1 && out.tools)
+      return bad("n", "'n' > 1 with 'tools' is not supported (one choice reads tool calls)");
+  }
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("stream", "'stream' must be true or false");
     out.stream = it->get<bool>();
@@ -512,8 +519,28 @@ json logprobs_json(const api_request& r, std::span<const serving::token_logprob>
           {"text_offset", offsets}};
 }
 
+api_request choice_request(const api_request& r, std::uint32_t i) {
+  api_request c = r;
+  c.n = 1;
+  c.index = i;
+  c.reply_id = r.request.id;
+  c.request.id = fmt::format("{}.{}", r.request.id, i);
+  c.request.affinity = r.request.id;
+  c.request.seed = r.request.seed + i;
+  return c;
+}
+
+namespace {
+
+const std::string& reply_id(const api_request& r) {
+  return r.reply_id.empty() ? r.request.id : r.reply_id;
+}
+
+}  // namespace
+
 json reply(const api_request& r, const serving::outcome& out, std::int64_t created_unix) {
-  json choice{{"index", 0}, {"finish_reason", finish_reason(out.stop)}, {"logprobs", nullptr}};
+  json choice{
+      {"index", r.index}, {"finish_reason", finish_reason(out.stop)}, {"logprobs", nullptr}};
   if (r.request.top_logprobs >= 0) {
     // The tokens that begin inside the answer (a stop sequence cut it: those past it go).
     std::size_t n = 0;
@@ -538,7 +565,7 @@ json reply(const api_request& r, const serving::outcome& out, std::int64_t creat
   } else {
     choice["text"] = out.text;
   }
-  return {{"id", r.request.id},
+  return {{"id", reply_id(r)},
           {"object", r.kind == api_kind::chat ? "chat.completion" : "text_completion"},
           {"created", created_unix},
           {"model", r.request.model},
@@ -550,7 +577,7 @@ json reply(const api_request& r, const serving::outcome& out, std::int64_t creat
 json chunk(const api_request& r, std::string_view text, bool first, std::string_view finish,
            std::int64_t created_unix, std::span<const serving::token_logprob> logprobs,
            std::size_t text_offset) {
-  json choice{{"index", 0},
+  json choice{{"index", r.index},
               {"finish_reason", finish.empty() ? json(nullptr) : json(finish)},
               {"logprobs", nullptr}};
   if (!logprobs.empty()) choice["logprobs"] = logprobs_json(r, logprobs, text_offset);
@@ -562,7 +589,7 @@ json chunk(const api_request& r, std::string_view text, bool first, std::string_
   } else {
     choice["text"] = std::string(text);
   }
-  return {{"id", r.request.id},
+  return {{"id", reply_id(r)},
           {"object", r.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
           {"created", created_unix},
           {"model", r.request.model},
@@ -584,7 +611,7 @@ json tool_calls_chunk(const api_request& r, const std::vector<tool_call>& calls,
 
 json usage_chunk(const api_request& r, std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
                  std::int64_t created_unix) {
-  return {{"id", r.request.id},
+  return {{"id", reply_id(r)},
           {"object", r.kind == api_kind::chat ? "chat.completion.chunk" : "text_completion"},
           {"created", created_unix},
           {"model", r.request.model},

@@ -48,7 +48,20 @@ struct api_request {
   std::vector<std::string> stop;
   /// Chat with `tools`: the answer is read for tool calls (mesh/http/tools.hpp).
   bool tools = false;
+  /// `n`: choices asked for (1..max_choices). The gateway runs each as its own stream
+  /// (choice_request), all routed to one peer, which reads their shared prompt once.
+  std::uint32_t n = 1;
+  /// A choice's stream: its index in `choices`, and the id the reply carries (the API request's;
+  /// the stream's own id is request.id). Empty: request.id.
+  std::uint32_t index = 0;
+  std::string reply_id;
 };
+
+inline constexpr std::uint32_t max_choices = 8;  ///< `n`, bounded: each choice is a stream
+
+/// Choice `i` of `r` (n > 1) as a stream of its own: id "<id>.<i>", seed + i (copies with one
+/// seed would draw the same text), affinity the request's id (every choice on one peer).
+[[nodiscard]] api_request choice_request(const api_request& r, std::uint32_t i);
 
 inline constexpr std::size_t max_stop_sequences = 4;  ///< OpenAI's bound
 inline constexpr std::size_t max_stop_sequence_bytes = 256;

@@ -225,6 +225,7 @@ struct session {
   std::unique_ptr<const inf::tokenizer::json_schema> schema;
   std::optional<inf::tokenizer::json_prefix> json;
   clock_type::time_point ran_since{};  // took its slot (rule 3's quantum counts from here)
+  std::uint64_t took_slot = 0;         // the order streams took their slots (prefix sharing)
 };
 
 /// A local stream whose model's weights are on their way (loading, or about to): it waits queued.
@@ -293,7 +294,8 @@ struct engine::impl {
       resumed_first{0},  // resumed streams queued ahead of new ones
       made_way{0},       // waiting streams refused for a newcomer of a client with fewer
       preempted{0},      // running streams sent back to the queue for a client with fewer
-      subscriptions_refused{0}, unread_requests{0}, unread_streams_cut{0};
+      subscriptions_refused{0}, unread_requests{0}, unread_streams_cut{0},
+      shared_prefix_tokens{0};  // prompt positions taken from another stream's KV cache
   // --- io thread only: subscribers per response topic (request id) on the XPUB, and the bytes
   // of every subscription libzmq holds for its connections (kMaxSubscriptionTrieBytes) ---
   std::unordered_map<std::string, std::uint32_t> topic_subscribers;
@@ -336,6 +338,7 @@ struct engine::impl {
   const placement::plan* reconciled = nullptr;
   std::shared_ptr<const placement::plan> current_plan;
   std::map<std::string, std::unique_ptr<session>> active;  // by request id
+  std::uint64_t slots_taken = 0;  // engine thread: numbers session::took_slot
   std::deque<std::unique_ptr<session>> queued;
   // Requests remembered after their stream ended, so that a duplicate of a finished attempt
   // gets its final message again instead of a second generation.
@@ -1176,9 +1179,48 @@ struct engine::impl {
 
   /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended. A
   /// local stream's evaluation joins `round` (the caller runs it); its state advances as if done.
+  /// Prefix sharing (n > 1 choices, one system prompt): another local stream of the model that
+  /// read the same first tokens lends its KV cache for them, so that they are evaluated once. Its
+  /// evaluated positions are copied; while one that took its slot earlier is still reading the
+  /// shared tokens, `s` waits for it (true: no unit this round) instead of computing them twice —
+  /// it cannot wait forever: the earliest of them never waits, and every active stream advances
+  /// each round (a preempted one leaves `active`). The last prompt token is always evaluated
+  /// here, for the logits.
+  bool share_prefix(session& s, std::size_t feed_size) {
+    const std::size_t want = feed_size - 1;
+    if (s.fed >= want) return false;
+    session* best = nullptr;
+    std::size_t best_ready = s.fed;
+    bool wait = false;
+    for (const auto& [id, dp] : active) {
+      session& d = *dp;
+      if (&d == &s || d.model != s.model || !d.ctx) continue;
+      const std::size_t limit = std::min(want, d.history.size());
+      std::size_t common = 0;
+      while (common < limit && d.history[common] == s.history[common])
+        ++common;
+      if (common <= s.fed) continue;
+      const auto ready = std::min(common, static_cast<std::size_t>(d.ctx->pos()));
+      if (ready > best_ready) {
+        best = &d;
+        best_ready = ready;
+      }
+      // Still reading tokens `s` needs (scheduled beyond what is evaluated), and ahead in line.
+      if (d.took_slot < s.took_slot && d.fed > ready && ready < common) wait = true;
+    }
+    if (best != nullptr) {
+      if (auto c = s.ctx->copy_prefix(*best->ctx, static_cast<std::int64_t>(best_ready)); c) {
+        shared_prefix_tokens += best_ready - s.fed;
+        s.fed = best_ready;
+      }
+    }
+    return wait;
+  }
+
   bool step(session& s, std::vector<unit>& round) {
     // The prompt plus the tokens the client already has (a resumed stream re-prefills them).
     const std::size_t feed_size = s.history.size();
+    if (s.fed < feed_size && s.ctx && share_prefix(s, feed_size)) return true;  // waits a round
     if (s.fed < feed_size) {
       const std::size_t n = std::min<std::size_t>(opt.prefill_chunk, feed_size - s.fed);
       const bool last = s.fed + n == feed_size;
@@ -1321,6 +1363,7 @@ struct engine::impl {
       }
       ++c.running;
       s->ran_since = clock_type::now();
+      s->took_slot = ++slots_taken;
       const std::string id = s->req.id;
       active[id] = std::move(s);
     }
@@ -2117,6 +2160,7 @@ json engine::status() const {
   j["fair_share"] = {{"connections", impl_->connections_seen.load()},
                      {"made_way", impl_->made_way.load()},
                      {"preempted", impl_->preempted.load()}};
+  j["shared_prefix_tokens"] = impl_->shared_prefix_tokens.load();
   j["passes"] = impl_->passes.load();
   j["pass_streams"] = impl_->pass_streams.load();
   j["stream_stats"] = impl_->stats.to_json();

@@ -73,7 +73,10 @@ intake_decision decide(const request& r, const placement::plan* plan,
     }
     if (!any_down) weights.clear();
   }
-  auto g = placement::route_request(*plan, r.model, r.id, weights);
+  // Requests that name one affinity key go to one group (the n choices of one API request: one
+  // prompt, read once, one batch).
+  auto g =
+      placement::route_request(*plan, r.model, r.affinity.empty() ? r.id : r.affinity, weights);
   if (!g) {
     if (g.error().code == errc::not_found)
       return reject_if_responder(

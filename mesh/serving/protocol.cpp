@@ -96,6 +96,10 @@ result<void> validate(const request& r) {
   if (!valid_id(r.id))
     return make_error(errc::invalid_argument, "field 'id': must be 1..{} bytes of [A-Za-z0-9_.-]",
                       max_id_bytes);
+  if (!r.affinity.empty() && !valid_id(r.affinity))
+    return make_error(errc::invalid_argument,
+                      "field 'affinity': must be empty or 1..{} bytes of [A-Za-z0-9_.-]",
+                      max_id_bytes);
   if (r.model.empty() || r.model.size() > max_model_bytes)
     return make_error(errc::invalid_argument, "field 'model': must be 1..{} bytes",
                       max_model_bytes);

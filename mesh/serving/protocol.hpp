@@ -75,6 +75,10 @@ struct request {
   /// keyword). "": free text.
   std::string format;
   std::string schema;  ///< with format json_schema: the schema, as JSON text (at most 64 KiB)
+  /// Requests with the same affinity key (an id's alphabet) are routed to the same group, as if
+  /// they had that id: the choices of one request with n > 1 meet on one peer, which reads their
+  /// shared prompt once. "": the request's own id.
+  std::string affinity;
   std::uint32_t max_tokens = 128;
   float temperature = 0.8f;  ///< <= 0: greedy
   std::int32_t top_k = 40;
@@ -101,7 +105,7 @@ struct request {
   std::string client;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
-                     presence_penalty, top_logprobs, tools, format, schema);
+                     presence_penalty, top_logprobs, tools, format, schema, affinity);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };

@@ -5,6 +5,7 @@
 // through the same pub-sub path as every other client.
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -41,6 +42,8 @@ struct sse_result {
   std::string error;  ///< an error event's message
   std::vector<std::string> nodes;  ///< chunks' "tessera": {"node"}: each serving peer, in order
   std::vector<std::string> last_nodes;  ///< the last chunk's "tessera": {"nodes"}
+  std::map<int, std::string> texts, finishes;  ///< by choice index (n > 1)
+  json usage;                                  ///< a usage chunk's
 };
 
 /// Feeds bytes as they arrive; calls on_chunk after each complete event.
@@ -70,7 +73,13 @@ class sse_parser {
           out_.last_nodes = j["tessera"]["nodes"].get<std::vector<std::string>>();
       }
       const auto before = out_.text.size();
+      if (j.contains("usage")) out_.usage = j["usage"];
       for (const auto& c : j["choices"]) {
+        const int index = c.value("index", 0);
+        if (c.contains("text")) out_.texts[index] += c["text"].get<std::string>();
+        if (c.contains("delta") && c["delta"].contains("content"))
+          out_.texts[index] += c["delta"]["content"].get<std::string>();
+        if (!c["finish_reason"].is_null()) out_.finishes[index] = c["finish_reason"];
         if (c.contains("text")) out_.text += c["text"].get<std::string>();
         if (c.contains("delta") && c["delta"].contains("content"))
           out_.text += c["delta"]["content"].get<std::string>();
@@ -252,7 +261,7 @@ TEST_F(HttpGateway, ApiAnswersLikeOnePeerStreamsAndRefusesClearly) {
   };
   const refusal refusals[] = {
       {"/v1/completions", R"({"model":"no-such-model","prompt":"x"})", 404, "no-such-model"},
-      {"/v1/completions", R"({"model":"tiny","prompt":"x","n":3})", 400, "'n'"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"x","n":30})", 400, "'n'"},
       {"/v1/completions", "{not json", 400, "not valid JSON"},
       {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400, "messages"},
       {"/v1/nothing", "{}", 404, "no route"},
@@ -550,6 +559,90 @@ TEST_F(HttpGateway, JsonSchemaAnswersParseAndValidate) {
   EXPECT_EQ(refused.error().code, errc::invalid_argument) << refused.error().describe();
   EXPECT_NE(refused.error().message.find("field 'schema': #/properties/a/not"), std::string::npos)
       << refused.error().describe();
+}
+
+// n > 1: each choice is a stream of its own, all routed to one peer by the request's id, which
+// reads their shared prompt once (the later choice copies the earlier one's KV cache: the peers'
+// shared_prefix_tokens grow by the prompt less its last token). Greedy, every choice is the
+// single-peer text — the copied cache is bit for bit the one the choice would have computed —
+// streamed (chunks by index, usage once) and not.
+TEST_F(HttpGateway, ChoicesShareOnePeerAndOnePromptRead) {
+  constexpr int n = 96;
+  const std::string ref = reference(n);
+  ASSERT_FALSE(ref.empty());
+  const auto shared = [&] {
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < cluster_->size(); ++i) {
+      auto st = client(i).Get("/status");
+      EXPECT_TRUE(st && st->status == 200);
+      if (!st) continue;
+      std::function<void(const json&)> walk = [&](const json& j) {
+        if (j.is_object()) {
+          for (const auto& [k, v] : j.items()) {
+            if (k == "shared_prefix_tokens" && v.is_number_unsigned())
+              sum += v.get<std::uint64_t>();
+            walk(v);
+          }
+        } else if (j.is_array()) {
+          for (const auto& v : j)
+            walk(v);
+        }
+      };
+      walk(json::parse(st->body));
+    }
+    return sum;
+  };
+  const auto before = shared();
+  const json body{
+      {"model", "tiny"}, {"prompt", kPrompt}, {"max_tokens", n}, {"temperature", 0}, {"n", 2}};
+  auto r = client(0).Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 2u) << r->body;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], ref) << i;
+  }
+  const auto prompt = j["usage"]["prompt_tokens"].get<std::uint32_t>();
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2 * n);
+  ASSERT_EQ(j["tessera"]["choices"].size(), 2u);
+  EXPECT_EQ(j["tessera"]["choices"][0]["nodes"], j["tessera"]["choices"][1]["nodes"]) << r->body;
+  const auto after = shared();
+  EXPECT_GE(after - before, prompt - 1) << before << " -> " << after;
+
+  json sb = body;
+  sb["stream"] = true;
+  sb["n"] = 3;
+  sb["stream_options"] = {{"include_usage", true}};
+  const auto s = stream(2, "/v1/completions", sb);
+  EXPECT_TRUE(s.done);
+  EXPECT_TRUE(s.error.empty()) << s.error;
+  ASSERT_EQ(s.texts.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.texts.at(i), ref) << i;
+    EXPECT_EQ(s.finishes.at(i), "length") << i;
+  }
+  EXPECT_EQ(s.usage["completion_tokens"], 3 * n);
+  EXPECT_GE(shared() - after, 2 * (prompt - 1));
+
+  // Sampled with the request's seed, the choices draw differently (seed + index) and each is
+  // what the same request with n = 1 and that seed draws.
+  json sampled{{"model", "tiny"}, {"prompt", kPrompt}, {"max_tokens", n}, {"seed", 41}, {"n", 2}};
+  auto two = client(1).Post("/v1/completions", sampled.dump(), "application/json");
+  ASSERT_TRUE(two);
+  ASSERT_EQ(two->status, 200) << two->body;
+  const json tj = json::parse(two->body);
+  for (int i = 0; i < 2; ++i) {
+    json one = sampled;
+    one["n"] = 1;
+    one["seed"] = 41 + i;
+    auto o = client(1).Post("/v1/completions", one.dump(), "application/json");
+    ASSERT_TRUE(o);
+    ASSERT_EQ(o->status, 200) << o->body;
+    EXPECT_EQ(tj["choices"][i]["text"], json::parse(o->body)["choices"][0]["text"]) << i;
+  }
+  EXPECT_NE(tj["choices"][0]["text"], tj["choices"][1]["text"]);
 }
 
 TEST_F(HttpGateway, OllamasApiAnswersLikeOnePeer) {

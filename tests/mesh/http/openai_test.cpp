@@ -97,7 +97,12 @@ TEST(OpenAI, EveryRefusalNamesItsField) {
       {api_kind::completion, R"({"model":"m","prompt":"x","temperature":3})", "temperature"},
       {api_kind::completion, R"({"model":"m","prompt":"x","temperature":"hot"})", "temperature"},
       {api_kind::completion, R"({"model":"m","prompt":"x","top_p":-1})", "top_p"},
-      {api_kind::completion, R"({"model":"m","prompt":"x","n":2})", "n"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","n":9})", "n"},
+      {api_kind::completion, R"({"model":"m","prompt":"x","n":0})", "n"},
+      {api_kind::chat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":2,
+           "tools":[{"type":"function","function":{"name":"f"}}]})",
+       "n"},
       {api_kind::completion, R"({"model":"m","prompt":"x","best_of":3})", "best_of"},
       {api_kind::completion, R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "stop"},
       {api_kind::completion, R"({"model":"m","prompt":"x","stop":[1]})", "stop"},
@@ -161,6 +166,29 @@ TEST(OpenAI, ResponseFormatJsonObjectAsksForAJsonAnswer) {
                          "id", 1);
   ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
   EXPECT_EQ(std::get<api_request>(parsed).request.format, "");
+}
+
+// n > 1: each choice is a stream of its own — its own id and seed, the API request's id as the
+// reply's and as the affinity that routes every choice to one peer.
+TEST(OpenAI, ChoicesAreStreamsOfTheirOwnRoutedTogether) {
+  auto parsed = parse_request(api_kind::completion, R"({"model":"m","prompt":"x","n":3,"seed":7})",
+                              "cmpl-abc", 1);
+  ASSERT_TRUE(std::holds_alternative<api_request>(parsed));
+  const auto& r = std::get<api_request>(parsed);
+  EXPECT_EQ(r.n, 3u);
+  const auto c = choice_request(r, 2);
+  EXPECT_EQ(c.n, 1u);
+  EXPECT_EQ(c.index, 2u);
+  EXPECT_EQ(c.request.id, "cmpl-abc.2");
+  EXPECT_EQ(c.request.affinity, "cmpl-abc");
+  EXPECT_EQ(c.request.seed, 9u);
+  EXPECT_TRUE(serving::validate(c.request)) << c.request.id;
+  serving::outcome out;
+  out.text = "hi";
+  const auto j = reply(c, out, 0);
+  EXPECT_EQ(j["id"], "cmpl-abc");
+  EXPECT_EQ(j["choices"][0]["index"], 2);
+  EXPECT_EQ(chunk(c, "h", false, "", 0)["choices"][0]["index"], 2);
 }
 
 // response_format json_schema carries the schema to the peer; one the grammar cannot follow is a
