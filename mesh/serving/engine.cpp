@@ -1205,8 +1205,12 @@ struct engine::impl {
         best = &d;
         best_ready = ready;
       }
-      // Still reading tokens `s` needs (scheduled beyond what is evaluated), and ahead in line.
-      if (d.took_slot < s.took_slot && d.fed > ready && ready < common) wait = true;
+      // Ahead in line and still reading tokens `s` needs: a chunk scheduled and not yet
+      // evaluated, or more of its prompt to schedule (this round, if its turn comes after this).
+      const auto evaluated = static_cast<std::size_t>(d.ctx->pos());
+      if (d.took_slot < s.took_slot && evaluated < common &&
+          (d.fed > evaluated || d.fed < d.history.size()))
+        wait = true;
     }
     if (best != nullptr) {
       if (auto c = s.ctx->copy_prefix(*best->ctx, static_cast<std::int64_t>(best_ready)); c) {

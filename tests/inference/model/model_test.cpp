@@ -554,6 +554,44 @@ TEST(ModelContext, BatchedSequencesGetTheLogitsTheyGetAlone) {
 
 // Batching across pipeline shards: the first shard batches tokens into hidden rows, the second
 // takes those rows and gives each sequence the logits the whole model gives it alone.
+// Prefix sharing: a context that takes another's first positions (of another n_ctx, so the cache
+// strides differ; 21 positions: a partial key panel) and then reads the rest gets bit for bit the
+// logits of one that read everything itself. Taking more than the source holds, or from another
+// model, is an error that changes nothing.
+TEST(ModelContext, ACopiedPrefixGivesTheLogitsOfReadingIt) {
+  model_file mf(small("qwen3", tensor_type::q8_0), "prefix");
+  auto f = open(mf.path);
+  auto m = model::load(f);
+  ASSERT_TRUE(m) << m.error().message;
+  const auto V = static_cast<std::size_t>((*m)->params().n_vocab);
+  std::vector<token_id> prompt;
+  for (token_id t = 0; t < 24; ++t)
+    prompt.push_back((t * 37 + 5) % 500);
+  auto whole = context::create(**m, {64, 8, nullptr});
+  ASSERT_TRUE(whole);
+  std::vector<float> want(V), got(V);
+  ASSERT_TRUE((*whole)->eval(prompt, logits_mode::last, want));
+  auto donor = context::create(**m, {48, 8, nullptr});
+  ASSERT_TRUE(donor);
+  ASSERT_TRUE((*donor)->eval(std::span(prompt).first(21), logits_mode::none, {}));
+  auto c = context::create(**m, {40, 8, nullptr});
+  ASSERT_TRUE(c);
+  EXPECT_FALSE((*c)->copy_prefix(**donor, 22));  // the donor holds 21
+  EXPECT_EQ((*c)->pos(), 0);
+  ASSERT_TRUE((*c)->copy_prefix(**donor, 21));
+  EXPECT_EQ((*c)->pos(), 21);
+  ASSERT_TRUE((*c)->eval(std::span(prompt).subspan(21), logits_mode::last, got));
+  EXPECT_EQ(got, want);
+  model_file other(small("qwen3", tensor_type::q8_0), "prefix-other");
+  auto of = open(other.path);
+  auto om = model::load(of);
+  ASSERT_TRUE(om);
+  auto oc = context::create(**om, {40, 8, nullptr});
+  ASSERT_TRUE(oc);
+  EXPECT_FALSE((*oc)->copy_prefix(**donor, 4));
+  EXPECT_EQ((*oc)->pos(), 0);
+}
+
 TEST(ModelContext, BatchedPipelineShardsGiveTheWholeModelsLogits) {
   model_file mf(small("llama", tensor_type::q8_0), "batchpp");
   auto f = open(mf.path);
