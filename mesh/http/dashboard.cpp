@@ -60,9 +60,11 @@ function draw(docs){
       return [td(esc(short(m.id))+(m.id===n.leader?" (leader)":""),m.id===n.leader?"leader":""),td(esc(m.status),m.status),
         td(esc(m.hostname)+":"+esc(m.pid)),td(m.cores,"num"),td(mb(m.memory_free_mb)+" / "+mb(m.memory_total_mb),"num"),
         td(esc((m.models||[]).join(", "))),td(running+(queued?" (+"+queued+" waiting)":""),"num"),td(s?s.tokens:"?","num")];}));
-  table("links",["from","to","backend","RTT","bandwidth"],
+  table("links",["from","to","backend","bulk RTT","bandwidth","control RTT"],
     view.links.map(l=>[td(esc(short(l.from))),td(esc(short(l.to))),td(esc(l.backend)),
-      td(l.rtt_us?l.rtt_us+" µs":"-","num"),td(l.bandwidth_mbps?(l.bandwidth_mbps/1000).toFixed(2)+" Gbit/s":"-","num")]));
+      td(l.bulk_rtt_us?(l.bulk_rtt_us<10?l.bulk_rtt_us.toFixed(2):l.bulk_rtt_us.toFixed(0))+" µs":"-","num"),
+      td(l.bandwidth_mbps?(l.bandwidth_mbps/1000).toFixed(2)+" GB/s":"-","num"),
+      td(l.rtt_us?l.rtt_us+" µs":"-","num")]));
   const plan=self.plan;
   document.getElementById("plan").innerHTML=!plan?"<p>no plan yet</p>":plan.models.map(m=>
     "<h3>"+esc(m.name)+"</h3>"+(m.no_capacity?"<p class='bad'>"+esc(m.no_capacity)+"</p>":"")+

@@ -114,7 +114,8 @@ void view_metrics(family_writer& w, const json& s) {
   w.sample(num(v["epoch"], "version"));
   if (v.contains("links") && v["links"].is_array()) {
     w.family("tessera_link_rtt_seconds", "gauge",
-             "Measured round-trip time of each directed link from this node.");
+             "Control-plane round-trip time of each directed link from this node (through both "
+             "nodes' loops).");
     for (const auto& l : v["links"])
       if (text(l, "from") == self)
         w.sample(
@@ -125,7 +126,15 @@ void view_metrics(family_writer& w, const json& s) {
     for (const auto& l : v["links"])
       if (text(l, "from") == self)
         w.sample(
-            num(l, "bandwidth_mbps") * 1e6 / 8,
+            num(l, "bandwidth_mbps") * 1e6,
+            {{"from", text(l, "from")}, {"to", text(l, "to")}, {"backend", text(l, "backend")}});
+    w.family("tessera_link_bulk_rtt_seconds", "gauge",
+             "Small-message round trip of each directed bulk link from this node (what a "
+             "tensor-parallel step pays per collective).");
+    for (const auto& l : v["links"])
+      if (text(l, "from") == self && num(l, "bulk_rtt_us") > 0)
+        w.sample(
+            num(l, "bulk_rtt_us") / 1e6,
             {{"from", text(l, "from")}, {"to", text(l, "to")}, {"backend", text(l, "backend")}});
   }
   if (v.contains("members") && v["members"].is_array()) {

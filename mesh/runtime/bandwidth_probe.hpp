@@ -1,9 +1,12 @@
-// Bandwidth probes over real bulk links (transport/bulk): for a pair of members, the one with the
+// Link probes over real bulk links (transport/bulk): for a pair of members, the one with the
 // smaller member id opens a link with the backend choose_backend() picked (connect parameters
-// exchanged over the control plane: bulk.offer / bulk.answer), writes a bounded burst
-// (kBurstBytes in kBurstWrites one-sided writes) into a buffer the peer registered, and times it
-// until the peer confirms the last byte landed. Each side runs on a worker thread of its own (link
-// set-up and waiting block); the loop thread only routes offers/answers and reads results.
+// exchanged over the control plane: bulk.offer / bulk.answer), then measures what tensor
+// parallelism pays on it: the small-message round trip (kPings sends the peer echoes; the median)
+// and the streaming bandwidth (bursts of kBurstBytes in kBurstWrites one-sided writes into a buffer
+// the peer registered, each timed until the peer confirms the last byte landed; one untimed burst
+// first, so that neither side's first touch of its buffer is counted; the best of kTimedBursts).
+// Each side runs on a worker thread of its own (link set-up and waiting block); the loop thread
+// only routes offers/answers and reads results.
 //
 // Bounds: one probe this node initiates at a time, kMaxResponders answered at a time (offers
 // beyond are ignored: the initiator times out); every wait is bounded (kProbeTimeout); stop()
@@ -32,6 +35,8 @@ namespace tessera::mesh::runtime {
 
 inline constexpr std::uint64_t kBurstBytes = 16u << 20;
 inline constexpr std::uint32_t kBurstWrites = 4;
+inline constexpr std::uint32_t kTimedBursts = 3;  // after one untimed
+inline constexpr std::uint32_t kPings = 64;       // small-message round trips
 inline constexpr std::size_t kMaxResponders = 2;
 inline constexpr std::chrono::milliseconds kProbeTimeout{5000};
 
@@ -46,7 +51,8 @@ struct bulk_setup_message {
 struct bandwidth_result {
   member_id peer = no_member;
   std::uint8_t backend = 0;
-  double mbps = 0;  ///< MB/s (10^6 bytes per second); 0 when the probe failed
+  double mbps = 0;    ///< MB/s (10^6 bytes per second); 0 when the probe failed
+  double rtt_us = 0;  ///< the median small-message round trip over the link
   std::string error;
 };
 

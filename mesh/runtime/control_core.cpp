@@ -266,10 +266,12 @@ const topology::capabilities* control_core::peer_caps(member_id id) const {
   return it == probes_.end() || !it->second.caps ? nullptr : &*it->second.caps;
 }
 
-void control_core::set_bandwidth(member_id id, double mbps, std::uint8_t backend) {
+void control_core::set_bandwidth(member_id id, double mbps, std::uint8_t backend,
+                                 double bulk_rtt_us) {
   if (mbps <= 0) return;
   auto& p = probes_[id];
   p.bandwidth_mbps = mbps;
+  p.bulk_rtt_us = bulk_rtt_us;
   p.measured_backend = backend;
 }
 
@@ -295,6 +297,7 @@ topology::row_report control_core::own_row(std::uint64_t now) const {
     if (it->second.caps) l.backend = port_.backend_for(*it->second.caps);
     if (it->second.bandwidth_mbps > 0) {
       l.bandwidth_mbps = it->second.bandwidth_mbps;
+      l.bulk_rtt_us = it->second.bulk_rtt_us;
       l.backend = it->second.measured_backend;
     }
     r.links.push_back(l);
@@ -522,6 +525,7 @@ void control_core::status_into(json& j, const std::string& self_endpoint) const 
                        {"to", id_text(l.to)},
                        {"rtt_us", l.rtt_us},
                        {"bandwidth_mbps", l.bandwidth_mbps},
+                       {"bulk_rtt_us", l.bulk_rtt_us},
                        {"backend", backend_name(l.backend)}});
     v["links"] = links;
     j["view"] = v;

@@ -131,8 +131,9 @@ class control_core {
   /// Graceful leave of membership and election.
   void leave(std::uint64_t now_ms);
 
-  /// A bandwidth measurement of the link to `id` (0: failed), for our row.
-  void set_bandwidth(member_id id, double mbps, std::uint8_t backend);
+  /// A bulk-link measurement of the link to `id` (mbps 0: failed), for our row: streaming
+  /// bandwidth and the small-message round trip.
+  void set_bandwidth(member_id id, double mbps, std::uint8_t backend, double bulk_rtt_us = 0);
 
   [[nodiscard]] bool failed() const { return failed_; }
   [[nodiscard]] bool is_member(member_id id) const { return members_->status_of(id).has_value(); }
@@ -170,6 +171,7 @@ class control_core {
     std::deque<std::uint64_t> rtt_us;  // last samples (bounded: 5)
     std::optional<topology::capabilities> caps;
     double bandwidth_mbps = 0;
+    double bulk_rtt_us = 0;
     std::uint8_t measured_backend = 0;
     std::uint64_t last_pong_ms = 0;  // 0: never heard back
   };

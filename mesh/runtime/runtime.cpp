@@ -677,7 +677,7 @@ struct node_runtime::impl final : control_port {
   void bandwidth_round(std::uint64_t now) {
     for (auto& r : prober->take_results()) {
       if (r.mbps > 0) {
-        core->set_bandwidth(r.peer, r.mbps, r.backend);
+        core->set_bandwidth(r.peer, r.mbps, r.backend, r.rtt_us);
         next_bandwidth_ms[r.peer] = now + 30'000;
       } else {
         spdlog::debug("node {}: bandwidth probe to {:016x} failed: {}", hex, r.peer, r.error);

@@ -179,16 +179,19 @@ result<std::string> format_status(const std::string& json_text) {
         if (m.contains("rdma_devices") && m["rdma_devices"].is_array())
           for (const auto& d : m["rdma_devices"])
             if (d.is_string())
-              out += fmt::format("{:<14} rdma port {}\n", short_id(m.at("id")), d.get<std::string>());
-      out += fmt::format("\n{:<14} {:<14} {:>10} {:>12} {}\n", "FROM", "TO", "RTT us", "BW MB/s",
-                         "BACKEND");
+              out +=
+                  fmt::format("{:<14} rdma port {}\n", short_id(m.at("id")), d.get<std::string>());
+      out += fmt::format("\n{:<14} {:<14} {:>12} {:>10} {:>14} {}\n", "FROM", "TO", "BULK RTT us",
+                         "BW MB/s", "CONTROL RTT us", "BACKEND");
       for (const auto& l : v.at("links")) {
         const auto rtt = l.at("rtt_us").get<std::uint64_t>();
         const auto bw = l.at("bandwidth_mbps").get<double>();
-        out += fmt::format("{:<14} {:<14} {:>10} {:>12} {}\n", short_id(l.at("from")),
-                           short_id(l.at("to")), rtt == 0 ? std::string("-") : std::to_string(rtt),
-                           bw == 0 ? std::string("-") : fmt::format("{:.0f}", bw),
-                           l.at("backend").get<std::string>());
+        const double bulk = l.value("bulk_rtt_us", 0.0);  // older peers send none
+        out += fmt::format(
+            "{:<14} {:<14} {:>12} {:>10} {:>14} {}\n", short_id(l.at("from")), short_id(l.at("to")),
+            bulk == 0 ? std::string("-") : fmt::format("{:.2f}", bulk),
+            bw == 0 ? std::string("-") : fmt::format("{:.0f}", bw),
+            rtt == 0 ? std::string("-") : std::to_string(rtt), l.at("backend").get<std::string>());
       }
     }
     // Older peers send no plan / serving section: print what is there.
@@ -240,8 +243,9 @@ result<std::string> format_status(const std::string& json_text) {
       const auto passes = s.value("passes", std::uint64_t{0});
       const std::string batch =
           passes == 0 ? std::string("-")
-                      : fmt::format("{:.2f}", static_cast<double>(s.value("pass_streams", std::uint64_t{0})) /
-                                                  static_cast<double>(passes));
+                      : fmt::format("{:.2f}",
+                                    static_cast<double>(s.value("pass_streams", std::uint64_t{0})) /
+                                        static_cast<double>(passes));
       out += fmt::format(
           "serving models {}  client ports {}/{}  streams {}  accepted {}  completed {}  "
           "tokens {}  rejected {}  malformed {}  mean batch {}\n",

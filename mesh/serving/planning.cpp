@@ -1,6 +1,7 @@
 #include "mesh/serving/planning.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace tessera::mesh::serving {
@@ -66,8 +67,12 @@ result<placement::plan> plan_from_view(const topology::view& v, const placement:
                            [&](auto* m) { return m->id == id; });
       };
       if (!holds(l.from) || !holds(l.to)) continue;
+      // The round trip a group's collectives pay is the bulk link's, where it was measured; the
+      // control plane's (through both nodes' loops) is an upper bound until then.
+      const std::uint64_t rtt =
+          l.bulk_rtt_us > 0 ? static_cast<std::uint64_t>(std::ceil(l.bulk_rtt_us)) : l.rtt_us;
       in.links.push_back({l.from, l.to,
-                          static_cast<std::uint32_t>(std::min<std::uint64_t>(l.rtt_us, UINT32_MAX)),
+                          static_cast<std::uint32_t>(std::min<std::uint64_t>(rtt, UINT32_MAX)),
                           static_cast<std::uint32_t>(l.bandwidth_mbps), backend_of(l.backend)});
     }
     in.models.push_back(spec);

@@ -135,7 +135,8 @@ bool topology_state::measurements_moved(const view& a, const view& b) const {
   };
   for (std::size_t i = 0; i < a.links.size() && i < b.links.size(); ++i) {
     if (moved(static_cast<double>(a.links[i].rtt_us), static_cast<double>(b.links[i].rtt_us)) ||
-        moved(a.links[i].bandwidth_mbps, b.links[i].bandwidth_mbps))
+        moved(a.links[i].bandwidth_mbps, b.links[i].bandwidth_mbps) ||
+        moved(a.links[i].bulk_rtt_us, b.links[i].bulk_rtt_us))
       return true;
   }
   return false;

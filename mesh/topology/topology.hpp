@@ -42,8 +42,8 @@ struct capabilities {
   std::uint64_t memory_free_mb = 0;
   std::string host_id;  ///< boot id: equal hosts may use shm
   bool has_rdma = false;
-  std::vector<std::string> rdma_devices;  ///< "device/port gid" entries
-  std::vector<std::string> models;        ///< model paths/names from the configuration
+  std::vector<std::string> rdma_devices;           ///< "device/port gid" entries
+  std::vector<std::string> models;                 ///< model paths/names from the configuration
   std::vector<placement::model_spec> model_specs;  ///< the models loaded, for the leader's plan
   std::string client_endpoint;  ///< "host:request_port:response_port" clients connect to
   std::int64_t pid = 0;         ///< the node's process, for `tessera fault` on the same host
@@ -60,9 +60,13 @@ struct link_measure {
   member_id from = no_member;
   member_id to = no_member;
   std::uint64_t rtt_us = 0;   ///< median of the last probes; 0 = not measured yet
-  double bandwidth_mbps = 0;  ///< MB/s of the last burst; 0 = not measured
+  double bandwidth_mbps = 0;  ///< MB/s, the best of the last probe's bursts; 0 = not measured
   std::uint8_t backend = 0;   ///< transport::bulk::backend_kind (1 tcp, 2 shm, 3 rdma)
-  MSGPACK_DEFINE_MAP(from, to, rtt_us, bandwidth_mbps, backend);
+  /// The bulk link's own small-message round trip (what a tensor-parallel all-reduce pays per
+  /// step), median of the last probe's pings, in µs; 0 = not measured. rtt_us is the control
+  /// plane's, through both nodes' loops.
+  double bulk_rtt_us = 0;
+  MSGPACK_DEFINE_MAP(from, to, rtt_us, bandwidth_mbps, backend, bulk_rtt_us);
   bool operator==(const link_measure&) const = default;
 };
 

@@ -21,7 +21,7 @@ json sample_status() {
     "view": {"epoch": {"term": 7, "version": 3},
              "members": [{"id": "aa", "memory_free_mb": 2}, {"id": "bb", "memory_free_mb": 9}],
              "links": [{"from": "aa", "to": "b\"b", "rtt_us": 250, "bandwidth_mbps": 8000,
-                        "backend": "shm"},
+                        "bulk_rtt_us": 1.5, "backend": "shm"},
                        {"from": "bb", "to": "aa", "rtt_us": 300, "bandwidth_mbps": 8000,
                         "backend": "shm"}]},
     "serving": {"accepted": 5, "completed": 4, "rejected": 1, "tokens": 99, "passes": 30,
@@ -59,7 +59,8 @@ std::string sample_key(const std::string& line) {
     ++i;
     while (i < line.size() && line[i] != '}') {
       const std::size_t k = i;
-      while (i < line.size() && (std::islower(static_cast<unsigned char>(line[i])) || line[i] == '_'))
+      while (i < line.size() &&
+             (std::islower(static_cast<unsigned char>(line[i])) || line[i] == '_'))
         ++i;
       if (i == k || line.compare(i, 2, "=\"") != 0) return "";
       i += 2;
@@ -140,6 +141,11 @@ TEST(Metrics, TheTextParsesAndCarriesTheStatusNumbers) {
   EXPECT_EQ(value(R"(tessera_kv_cache_tokens{model="tiny",of="used"})"), "15");
   EXPECT_EQ(value(R"(tessera_kv_cache_tokens{model="tiny",of="allocated"})"), "128");
   EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="aa",to="b\"b",backend="shm"})"), "0.00025");
+  // MB/s in the document, bytes per second in the series; the bulk link's own round trip.
+  EXPECT_EQ(value(R"(tessera_link_bandwidth_bytes_per_second{from="aa",to="b\"b",backend="shm"})"),
+            "8000000000");
+  EXPECT_EQ(value(R"(tessera_link_bulk_rtt_seconds{from="aa",to="b\"b",backend="shm"})"),
+            "1.5e-06");
   // Only this node's own links and memory: a sum over the peers' series counts each once.
   EXPECT_EQ(value(R"(tessera_link_rtt_seconds{from="bb",to="aa",backend="shm"})"), "<missing>");
   EXPECT_EQ(value("tessera_memory_free_bytes"), "2097152");
