@@ -1177,8 +1177,6 @@ struct engine::impl {
                e.message);
   }
 
-  /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended. A
-  /// local stream's evaluation joins `round` (the caller runs it); its state advances as if done.
   /// Prefix sharing (n > 1 choices, one system prompt): another local stream of the model that
   /// read the same first tokens lends its KV cache for them, so that they are evaluated once. Its
   /// evaluated positions are copied; while one that took its slot earlier is still reading the
@@ -1221,6 +1219,8 @@ struct engine::impl {
     return wait;
   }
 
+  /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended. A
+  /// local stream's evaluation joins `round` (the caller runs it); its state advances as if done.
   bool step(session& s, std::vector<unit>& round) {
     // The prompt plus the tokens the client already has (a resumed stream re-prefills them).
     const std::size_t feed_size = s.history.size();
