@@ -25,7 +25,7 @@ json_schema compiled(const std::string& text) {
   return s ? std::move(*s) : json_schema::any_object();
 }
 
-std::size_t accepted(json_prefix& p, std::string_view text) {
+std::size_t bytes_taken(json_prefix& p, std::string_view text) {
   std::size_t n = 0;
   for (unsigned char c : text) {
     if (!p.feed(c)) return n;
@@ -139,7 +139,7 @@ TEST(JsonSchema, TheGrammarTakesValidAnswersAndRefusesTheFirstByteOfAnInvalidOne
            "note": null, "ok": false, "child": {"name": "c", "age": 18, "role": 3, "tags": ["t"],
            "note": "hello"} })"}) {
     json_prefix p(schema);
-    ASSERT_EQ(accepted(p, doc), doc.size()) << doc;
+    ASSERT_EQ(bytes_taken(p, doc), doc.size()) << doc;
     EXPECT_TRUE(p.complete()) << doc;
     const auto v = json::parse(doc);
     EXPECT_TRUE(schema.accepts(v)) << doc;
@@ -168,7 +168,7 @@ TEST(JsonSchema, TheGrammarTakesValidAnswersAndRefusesTheFirstByteOfAnInvalidOne
            {R"({"note":12)", 8},
        }) {
     json_prefix p(schema);
-    EXPECT_EQ(accepted(p, text), good) << text;
+    EXPECT_EQ(bytes_taken(p, text), good) << text;
   }
 }
 
@@ -181,7 +181,7 @@ TEST(JsonSchema, TopLevelScalarsAndEnumsEndWhereTheyMay) {
   for (const auto& [text, good] : std::vector<std::pair<std::string, std::size_t>>{
            {"-6", 1}, {"-0", 2}, {"301", 2}, {"3000", 3}, {"00", 1}, {"300 ", 4}}) {
     json_prefix p(ints);
-    EXPECT_EQ(accepted(p, text), good) << text;
+    EXPECT_EQ(bytes_taken(p, text), good) << text;
   }
   json_prefix minus(ints);
   ASSERT_TRUE(minus.feed("-"));
@@ -201,7 +201,7 @@ TEST(JsonSchema, TopLevelScalarsAndEnumsEndWhereTheyMay) {
   ASSERT_TRUE(obj.feed(R"({"k":[true]})"));
   EXPECT_TRUE(obj.complete());
   json_prefix spaced(e);
-  EXPECT_EQ(accepted(spaced, R"({"k": )"), 5u);  // enum values are written compactly
+  EXPECT_EQ(bytes_taken(spaced, R"({"k": )"), 5u);  // enum values are written compactly
 }
 
 /// A random walk through the bytes the grammar takes: never a dead end; once past `patience`
