@@ -1,12 +1,13 @@
 // The official OpenAI JavaScript client (npm `openai`), pointed at a Tessera peer as any
 // application would: base URL and key, nothing Tessera-specific. Checks what docs/HTTP.md says
 // works, and that what is refused comes back as the client's own typed errors.
-//   node openai_js_check.mjs BASE_URL KEY MODEL PROMPT REFERENCE_TEXT
+//   node openai_js_check.mjs BASE_URL KEY MODEL PROMPT REFERENCE_TEXT [TOOL_MODEL]
 // REFERENCE_TEXT: `tessera run`'s greedy completion of PROMPT (its first space dropped, see
-// run_example.sh). Prints one line per check; exits 1 when any failed.
+// run_example.sh). TOOL_MODEL: a model whose chat template writes tool calls (Qwen's
+// <tool_call>), for the tool-call checks. Prints one line per check; exits 1 when any failed.
 import OpenAI from "openai";
 
-const [baseURL, apiKey, model, prompt, reference] = process.argv.slice(2);
+const [baseURL, apiKey, model, prompt, reference, toolModel] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
 let failed = false;
 const check = (what, ok, detail = "") => {
@@ -132,6 +133,64 @@ try {
   check("n = 2 streamed: both choices stream and finish",
         finishes.every((f) => f === "length" || f === "stop") && texts.every((t) => t.length > 0),
         `${finishes.join(",")} ${texts.map((t) => t.length).join(",")}`);
+
+  // Tool calls, forced (the synthetic model would not choose one by itself): streamed, the
+  // call arrives as tool_calls deltas that the client assembles into a call of the named
+  // function with arguments that follow its parameters; "required" calls one of the tools.
+  if (toolModel) {
+    const tools = [
+      { type: "function", function: { name: "get_weather", description: "The weather in a city.",
+        parameters: { type: "object", properties: { city: { type: "string", maxLength: 12 } },
+                      required: ["city"], additionalProperties: false } } },
+      { type: "function", function: { name: "get_time", description: "The time now.",
+        parameters: { type: "object", properties: {}, additionalProperties: false } } },
+    ];
+    const ask = [{ role: "user", content: "What is the weather in Paris?" }];
+    const ts = await client.chat.completions.create({
+      model: toolModel, messages: ask, tools, max_tokens: 256, temperature: 0, stream: true,
+      tool_choice: { type: "function", function: { name: "get_weather" } } });
+    const calls = [];
+    let tfinish = null, tdeltas = 0, tcontent = "";
+    for await (const chunk of ts)
+      for (const ch of chunk.choices) {
+        tcontent += ch.delta?.content ?? "";
+        for (const d of ch.delta?.tool_calls ?? []) {
+          tdeltas++;
+          const c = (calls[d.index] ??= { id: "", name: "", arguments: "" });
+          c.id += d.id ?? "";
+          c.name += d.function?.name ?? "";
+          c.arguments += d.function?.arguments ?? "";
+        }
+        if (ch.finish_reason) tfinish = ch.finish_reason;
+      }
+    let targs = null;
+    try { targs = JSON.parse(calls[0]?.arguments ?? ""); } catch { targs = null; }
+    check("tool_choice naming a function, streamed: tool_calls deltas make one call of it",
+          tfinish === "tool_calls" && tdeltas > 0 && calls.length === 1 && calls[0].id !== "" &&
+          calls[0].name === "get_weather" && targs !== null && typeof targs.city === "string" &&
+          Object.keys(targs).join(",") === "city" && [...targs.city].length <= 12 &&
+          tcontent === "",
+          `${tfinish}, ${tdeltas} deltas, ${JSON.stringify(calls).slice(0, 120)}`);
+    const req = await client.chat.completions.create({
+      model: toolModel, messages: ask, tools, tool_choice: "required", max_tokens: 256, seed: 3 });
+    const rc = req.choices[0].message.tool_calls ?? [];
+    let rargs = null;
+    try { rargs = JSON.parse(rc[0]?.function?.arguments ?? ""); } catch { rargs = null; }
+    check("tool_choice \"required\": the answer is a call of one of the tools",
+          req.choices[0].finish_reason === "tool_calls" && rc.length === 1 &&
+          ["get_weather", "get_time"].includes(rc[0].function.name) && rargs !== null &&
+          typeof rargs === "object" && !Array.isArray(rargs),
+          JSON.stringify(rc).slice(0, 120));
+    try {
+      await client.chat.completions.create({
+        model: toolModel, messages: ask, tools, max_tokens: 8,
+        tool_choice: { type: "function", function: { name: "get_date" } } });
+      check("a forced call of a function not in tools is refused", false, "answered");
+    } catch (e) {
+      check("a forced call of a function not in tools: BadRequestError naming tool_choice",
+            e instanceof OpenAI.BadRequestError && e.param === "tool_choice", `${e.status} ${e.param}`);
+    }
+  }
 
   // What is refused is the client's typed error, naming the problem.
   try {

@@ -7,7 +7,9 @@
 #     the OTHER peer's gateway;
 #   - without the API key: 401; an unknown model: 404 with code model_not_found;
 #   - the official OpenAI JavaScript client (npm `openai`): models, completions, chat (streamed with
-#     usage), stop, logprobs, and its typed errors for an unknown model, n = 2 and a wrong key;
+#     usage), stop, logprobs, JSON output, n = 2, forced tool calls (streamed as tool_calls
+#     deltas, on a model with Qwen's template), and its typed errors for an unknown model, n = 9,
+#     a function not in tools and a wrong key;
 #   - GET /v1/models lists the model and /metrics counts the requests.
 # Usage: run_example.sh TESSERA_BINARY [BASE_PORT (default 27500)]
 # Peer i uses ports BASE+10i .. BASE+10i+4 (control, bulk, client request, client response, http).
@@ -81,6 +83,13 @@ H1="http://127.0.0.1:$((P1 + 4))"
 echo "OpenAI API example: $DIR, gateways $H0 and $H1"
 "$TESSERA" model synth --preset tiny --type q8_0 -o "$DIR/$MODEL.gguf" >"$DIR/synth.log" 2>&1 \
   || { echo "model synth failed:"; cat "$DIR/synth.log"; exit 1; }
+# A second model whose chat template writes tool calls (Qwen 2.5's published template), for the
+# JavaScript client's tool-call checks.
+TOOL_MODEL=qt
+TEMPLATE="$HERE/../../tests/inference/tokenizer/chat_templates/qwen2.5-7b-instruct.jinja"
+"$TESSERA" model synth --preset tiny --arch qwen3 --type q8_0 --chat-template "$TEMPLATE" \
+  -o "$DIR/$TOOL_MODEL.gguf" >"$DIR/synth-qt.log" 2>&1 \
+  || { echo "model synth of the tool model failed:"; cat "$DIR/synth-qt.log"; exit 1; }
 "$TESSERA" keygen -o "$DIR/cluster.key" >"$DIR/keygen.log" 2>&1 \
   || { echo "keygen failed:"; cat "$DIR/keygen.log"; exit 1; }
 (umask 077 && echo "$KEY" >"$DIR/api.key")  # a key others can read is refused
@@ -91,7 +100,8 @@ start_node() {  # start_node I PORT OTHER_PORT
     --listen 127.0.0.1 --control-port "$p" --bulk-port $((p + 1)) \
     --client-request-port $((p + 2)) --client-response-port $((p + 3)) --http-port $((p + 4)) \
     --http-api-key-file "$DIR/api.key" \
-    --no-mdns --no-beacon --threads 1 --model "$DIR/$MODEL.gguf" --seed "127.0.0.1:$other" \
+    --no-mdns --no-beacon --threads 1 --model "$DIR/$MODEL.gguf" --model "$DIR/$TOOL_MODEL.gguf" \
+    --seed "127.0.0.1:$other" \
     >"$DIR/node$i.log" 2>&1 &
   PIDS+=($!)
 }
@@ -104,7 +114,8 @@ ready() {
   curl -sf "${AUTH[@]}" "$1/v1/models" | "$PY" -c '
 import json, sys
 d = json.load(sys.stdin)
-sys.exit(0 if any(m["id"] == sys.argv[1] and m.get("groups") == 2 for m in d["data"]) else 1)' "$MODEL"
+sys.exit(0 if all(any(m["id"] == name and m.get("groups") == 2 for m in d["data"])
+                  for name in sys.argv[1:]) else 1)' "$MODEL" "$TOOL_MODEL"
 }
 ok=0
 t_end=$((SECONDS + 60))
@@ -116,7 +127,7 @@ while (( SECONDS < t_end )); do
   sleep 0.5
 done
 (( ok )) || { echo "  [FAILED] /v1/models never listed '$MODEL' on both peers"; tail -n 20 "$DIR"/node*.log; exit 1; }
-echo "  [ok] both gateways list '$MODEL' served by 2 groups"
+echo "  [ok] both gateways list '$MODEL' and '$TOOL_MODEL', each served by 2 groups"
 
 "$TESSERA" run "$DIR/$MODEL.gguf" -p "$PROMPT" -n "$N" --temp 0 --json >"$DIR/run.json" 2>"$DIR/run.err"
 REF=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"], end="")' "$DIR/run.json")
@@ -172,7 +183,7 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
       || { echo "  [FAILED] npm install openai:"; cat "$NPM_DIR/npm.log"; FAILED=1; }
   fi
   cp "$HERE/openai_js_check.mjs" "$NPM_DIR/"
-  node "$NPM_DIR/openai_js_check.mjs" "$H0" "$KEY" "$MODEL" "$PROMPT" "$REF" || FAILED=1
+  node "$NPM_DIR/openai_js_check.mjs" "$H0" "$KEY" "$MODEL" "$PROMPT" "$REF" "$TOOL_MODEL" || FAILED=1
 fi
 
 # 4. Refusals.

@@ -152,6 +152,7 @@ chat_template chat_template_for(const gguf::file& f, const tokenizer& tok) {
     return t;
   }
   t.jinja = std::make_shared<const jinja::template_program>(std::move(*program));
+  t.calls = tool_call_syntax_of(*text);
   return t;
 }
 

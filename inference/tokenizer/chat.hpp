@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "actors/base/result.hpp"
+#include "inference/tokenizer/forced_call.hpp"
 #include "inference/tokenizer/jinja.hpp"
 
 namespace tessera::inference::gguf {
@@ -64,6 +65,8 @@ struct chat_template {
   std::string bos_token, eos_token;  ///< the texts a Jinja template may print
   /// Why the file's template is not used ("" when it is, or when the file has none).
   std::string fallback_reason;
+  /// How the Jinja template writes a tool call (what a forced call starts with; forced_call.hpp).
+  tool_call_syntax calls;
   /// "jinja" (the file's own), or the family, with the reason the file's template is not used.
   [[nodiscard]] std::string describe() const;
 };

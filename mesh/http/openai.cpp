@@ -352,6 +352,9 @@ std::variant<api_request, api_error> parse_request(api_kind kind, std::string_vi
   if (auto e = parse_stop(body, out.stop)) return *e;
   if (auto e = parse_logprobs(kind, body, r)) return *e;
   if (auto e = parse_response_format(kind, body, r)) return *e;
+  if (!r.tool_choice.empty() && !r.format.empty())
+    return bad("response_format",
+               "'response_format' with a forced 'tool_choice': the call is the answer's format");
   if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() < 1 ||
         it->get<std::int64_t>() > max_choices)

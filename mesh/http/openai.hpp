@@ -5,8 +5,8 @@
 //   POST /v1/completions       {"model", "prompt", "max_tokens", "stream", ...}
 //   POST /v1/chat/completions  {"model", "messages": [{"role", "content"}], "stream", ...}
 //
-// Fields OpenAI documents that would change the answer but that Tessera does not do (n > 1, echo,
-// best_of, suffix, logit_bias, tool_choice "required", structured output) are refused with an
+// Fields OpenAI documents that would change the answer but that Tessera does not do (echo,
+// best_of, suffix, logit_bias, n > 1 with tools) are refused with an
 // error naming the field, never silently ignored: a client must not believe it got something it
 // did not. Fields that do not change the answer (user, metadata, ...) are ignored.
 #pragma once

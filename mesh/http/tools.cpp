@@ -48,23 +48,41 @@ std::optional<api_error> parse_tools(const json& body, const nlohmann::ordered_j
                                      api_request& out) {
   auto choice = body.find("tool_choice");
   bool none = false;
+  std::string forced, forced_name;  // the protocol's tool_choice and tool_name
   if (choice != body.end() && !choice->is_null()) {
-    if (!choice->is_string())
+    if (choice->is_object()) {
+      const auto f = choice->find("function");
+      if (choice->value("type", "") != "function" || f == choice->end() || !f->is_object() ||
+          !f->contains("name") || !(*f)["name"].is_string() ||
+          (*f)["name"].get<std::string>().empty())
+        return field_error("tool_choice",
+                           fmt::format("'tool_choice' is {}; name a function as {{\"type\": "
+                                       "\"function\", \"function\": {{\"name\": ...}}}}",
+                                       shown_json(*choice)));
+      forced = "function";
+      forced_name = (*f)["name"].get<std::string>();
+    } else if (!choice->is_string()) {
       return field_error("tool_choice",
-                         "'tool_choice' naming a function needs constrained decoding, which "
-                         "Tessera does not do; use \"auto\" or \"none\"");
-    const std::string c = choice->get<std::string>();
-    if (c == "required")
-      return field_error("tool_choice",
-                         "'tool_choice' \"required\" needs constrained decoding, which Tessera "
-                         "does not do; use \"auto\" or \"none\"");
-    if (c != "auto" && c != "none")
-      return field_error("tool_choice", fmt::format("'tool_choice' is {}; use \"auto\" or \"none\"",
-                                                    shown_json(*choice)));
-    none = c == "none";
+                         fmt::format("'tool_choice' is {}; use \"auto\", \"none\", "
+                                     "\"required\" or a function",
+                                     shown_json(*choice)));
+    } else {
+      const std::string c = choice->get<std::string>();
+      if (c != "auto" && c != "none" && c != "required")
+        return field_error("tool_choice",
+                           fmt::format("'tool_choice' is {}; use \"auto\", \"none\", "
+                                       "\"required\" or a function",
+                                       shown_json(*choice)));
+      none = c == "none";
+      if (c == "required") forced = "required";
+    }
   }
   auto tools = body.find("tools");
-  if (tools == body.end() || tools->is_null()) return std::nullopt;
+  if (tools == body.end() || tools->is_null()) {
+    if (!forced.empty())
+      return field_error("tool_choice", "'tool_choice' asks for a call, and there are no 'tools'");
+    return std::nullopt;
+  }
   if (!tools->is_array())
     return field_error("tools", "'tools' must be an array of {\"type\": \"function\", ...}");
   if (tools->size() > max_tools)
@@ -86,12 +104,25 @@ std::optional<api_error> parse_tools(const json& body, const nlohmann::ordered_j
       return field_error(where + ".function.parameters",
                          fmt::format("'{}.function.parameters' must be a JSON schema object", where));
   }
+  if (!forced_name.empty()) {
+    const bool known = std::any_of(tools->begin(), tools->end(), [&](const json& t) {
+      return t["function"]["name"].get<std::string>() == forced_name;
+    });
+    if (!known)
+      return field_error("tool_choice", fmt::format("'tool_choice' names function '{}', which "
+                                                    "'tools' does not hold",
+                                                    forced_name.substr(0, 64)));
+  }
+  if (!forced.empty() && tools->empty())
+    return field_error("tool_choice", "'tool_choice' asks for a call, and 'tools' is empty");
   if (none || tools->empty()) return std::nullopt;
   std::string text = ordered_body.at("tools").dump();
   if (text.size() > max_tools_bytes)
     return field_error("tools", fmt::format("'tools' is {} bytes of JSON, at most {}", text.size(),
                                             max_tools_bytes));
   out.request.tools = std::move(text);
+  out.request.tool_choice = std::move(forced);
+  out.request.tool_name = std::move(forced_name);
   out.tools = true;
   return std::nullopt;
 }

@@ -27,8 +27,9 @@ inline constexpr std::size_t max_tools_bytes = 64 * 1024;  ///< the tools array 
 
 /// `tools` and `tool_choice` of a chat body: checked, and the tools (in the client's key order,
 /// from `ordered_body`) put into the serving request; `out.tools` says whether the answer is to
-/// be read for calls. `tool_choice` "none" sends no tools; "required" and a named function need
-/// constrained decoding and are refused, naming the field.
+/// be read for calls. `tool_choice` "none" sends no tools; "required" and a named function force
+/// a call (the request's tool_choice / tool_name: the peer constrains the answer to one call,
+/// inference/tokenizer/forced_call.hpp).
 [[nodiscard]] std::optional<api_error> parse_tools(const nlohmann::json& body,
                                                    const nlohmann::ordered_json& ordered_body,
                                                    api_request& out);

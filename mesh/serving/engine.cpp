@@ -933,6 +933,17 @@ struct engine::impl {
         send_error(q, error_code::invalid_request, p.error().message);
         return nullptr;
       }
+      if (!q.tool_choice.empty()) {
+        // The call's opening marker ends the prompt; the answer is the call's JSON.
+        auto call = inf::tokenizer::force_tool_call(q.tools, q.tool_name, lm->chat.calls);
+        if (!call) {
+          send_error(q, error_code::invalid_request, call.error().message);
+          return nullptr;
+        }
+        p->text += call->opening;
+        s->schema = std::make_unique<const inf::tokenizer::json_schema>(std::move(call->schema));
+        s->json.emplace(*s->schema);
+      }
       s->prompt = tok.encode(p->text, {p->add_bos, true});
     } else {
       s->prompt = tok.encode(q.prompt, {true, false});
@@ -970,7 +981,7 @@ struct engine::impl {
           send_error(q, error_code::invalid_request,
                      fmt::format("field 'resume': the tokens are not the beginning of a valid "
                                  "answer (format {})",
-                                 q.format));
+                                 q.format.empty() ? "of a forced tool call" : q.format));
           return nullptr;
         }
     s->history = s->prompt;

@@ -160,6 +160,26 @@ result<void> validate(const request& r) {
   if (r.schema.size() > max_schema_bytes)
     return make_error(errc::invalid_argument, "field 'schema': {} bytes, at most {}",
                       r.schema.size(), max_schema_bytes);
+  if (!r.tool_choice.empty() && r.tool_choice != "required" && r.tool_choice != "function")
+    return make_error(errc::invalid_argument,
+                      "field 'tool_choice': '{}' (expected required, function or none)",
+                      r.tool_choice.substr(0, 32));
+  if ((r.tool_choice == "function") != !r.tool_name.empty())
+    return make_error(errc::invalid_argument,
+                      "field 'tool_name': given {}, tool_choice '{}' (a name goes with function "
+                      "only)",
+                      r.tool_name.empty() ? "none" : "one", r.tool_choice);
+  if (r.tool_name.size() > max_model_bytes)
+    return make_error(errc::invalid_argument, "field 'tool_name': {} bytes, at most {}",
+                      r.tool_name.size(), max_model_bytes);
+  if (!r.tool_choice.empty() && (r.tools.empty() || r.messages.empty()))
+    return make_error(errc::invalid_argument,
+                      "field 'tool_choice': a forced call needs 'tools' and chat 'messages'");
+  if (!r.tool_choice.empty() && !r.format.empty())
+    return make_error(errc::invalid_argument,
+                      "field 'format': '{}' with a forced tool call (the call is the answer's "
+                      "format)",
+                      r.format.substr(0, 32));
   if (!(r.repeat_penalty > 0.0f) || !std::isfinite(r.repeat_penalty))
     return make_error(errc::invalid_argument, "field 'repeat_penalty': {} (expected > 0)",
                       r.repeat_penalty);

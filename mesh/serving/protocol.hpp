@@ -75,6 +75,12 @@ struct request {
   /// keyword). "": free text.
   std::string format;
   std::string schema;  ///< with format json_schema: the schema, as JSON text (at most 64 KiB)
+  /// Chat with tools: "" the model decides whether to call one; "required": the answer is a call
+  /// to one of `tools`; "function": a call to the tool named `tool_name`. A forced call is
+  /// written as the model's template writes calls, constrained like a json_schema answer
+  /// (inference/tokenizer/forced_call.hpp); `format` stays "".
+  std::string tool_choice;
+  std::string tool_name;
   /// Requests with the same affinity key (an id's alphabet) are routed to the same group, as if
   /// they had that id: the choices of one request with n > 1 meet on one peer, which reads their
   /// shared prompt once. "": the request's own id.
@@ -105,7 +111,8 @@ struct request {
   std::string client;
   MSGPACK_DEFINE_MAP(v, id, model, prompt, messages, max_tokens, temperature, top_k, top_p, min_p,
                      repeat_penalty, seed, attempt, resume, cancel, node, frequency_penalty,
-                     presence_penalty, top_logprobs, tools, format, schema, affinity);
+                     presence_penalty, top_logprobs, tools, format, schema, affinity, tool_choice,
+                     tool_name);
 };
 
 enum class response_kind : std::uint8_t { accepted, token, done, error };

@@ -44,12 +44,49 @@ TEST(Tools, RequestsCarryToolsInTheClientsKeyOrderAndEarlierCallsAndResults) {
   EXPECT_TRUE(none.request.tools.empty());
 }
 
-TEST(Tools, WhatNeedsConstrainedDecodingOrIsMalformedIsRefusedNamingTheField) {
+TEST(Tools, RequiredOrANamedFunctionForcesACall) {
+  const std::string msgs = R"(,"messages":[{"role":"user","content":"x"}]})";
+  const auto req = parse_chat(std::string(R"({"model":"m","tool_choice":"required","tools":)") +
+                              kTools + msgs);
+  ASSERT_EQ(req.request.id, "req-1") << req.request.id;
+  EXPECT_TRUE(req.tools);
+  EXPECT_EQ(req.request.tool_choice, "required");
+  EXPECT_EQ(req.request.tool_name, "");
+  const auto named = parse_chat(
+      std::string(R"({"model":"m","tool_choice":{"type":"function","function":{"name":)"
+                  R"("get_weather"}},"tools":)") +
+      kTools + msgs);
+  ASSERT_EQ(named.request.id, "req-1") << named.request.id;
+  EXPECT_EQ(named.request.tool_choice, "function");
+  EXPECT_EQ(named.request.tool_name, "get_weather");
+  const auto auto_ = parse_chat(std::string(R"({"model":"m","tool_choice":"auto","tools":)") +
+                                kTools + msgs);
+  EXPECT_EQ(auto_.request.tool_choice, "");
   const auto err = [](const std::string& body) { return parse_chat(body).request.id; };
-  EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":"required","tools":)") + kTools +
-                R"(,"messages":[{"role":"user","content":"x"}]})")
+  EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":{"type":"function","function":)"
+                            R"({"name":"get_time"}},"tools":)") +
+                kTools + msgs)
+                .rfind("ERROR tool_choice: 'tool_choice' names function 'get_time'", 0),
+            0u);
+  EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":{"type":"function"},"tools":)") +
+                kTools + msgs)
                 .rfind("ERROR tool_choice", 0),
             0u);
+  EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":"always","tools":)") + kTools + msgs)
+                .rfind("ERROR tool_choice", 0),
+            0u);
+  EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":"required","tools":[])") + msgs)
+                .rfind("ERROR tool_choice", 0),
+            0u);
+  EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":"required",)"
+                            R"("response_format":{"type":"json_object"},"tools":)") +
+                kTools + msgs)
+                .rfind("ERROR response_format", 0),
+            0u);
+}
+
+TEST(Tools, WhatIsMalformedIsRefusedNamingTheField) {
+  const auto err = [](const std::string& body) { return parse_chat(body).request.id; };
   EXPECT_EQ(err(R"({"model":"m","tools":[{"type":"function","function":{}}],
                     "messages":[{"role":"user","content":"x"}]})")
                 .rfind("ERROR tools[0].function.name", 0),

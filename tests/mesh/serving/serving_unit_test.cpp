@@ -120,6 +120,18 @@ TEST(ServingProtocol, ValidationNamesTheField) {
          r.schema = std::string(max_schema_bytes + 1, ' ');
        },
        "'schema'"},
+      {[](request& r) { r.tool_choice = "always"; }, "'tool_choice'"},
+      {[](request& r) { r.tool_choice = "function"; }, "'tool_name'"},  // a name must come with it
+      {[](request& r) { r.tool_name = "f"; }, "'tool_name'"},           // and only with it
+      {[](request& r) { r.tool_choice = "required"; }, "'tool_choice'"},  // tools and messages
+      {[](request& r) {
+         r.prompt.clear();
+         r.messages = {{"user", "x"}};
+         r.tools = R"([{"type":"function","function":{"name":"f"}}])";
+         r.tool_choice = "required";
+         r.format = "json_object";
+       },
+       "'format'"},
       {[](request& r) { r.temperature = 1e9f; }, "'temperature'"},
       {[](request& r) { r.top_p = 1.5f; }, "'top_p'"},
       {[](request& r) { r.top_k = -1; }, "'top_k'"},
