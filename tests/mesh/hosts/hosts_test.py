@@ -208,6 +208,16 @@ class Cluster:
 
 # ----------------------------------------------------------------------------------- checks
 
+def differ(out, ref):
+    """Where a stream's tokens part from the reference, and how it was served: what a failure
+    needs to tell a lost or repeated token from a different one."""
+    got = out["tokens"]
+    at = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    return (f"{len(got)} tokens, {len(ref)} in the reference, first difference at index {at} "
+            f"(got {got[at:at + 6]}, reference {ref[at:at + 6]}); attempts "
+            f"{out.get('attempts')}, nodes {out.get('nodes')}")
+
+
 def check_hosts_and_links(c, nodes):
     """Each node advertises its own eth0 address (chosen, not configured), sees the others on tcp
     bulk links, and has measured every link's bandwidth."""
@@ -328,7 +338,8 @@ def scenario_beacon_split_kill(args):
         t.join(timeout=300)
         check("out" in result, f"stream after kill -9: {result.get('error', 'no outcome')}")
         out = result["out"]
-        check(out["tokens"] == args.long_reference, "resumed stream's tokens differ")
+        check(out["tokens"] == args.long_reference,
+              f"resumed stream's tokens differ: {differ(out, args.long_reference)}\n{c.logs()}")
         check(out.get("attempts", 1) > 1, f"the stream was not resumed: {json.dumps(out)[:300]}")
         print(f"  kill -9 of {c.h.hostname(victim)} mid-stream: {len(out['tokens'])} tokens, "
               f"each once, equal to one peer's, in {out['attempts']} attempts; done "
