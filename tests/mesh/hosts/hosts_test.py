@@ -292,9 +292,14 @@ def scenario_beacon_split_kill(args):
     c = Cluster(args, 3)
     try:
         limit = memory_limit_for(args, 2)
+        # Pipeline only: its tokens equal one process's bit for bit, over 1500 tokens and across
+        # a resume. A tensor-parallel group (which the planner picks when the measured tcp
+        # round trip is under --tp-max-rtt-us, as a veth link's can be) sums in another order
+        # and parts from one process's greedy tokens after a few hundred (tp3 covers it).
+        node_args = ["--model", args.model, "--memory-limit-mb", str(limit), "--no-mdns",
+                     "--max-tp-ranks", "1"]
         for i in range(3):
-            c.start(i, ["--model", args.model, "--memory-limit-mb", str(limit),
-                        "--no-mdns"])
+            c.start(i, node_args)
         t0 = time.time()
         c.wait_converged([0, 1, 2])
         converge_s = time.time() - t0
@@ -302,6 +307,7 @@ def scenario_beacon_split_kill(args):
         groups = wait_for_group(c, [0, 1, 2], args.model_name, 2)
         ranks = group_nodes(groups[0])
         check(len(ranks) == 2, f"group {groups[0]}")
+        check(len({m.get("stage") for m in groups[0]}) == 2, f"not a pipeline: {groups[0]}")
         out = c.ask("hosts-split-1", args.model_name, args.tokens, [0, 1, 2])
         check(out["tokens"] == args.reference[:len(out["tokens"])] and
               len(out["tokens"]) == args.tokens, "split-group tokens differ from one peer's")
@@ -346,7 +352,7 @@ def scenario_beacon_split_kill(args):
               f"{time.time() - t_kill:.1f} s after the kill", flush=True)
 
         # Restart it, then cut one host off and heal.
-        c.start(victim, ["--model", args.model, "--memory-limit-mb", str(limit), "--no-mdns"])
+        c.start(victim, node_args)
         c.wait_converged([0, 1, 2])
         cut = 2
         rest = [0, 1]
