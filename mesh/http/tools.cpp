@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "inference/tokenizer/forced_call.hpp"
+
 namespace tessera::mesh::http {
 
 namespace {
@@ -120,6 +122,12 @@ std::optional<api_error> parse_tools(const json& body, const nlohmann::ordered_j
   if (text.size() > max_tools_bytes)
     return field_error("tools", fmt::format("'tools' is {} bytes of JSON, at most {}", text.size(),
                                             max_tools_bytes));
+  if (!forced.empty()) {
+    // The peer builds the call's grammar from the tool's parameters: one it cannot follow is
+    // this request's 400, naming the keyword and where it is (the key name does not matter here).
+    if (auto fc = inference::tokenizer::force_tool_call(text, forced_name, {}); !fc)
+      return field_error("tools", fc.error().message);
+  }
   out.request.tools = std::move(text);
   out.request.tool_choice = std::move(forced);
   out.request.tool_name = std::move(forced_name);

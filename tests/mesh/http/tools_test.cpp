@@ -78,6 +78,13 @@ TEST(Tools, RequiredOrANamedFunctionForcesACall) {
   EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":"required","tools":[])") + msgs)
                 .rfind("ERROR tool_choice", 0),
             0u);
+  EXPECT_EQ(err(R"({"model":"m","tool_choice":"required","tools":[{"type":"function",)"
+                R"("function":{"name":"f","parameters":{"type":"object","properties":{"a":)"
+                R"({"type":"string","pattern":"x+"}}}}}],"messages":[{"role":"user","content":"x"}]})")
+                .rfind("ERROR tools: field 'tools': the parameters of tool 'f': "
+                       "#/properties/a/pattern",
+                       0),
+            0u);
   EXPECT_EQ(err(std::string(R"({"model":"m","tool_choice":"required",)"
                             R"("response_format":{"type":"json_object"},"tools":)") +
                 kTools + msgs)
