@@ -440,6 +440,32 @@ std::string no_capacity_reason(const view& v, const model_spec& spec, const budg
       v.config.tp_max_rtt_us, largest >> 20);
 }
 
+// Whether `spec` would fit the members with memory left were every link between them up (and
+// fast): a peer that just joined has no links in the view until both sides report theirs, and
+// the plan made meanwhile must not turn requests away as the capacity comes back. One extra
+// form_group over a copy of the view, only for a model that has no group.
+bool fits_once_linked(const view& v, const model_spec& spec, const budgets& budget) {
+  std::vector<member_id> pool;
+  for (const auto& m : v.members) {
+    if (budget.at(m.id) > 0) pool.push_back(m.id);
+  }
+  view linked = v;
+  bool missing = false;
+  for (member_id a : pool) {
+    for (member_id b : pool) {
+      if (a == b || linked.links.contains({a, b})) continue;
+      linked.links.emplace(std::pair{a, b}, link_info{a, b, 0, 0, link_backend::tcp});
+      missing = true;
+    }
+  }
+  if (!missing) return false;
+  std::vector<member_id> all_ids;
+  for (const auto& m : linked.members)
+    all_ids.push_back(m.id);
+  linked.islands = islands_of(linked, all_ids);
+  return form_group(linked, spec, pool, budget).has_value();
+}
+
 // A previous group may be kept when it is well formed for the spec, every node is still a
 // member not already serving this model, tensor-parallel stages still have fast links, and every
 // rank still fits the node's remaining budget.
@@ -707,7 +733,14 @@ result<plan> compute_plan(const plan_input& input, const plan* previous, std::ui
     }
   }
   for (std::size_t i = 0; i < models.size(); ++i) {
-    if (out[i].groups.empty()) out[i].no_capacity = no_capacity_reason(v, models[i], budget);
+    if (!out[i].groups.empty()) continue;
+    out[i].no_capacity = no_capacity_reason(v, models[i], budget);
+    if (fits_once_linked(v, models[i], budget)) {
+      out[i].links_pending = true;
+      out[i].no_capacity +=
+          "; links to joining members are not measured yet, and a group fits "
+          "once they are: requests wait";
+    }
   }
 
   plan p;

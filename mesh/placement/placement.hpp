@@ -173,8 +173,12 @@ struct model_plan {
   model_spec spec;  ///< the spec the groups were computed for (a changed spec invalidates them)
   std::vector<serving_group> groups;
   std::string no_capacity;  ///< non-empty ⇔ groups is empty: the reason, for client errors
+  /// No group only for want of links the view does not hold yet (a peer joining, before both
+  /// sides report their link): a group would fit were they up. Intake then holds requests (the
+  /// client re-publishes) instead of refusing them as the capacity comes back.
+  bool links_pending = false;
   bool operator==(const model_plan&) const = default;
-  MSGPACK_DEFINE(spec, groups, no_capacity);
+  MSGPACK_DEFINE(spec, groups, no_capacity, links_pending);
 };
 
 struct plan {

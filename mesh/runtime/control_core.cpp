@@ -558,7 +558,8 @@ void control_core::status_into(json& j, const std::string& self_endpoint) const 
       models.push_back(
           {{"name", m.spec.name},
            {"groups", groups},
-           {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)}});
+           {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)},
+           {"links_pending", m.links_pending}});
     }
     pj["models"] = models;
     j["plan"] = pj;

@@ -61,6 +61,9 @@ intake_decision decide(const request& r, const placement::plan* plan,
   const auto model =
       std::find_if(plan->models.begin(), plan->models.end(),
                    [&](const placement::model_plan& m) { return m.spec.name == r.model; });
+  // No group until links to a joining peer are measured: no answer, so the client re-publishes
+  // and meets the next plan (a refusal now would fail a request as the capacity returns).
+  if (model != plan->models.end() && model->groups.empty() && model->links_pending) return {};
   std::vector<std::uint32_t> weights;
   if (model != plan->models.end()) {
     bool any_down = false;

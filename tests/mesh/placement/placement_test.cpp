@@ -187,6 +187,36 @@ TEST(PlacementNoCapacity, EnoughMemoryButNoAllowedSplit) {
       << p.models[0].no_capacity;
 }
 
+// A peer that just joined has no links in the view until both sides report theirs. A model that
+// needs it gets no group meanwhile, marked links_pending (intake holds its requests); a model
+// that would not fit even with every link up, or whose members are all linked, is not.
+TEST(PlacementNoCapacity, LinksToAJoiningMemberArePending) {
+  const std::uint64_t part = model_bytes(model()) / mib * 6 / 10;
+  plan_input in;
+  in.models = {model()};
+  in.members = {member(1, part), member(2, part)};
+  const plan joining = must_plan(in);
+  ASSERT_TRUE(joining.models[0].groups.empty());
+  EXPECT_TRUE(joining.models[0].links_pending);
+  EXPECT_NE(joining.models[0].no_capacity.find("not measured yet"), std::string::npos)
+      << joining.models[0].no_capacity;
+  // One direction reported: still pending.
+  in.links.push_back({1, 2, 5000, 1000, link_backend::tcp});
+  EXPECT_TRUE(must_plan(in).models[0].links_pending);
+  in.links.push_back({2, 1, 5000, 1000, link_backend::tcp});
+  const plan linked = must_plan(in, &joining);
+  ASSERT_EQ(linked.models[0].groups.size(), 1u) << linked.models[0].no_capacity;
+  EXPECT_FALSE(linked.models[0].links_pending);
+  EXPECT_TRUE(linked.models[0].no_capacity.empty());
+
+  plan_input short_of_memory;
+  short_of_memory.models = {model()};
+  short_of_memory.members = {member(1, part / 2), member(2, part / 2)};
+  const plan p = must_plan(short_of_memory);
+  ASSERT_TRUE(p.models[0].groups.empty());
+  EXPECT_FALSE(p.models[0].links_pending) << p.models[0].no_capacity;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Split rules
 // ---------------------------------------------------------------------------------------------

@@ -326,6 +326,38 @@ TEST(ServingIntake, NoCapacityAndMissingModelAreExplicit) {
   EXPECT_EQ(n.code, error_code::no_capacity);
 }
 
+// Two members that hold the model only together, one of them just joined (no links in the view
+// yet): nobody refuses the request, the client re-publishes and the next plan serves it.
+TEST(ServingIntake, NoGroupForWantOfLinksHoldsTheRequest) {
+  const std::vector<member_id> ids{11, 22};
+  placement::plan_input in;
+  in.members.push_back({11, 2, 24 * mib, 14 * mib, {}});
+  in.members.push_back({22, 2, 24 * mib, 14 * mib, {}});  // 28 MiB for ~19 MiB, neither alone
+  in.models.push_back(spec("tiny"));
+  auto p = placement::compute_plan(in, nullptr, 1);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->models.at(0).links_pending) << p->models.at(0).no_capacity;
+  for (auto self : ids) {
+    auto d = decide(valid_request(), &*p, ids, self, std::vector<std::string>{"tiny"});
+    EXPECT_EQ(d.action, intake_action::ignore) << self << ": " << d.message;
+  }
+  for (member_id a : ids) {
+    for (member_id b : ids) {
+      if (a != b) in.links.push_back({a, b, 100, 1000, placement::link_backend::tcp});
+    }
+  }
+  auto linked = placement::compute_plan(in, &*p, 1);
+  ASSERT_TRUE(linked);
+  ASSERT_EQ(linked->models.at(0).groups.size(), 1u) << linked->models.at(0).no_capacity;
+  int accepts = 0;
+  for (auto self : ids) {
+    accepts +=
+        decide(valid_request(), &*linked, ids, self, std::vector<std::string>{"tiny"}).action ==
+        intake_action::accept;
+  }
+  EXPECT_EQ(accepts, 1);
+}
+
 // ------------------------------------------------------------------ plan from the view
 topology::view view_of(std::vector<std::pair<member_id, bool>> members_with_model) {
   topology::view v;
