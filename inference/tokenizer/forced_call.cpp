@@ -28,6 +28,29 @@ void rebase_refs(call_json& j, const std::string& base) {
   }
 }
 
+// The schema of one call of `f`: {"name": its name, <arguments key>: its parameters}, placed at
+// JSON pointer `at` of the whole call schema. A tool without parameters takes none (OpenAI:
+// "omitting parameters defines a function with an empty parameter list").
+result<call_json> call_schema(const call_json& f, const tool_call_syntax& syntax,
+                              const std::string& at) {
+  call_json arguments = call_json{
+      {"type", "object"}, {"properties", call_json::object()}, {"additionalProperties", false}};
+  const auto name = f["name"].get<std::string>();
+  if (f.contains("parameters") && f["parameters"].is_object()) {
+    arguments = f["parameters"];
+    // Checked on its own first, so that the error points into the client's own schema.
+    if (auto c = json_schema::compile(arguments.dump()); !c)
+      return make_error(errc::invalid_argument, "field 'tools': the parameters of tool '{}': {}",
+                        name, c.error().message);
+    rebase_refs(arguments, at + "/properties/" + syntax.arguments_key);
+  }
+  return call_json{
+      {"type", "object"},
+      {"properties", {{"name", call_json{{"const", name}}}, {syntax.arguments_key, arguments}}},
+      {"required", call_json::array({"name", syntax.arguments_key})},
+      {"additionalProperties", false}};
+}
+
 }  // namespace
 
 tool_call_syntax tool_call_syntax_of(std::string_view src) {
@@ -58,6 +81,12 @@ result<forced_call> force_tool_call(std::string_view tools_json, std::string_vie
       return make_error(errc::invalid_argument, "field 'tools': tools[{}] names no function", i);
     const call_json& f = t["function"];
     const auto n = f["name"].get<std::string>();
+    // A call names its tool: two of one name could not be told apart.
+    for (std::size_t j = 0; j < names.size(); ++j)
+      if (names[j] == n)
+        return make_error(errc::invalid_argument,
+                          "field 'tools': tools[{}] and tools[{}] are both named '{}'", j, i,
+                          n.substr(0, 64));
     names.push_back(n);
     if (name.empty() || n != name) continue;
     chosen = &f;
@@ -68,23 +97,21 @@ result<forced_call> force_tool_call(std::string_view tools_json, std::string_vie
                       std::string(name.substr(0, 64)), names.dump());
   // With one tool, "required" is that tool by name.
   if (chosen == nullptr && tools.size() == 1) chosen = &tools[0]["function"];
-  call_json arguments = call_json{{"type", "object"}};
-  if (chosen != nullptr && chosen->contains("parameters") && (*chosen)["parameters"].is_object()) {
-    arguments = (*chosen)["parameters"];
-    // Checked on its own first, so that the error points into the client's own schema.
-    if (auto c = json_schema::compile(arguments.dump()); !c)
-      return make_error(errc::invalid_argument, "field 'tools': the parameters of tool '{}': {}",
-                        (*chosen)["name"].get<std::string>(), c.error().message);
-    rebase_refs(arguments, "/properties/" + syntax.arguments_key);
+  call_json schema;
+  if (chosen != nullptr) {
+    auto one = call_schema(*chosen, syntax, "");
+    if (!one) return one.error();
+    schema = std::move(*one);
+  } else {
+    // "required" with several tools: a tagged union of the calls, the name first, so that once
+    // the model has written a name its arguments follow that tool's parameters.
+    schema = call_json{{"oneOf", call_json::array()}};
+    for (std::size_t i = 0; i < tools.size(); ++i) {
+      auto one = call_schema(tools[i]["function"], syntax, fmt::format("/oneOf/{}", i));
+      if (!one) return one.error();
+      schema["oneOf"].push_back(std::move(*one));
+    }
   }
-  call_json name_schema =
-      chosen != nullptr ? call_json{{"const", (*chosen)["name"]}} : call_json{{"enum", names}};
-  call_json schema{
-      {"type", "object"},
-      {"properties",
-       {{"name", std::move(name_schema)}, {syntax.arguments_key, std::move(arguments)}}},
-      {"required", call_json::array({"name", syntax.arguments_key})},
-      {"additionalProperties", false}};
   auto c = json_schema::compile(schema.dump());
   if (!c)
     return make_error(errc::invalid_argument, "field 'tools': the forced call's schema: {}",

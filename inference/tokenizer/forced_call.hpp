@@ -6,9 +6,9 @@
 // it was trained to write; its answer is then the call's JSON object, {"name": ..., "arguments":
 // {...}} ("parameters" for Llama 3, as its template prints calls), constrained by a JSON Schema
 // compiled as any response_format schema is (json_schema.hpp): the name is one of the tools', and
-// the arguments are the named tool's parameters schema (with "required" and several tools, any
-// JSON object: the grammar's unions pick by a value's first byte, and every tool's arguments begin
-// with '{').
+// the arguments are the named tool's parameters schema. With "required" and several tools the
+// schema is a tagged union of their calls (json_schema.hpp): the name comes first, and the
+// arguments then follow that tool's parameters. A tool without parameters takes none ({}).
 #pragma once
 
 #include <string>

@@ -89,6 +89,19 @@ bool json_prefix::end_value() noexcept {
   }
   frame& f = frames_[s_.depth - 1];
   if (!f.object) ++f.count;
+  // The tag of a tagged union ended (the only key such an object takes before it): from here the
+  // object is the variant that tag names, with the tag already seen.
+  if (f.object && s_.phase == mode::enumeration && !at(f.node).variants.empty()) {
+    const auto& tag = at(f.node).names[0];
+    f.node = at(f.node).variants[s_.lo];
+    const auto& v = at(f.node);
+    f.seen = f.avail = 0;
+    for (std::size_t i = 0; i < v.values.size(); ++i) {
+      if (v.names[i] == tag) f.seen |= std::uint64_t{1} << i;
+      if (fits(v.values[i])) f.avail |= std::uint64_t{1} << i;
+    }
+    f.additional = v.additional != json_schema::none && fits(v.additional);
+  }
   s_.phase = mode::after_value;
   return true;
 }

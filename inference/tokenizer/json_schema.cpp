@@ -393,11 +393,23 @@ class schema_compiler {
     std::uint16_t pick[6] = {json_schema::none, json_schema::none, json_schema::none,
                              json_schema::none, json_schema::none, json_schema::none};
     std::size_t from[6] = {};
+    constexpr int obj = static_cast<int>(json_class::object);
+    // Several alternatives that are objects: one tagged union of them, when a tag tells them
+    // apart (else the refusal below names the first two).
+    auto tagged = tag_objects(u);
+    if (!tagged) return tagged.error();
+    if (*tagged != json_schema::none) {
+      pick[obj] = *tagged;
+      for (std::size_t a = alternatives_[u].size(); a-- > 0;)
+        if (is_plain_object(alternatives_[u][a])) from[obj] = a;
+    }
     for (std::size_t a = 0; a < alternatives_[u].size(); ++a) {
       const auto alt = alternatives_[u][a];
       std::uint16_t claims[6];
       std::fill(std::begin(claims), std::end(claims), json_schema::none);
-      if (out_.nodes_[alt].is_union) {
+      if (*tagged != json_schema::none && is_plain_object(alt)) {
+        // Taken by the tagged union already.
+      } else if (out_.nodes_[alt].is_union) {
         if (auto e = resolve(alt, state)) return e;
         std::copy(std::begin(out_.nodes_[alt].pick), std::end(out_.nodes_[alt].pick), claims);
       } else {
@@ -418,6 +430,70 @@ class schema_compiler {
     std::copy(std::begin(pick), std::end(pick), out_.nodes_[u].pick);
     state[u] = 2;
     return std::nullopt;
+  }
+
+  [[nodiscard]] bool is_plain_object(std::uint16_t n) const {
+    const auto& nd = out_.nodes_[n];
+    return !nd.is_union && !nd.is_enum && nd.types == json_schema::t_object && nd.variants.empty();
+  }
+
+  /// The tagged union of union `u`'s object alternatives (none when fewer than two claim
+  /// objects, or one of them is not a plain object type): the tag is the first property, in name
+  /// order, that every one of them requires with a single value (`const`), the values distinct.
+  /// An error when several objects and no such tag: the union cannot be followed.
+  result<std::uint16_t> tag_objects(std::uint16_t u) {
+    std::vector<std::uint16_t> objs;
+    bool all_plain = true;
+    for (const auto alt : alternatives_[u]) {
+      const auto& nd = out_.nodes_[alt];
+      const bool claims =
+          nd.is_union ? false : (classes(alt) & (1u << static_cast<int>(json_class::object))) != 0;
+      if (!claims) continue;
+      objs.push_back(alt);
+      all_plain = all_plain && is_plain_object(alt);
+    }
+    if (objs.size() < 2 || !all_plain) return json_schema::none;
+    const auto tag_value = [&](std::uint16_t o, const std::string& name) -> const std::string* {
+      const auto& nd = out_.nodes_[o];
+      const auto it = std::lower_bound(nd.names.begin(), nd.names.end(), name);
+      if (it == nd.names.end() || *it != name) return nullptr;
+      const auto i = static_cast<std::size_t>(it - nd.names.begin());
+      if (!((nd.required >> i) & 1u) || nd.values[i] == json_schema::none) return nullptr;
+      const auto& v = out_.nodes_[nd.values[i]];
+      if (!v.is_enum || v.literals.size() != 1) return nullptr;
+      return &v.literals[0];
+    };
+    const std::vector<std::string> names = out_.nodes_[objs[0]].names;  // new_node() moves nodes
+    for (const auto& name : names) {
+      std::vector<std::pair<std::string, std::uint16_t>> by_value;
+      for (const auto o : objs)
+        if (const auto* l = tag_value(o, name)) by_value.emplace_back(*l, o);
+      if (by_value.size() != objs.size()) continue;
+      std::sort(by_value.begin(), by_value.end());
+      if (std::adjacent_find(by_value.begin(), by_value.end(), [](const auto& a, const auto& b) {
+            return a.first == b.first;
+          }) != by_value.end())
+        continue;
+      auto e = new_node();
+      if (!e) return e;
+      auto t = new_node();
+      if (!t) return t;
+      auto& en = out_.nodes_[*e];
+      en.types = json_schema::t_all;  // what the alternatives' own tag schemas allow
+      en.is_enum = true;
+      auto& tn = out_.nodes_[*t];
+      tn.types = json_schema::t_object;
+      tn.names = {name};
+      tn.values = {*e};
+      tn.required = 1;
+      tn.additional = json_schema::none;
+      for (auto& [l, o] : by_value) {
+        out_.nodes_[*e].literals.push_back(l);
+        out_.nodes_[*t].variants.push_back(o);
+      }
+      return *t;
+    }
+    return json_schema::none;
   }
 
   /// The classes a non-union node's values may begin with.
@@ -469,7 +545,12 @@ class schema_compiler {
         } else if (nd.is_enum) {
           d = nd.literals.empty() ? inf : 0;
         } else {
-          if (nd.types & json_schema::t_object) {
+          if (!nd.variants.empty()) {
+            // Every variant must fit where the object opens: the tag picks any of them.
+            obj = 0;
+            for (const auto v : nd.variants)
+              obj = std::max<int>(obj, ns[v].object_depth);
+          } else if (nd.types & json_schema::t_object) {
             int need = 0;
             for (std::size_t i = 0; i < nd.names.size(); ++i)
               if ((nd.required >> i) & 1u)
@@ -597,6 +678,18 @@ bool json_schema::accepts(std::uint16_t n, const json& v) const {
     return accepts(nd.pick[static_cast<int>(c)], v);
   }
   if (nd.is_enum) return std::binary_search(nd.literals.begin(), nd.literals.end(), v.dump());
+  if (!nd.variants.empty()) {  // a tagged union: the tag's value picks the variant
+    if (!v.is_object()) return false;
+    const auto& lits = nodes_[nd.values[0]].literals;
+    for (const auto& [k, x] : v.items()) {
+      const std::string d = json(k).dump();
+      if (d.substr(1, d.size() - 2) != nd.names[0]) continue;
+      const auto it = std::lower_bound(lits.begin(), lits.end(), x.dump());
+      if (it == lits.end() || *it != x.dump()) return false;
+      return accepts(nd.variants[static_cast<std::size_t>(it - lits.begin())], v);
+    }
+    return false;
+  }
   if (v.is_object()) {
     if (!(nd.types & t_object)) return false;
     std::uint64_t seen = 0;

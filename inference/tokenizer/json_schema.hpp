@@ -6,7 +6,9 @@
 // `minItems` / `maxItems`, `minLength` / `maxLength` (in characters), `minimum` / `maximum` /
 // `exclusiveMinimum` / `exclusiveMaximum` on integers, `enum` and `const` (any JSON values),
 // `anyOf` / `oneOf` whose alternatives begin differently (an object, an array, a string, a number,
-// a boolean, null: the first byte of the value picks the alternative), `$ref` to any JSON pointer
+// a boolean, null: the first byte of the value picks the alternative; objects may share the
+// union when each declares one same property as required with a `const` of its own, which then
+// tells them apart and comes first in the answer: a tagged union), `$ref` to any JSON pointer
 // inside the schema (`#`, `#/$defs/x`, `#/definitions/x`; recursion is fine). Annotations (`title`,
 // `description`, `default`, `examples`, `format`, `$schema`, ...) are read past. A keyword that
 // would constrain the output in a way the grammar cannot follow (`pattern`, `allOf`, `not`,
@@ -77,6 +79,10 @@ class json_schema {
     // be one of them). Non-empty: `types` is ignored.
     std::vector<std::string> literals;
     bool is_enum = false;
+    // A tagged union of objects: `names` holds only the tag, `values[0]` the enum of the
+    // alternatives' tag values, and `variants[i]` the object node whose tag is that enum's
+    // literals[i]. The tag comes first; once its value is read, the object is that variant.
+    std::vector<std::uint16_t> variants;
     // The least container depth a value of this node needs (0 for a scalar, 1 for an object with
     // no required properties, ...): as any value, written as an object, written as an array.
     // `unsatisfiable` when no such value exists. The grammar opens a container, or takes a key,

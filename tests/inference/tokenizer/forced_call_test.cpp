@@ -77,14 +77,29 @@ TEST(ForcedCall, ANamedToolsCallFollowsItsParameters) {
                            R"({"name": "get_weather", "arguments": {"city": "Rome"}})"));
 }
 
-TEST(ForcedCall, RequiredCallsAnyToolWithAnObject) {
+TEST(ForcedCall, RequiredCallsOneToolHeldToThatToolsParameters) {
   auto c = force_tool_call(kTools, "", {});
   ASSERT_TRUE(c) << c.error().describe();
   const json_prefix p(c->schema);
   EXPECT_TRUE(takes_whole(p, R"({"name":"get_time","arguments":{}})"));
-  EXPECT_TRUE(takes_whole(p, R"({"name":"get_weather","arguments":{"city":"Paris"}})"));
+  EXPECT_TRUE(takes_whole(p, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
   EXPECT_FALSE(takes_whole(p, R"({"name":"get_date","arguments":{}})"));
   EXPECT_FALSE(takes_whole(p, R"({"name":"get_time","arguments":[]})"));
+  // Once named, the arguments are that tool's: get_time has none, get_weather needs a city.
+  EXPECT_FALSE(takes_whole(p, R"({"name":"get_time","arguments":{"city":"Paris"}})"));
+  EXPECT_FALSE(takes_whole(p, R"({"name":"get_weather","arguments":{}})"));
+  EXPECT_FALSE(takes_whole(p, R"({"name":"get_weather","arguments":{"city":"x","days":9}})"));
+  // The name comes first (as the templates write calls), so that it decides the arguments.
+  EXPECT_FALSE(takes_whole(p, R"({"arguments":{},"name":"get_time"})"));
+  EXPECT_TRUE(c->schema.accepts(json::parse(R"({"arguments":{},"name":"get_time"})")));
+  EXPECT_FALSE(c->schema.accepts(json::parse(R"({"name":"get_time","arguments":{"a":1}})")));
+  // Two tools of one name cannot be told apart.
+  const std::string twice = json::parse(kTools)[1].dump();
+  auto dup = force_tool_call("[" + twice + "," + twice + "]", "", {});
+  ASSERT_FALSE(dup);
+  EXPECT_NE(dup.error().message.find("tools[0] and tools[1] are both named 'get_time'"),
+            std::string::npos)
+      << dup.error().message;
   // One tool: required is that tool, held to its parameters.
   const std::string one = json::parse(kTools)[0].dump();
   auto only = force_tool_call("[" + one + "]", "", {});

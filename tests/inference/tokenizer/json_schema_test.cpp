@@ -172,6 +172,60 @@ TEST(JsonSchema, TheGrammarTakesValidAnswersAndRefusesTheFirstByteOfAnInvalidOne
   }
 }
 
+// A tagged union: objects told apart by "kind" (a const each), beside a string.
+const char* const kShapes = R"({"oneOf": [
+  {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "integer",
+   "minimum": 1, "maximum": 9}}, "required": ["kind", "r"], "additionalProperties": false},
+  {"type": "object", "properties": {"kind": {"const": "dot"}}, "required": ["kind"],
+   "additionalProperties": false},
+  {"type": "object", "properties": {"w": {"type": "integer", "minimum": 0, "maximum": 5},
+   "kind": {"enum": ["box"]}, "tag": {"type": "string", "maxLength": 2}},
+   "required": ["w", "kind"], "additionalProperties": false},
+  {"type": "string", "maxLength": 4}
+]})";
+
+TEST(JsonSchema, ATaggedUnionOfObjectsFollowsTheVariantItsTagNames) {
+  const auto schema = compiled(kShapes);
+  for (const std::string doc : {R"({"kind":"circle","r":3})", R"({"kind": "dot"})",
+                                R"({"kind":"box","tag":"ab","w":0})", R"("abc")"}) {
+    json_prefix p(schema);
+    ASSERT_EQ(bytes_taken(p, doc), doc.size()) << doc;
+    EXPECT_TRUE(p.complete()) << doc;
+    EXPECT_TRUE(schema.accepts(json::parse(doc))) << doc;
+  }
+  struct bad {
+    std::string text;
+    std::size_t good;
+  };
+  for (const auto& [text, good] : std::vector<bad>{
+           {R"({"r":3,"kind":"circle"})", 2},  // the tag comes first
+           {R"({"kind":"square")", 9},         // no such variant
+           {R"({"kind":"dot","r":1})", 13},    // a dot has no radius
+           {R"({"kind":"circle"})", 16},       // a circle needs one
+           {R"({"kind":"circle","r":10})", 22},
+           {R"({"kind":"box","kind")", 15},  // the tag once
+       }) {
+    json_prefix p(schema);
+    EXPECT_EQ(bytes_taken(p, text), good) << text;
+  }
+  // accepts() reads the value, whose keys have no order.
+  EXPECT_TRUE(schema.accepts(json::parse(R"({"r":3,"kind":"circle"})")));
+  EXPECT_FALSE(schema.accepts(json::parse(R"({"kind":"dot","r":1})")));
+  EXPECT_FALSE(schema.accepts(json::parse(R"({"kind":"square"})")));
+  EXPECT_FALSE(schema.accepts(json::parse(R"({"r":3})")));
+  // Without a tag that tells the objects apart, the union is refused as before.
+  for (const char* untagged :
+       {R"({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
+                      {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}]})",
+        R"({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
+                      {"type": "object", "properties": {"k": {"const": 2}}}]})"}) {
+    auto e = json_schema::compile(untagged);
+    ASSERT_FALSE(e) << untagged;
+    EXPECT_NE(e.error().message.find("both take an object"), std::string::npos)
+        << e.error().message;
+  }
+}
+
 TEST(JsonSchema, TopLevelScalarsAndEnumsEndWhereTheyMay) {
   const auto ints = compiled(R"({"type": "integer", "minimum": -5, "maximum": 300})");
   json_prefix twelve(ints);
@@ -250,6 +304,7 @@ TEST(JsonSchema, RandomWalksNeverReachADeadEndAndTheirAnswersValidate) {
       R"({"type": "object", "properties": {"a\"b": {"const": "q"}, "a": {"type": "number"}, "ab": {"type": "null"}}, "required": ["a"], "additionalProperties": false})",
       R"({"type": "integer", "minimum": 1000, "maximum": 1005})",
       R"({"type": "object", "properties": {"x": {"type": "object", "properties": {"y": {"$ref": "#/properties/x"}}}}})",
+      kShapes,
   };
   int ended = 0;
   for (int n = 0; n < 300; ++n) {
