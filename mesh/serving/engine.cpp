@@ -77,7 +77,8 @@ using clock_type = std::chrono::steady_clock;
 
 // group_link messages waiting for the engine thread, and per group not formed here yet.
 constexpr std::size_t kMaxLinkMessages = 256;
-// A group that failed to form because a peer was late is formed again after this long.
+// A group that failed (to form, a peer being late; or later, a rank lost) is formed again after
+// this long, if the plan still names it.
 constexpr auto kReformAfter = std::chrono::seconds(5);
 
 result<placement::model_spec> spec_of_gguf(const std::string& path, const std::string& name) {
@@ -324,7 +325,7 @@ struct engine::impl {
   std::uint64_t next_fetch_id = 1;
   std::atomic<bool> fetch_changed{false};  // a fetch finished or failed: reconcile again
   std::set<std::string> served_on;         // fetched models the share server serves on
-  std::map<std::string, clock_type::time_point> unformed_since;  // hosts that may form later
+  std::map<std::string, clock_type::time_point> unformed_since;  // failed hosts: since when
 
   // The hosts below, for set_plan() on the node's thread: it aborts the groups of a member the
   // view dropped, which the engine thread cannot do while it waits inside one of them.
@@ -1647,26 +1648,32 @@ struct engine::impl {
         ++it;
         continue;
       }
-      for (auto a = active.begin(); a != active.end();) {
-        if (a->second->host == it->second.get()) {
-          release(*a->second);
-          send_error(
-              a->second->req, error_code::unavailable,
-              fmt::format("model '{}': the plan dropped its group; resume", a->second->req.model));
-          a = active.erase(a);
-        } else {
-          ++a;
-        }
-      }
-      std::erase_if(queued, [&](const auto& q) {
-        if (q->host != it->second.get()) return false;
-        send_error(q->req, error_code::unavailable, "the plan dropped this stream's group; resume");
-        return true;
-      });
-      used_seqs.erase(it->first);
-      last_ping.erase(it->first);
-      it = hosts.erase(it);
+      it = erase_host(it, "the plan dropped its group");
     }
+  }
+
+  /// Drops a group's host; its streams (running or queued) end with `unavailable`, and their
+  /// clients resume them on the group that replaces it.
+  std::map<std::string, std::unique_ptr<group_host>>::iterator erase_host(
+      std::map<std::string, std::unique_ptr<group_host>>::iterator it, std::string_view why) {
+    for (auto a = active.begin(); a != active.end();) {
+      if (a->second->host == it->second.get()) {
+        release(*a->second);
+        send_error(a->second->req, error_code::unavailable,
+                   fmt::format("model '{}': {}; resume", a->second->req.model, why));
+        a = active.erase(a);
+      } else {
+        ++a;
+      }
+    }
+    std::erase_if(queued, [&](const auto& q) {
+      if (q->host != it->second.get()) return false;
+      send_error(q->req, error_code::unavailable, fmt::format("{}; resume", why));
+      return true;
+    });
+    used_seqs.erase(it->first);
+    last_ping.erase(it->first);
+    return hosts.erase(it);
   }
 
   // ------------------------------------------------------------------ models fetched from peers
@@ -1766,13 +1773,20 @@ struct engine::impl {
     }
   }
 
-  /// Drops the hosts of groups that failed to form because a peer was late (may_form_later) after
-  /// kReformAfter, so that reconcile forms them again. True if it dropped one.
+  /// Drops, after kReformAfter, the hosts of groups that failed to form because a peer was late
+  /// (may_form_later) and of groups that failed after they formed (a rank died or a link broke),
+  /// so that reconcile forms them again if the plan still names them. The latter matters when
+  /// the plan that replaces the failure names the same group (the same members, the same split):
+  /// after two of three peers restarted, the survivor's election plan gave the group the key of
+  /// the one that failed, and a survivor that kept its failed host never joined it (issue 33,
+  /// chaos --moe --hosts kill-two: every request timed out). True if it dropped one.
   bool drop_unformed() {
     const auto now = clock_type::now();
     bool dropped = false;
     for (auto it = hosts.begin(); it != hosts.end();) {
-      if (!it->second->may_form_later()) {
+      const bool lost =
+          it->second->current() == group_host::state::failed && it->second->was_ready();
+      if (!lost && !it->second->may_form_later()) {
         ++it;
         continue;
       }
@@ -1781,9 +1795,10 @@ struct engine::impl {
         ++it;
         continue;
       }
-      spdlog::info("serving {}: forming group {} again", opt.node_hex, it->first);
+      spdlog::info("serving {}: forming group {} again{}", opt.node_hex, it->first,
+                   lost ? " (it failed after it formed)" : "");
       unformed_since.erase(since);
-      it = hosts.erase(it);
+      it = erase_host(it, "its group failed");
       dropped = true;
     }
     std::erase_if(unformed_since, [&](const auto& u) { return !hosts.contains(u.first); });

@@ -876,6 +876,52 @@ TEST_F(ServingCluster, AnExpertParallelGroupSurvivesLosingARank) {
   EXPECT_EQ(std::count(after[0].begin(), after[0].end(), groups[0][1]), 0);
 }
 
+// Both other peers of an expert-parallel group's rank die (the group's other rank and the spare)
+// and come back: the lone survivor had no majority, so the next plan is made from scratch and
+// names the same two ranks with the same split, the group's key unchanged. The survivor, whose
+// host of that group failed when its rank died, must form it again (chaos --moe --hosts
+// kill-two: it kept the failed host, the restarted rank waited for it, every request timed out).
+TEST_F(ServingCluster, AFailedGroupFormsAgainWhenThePlanNamesItAgain) {
+  ASSERT_NO_FATAL_FAILURE(write_moe_model(model_));
+  const std::vector<std::string> limit{"--memory-limit-mb", "30"};
+  start_all(limit);
+  const auto groups = wait_one_group(2, true);
+  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+  ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
+  const auto head = index_of(groups[0][0]), tail = index_of(groups[0][1]);
+  ASSERT_LT(head, cluster_->size());
+  ASSERT_LT(tail, cluster_->size());
+  const std::size_t spare = 3 - head - tail;
+  const auto ref = reference(24);
+  {
+    auto c = client::connect(options());
+    ASSERT_TRUE(c);
+    auto out = (*c)->ask(greedy("before", 24));
+    ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+    EXPECT_EQ(out->tokens, ref);
+  }
+  cluster_->kill9(tail);
+  cluster_->kill9(spare);
+  std::this_thread::sleep_for(2s);  // the survivor's group notices its rank is gone
+  std::vector<std::string> args{"--model", model_, "--threads", "1"};
+  args.insert(args.end(), limit.begin(), limit.end());
+  for (auto i : {tail, spare}) {
+    auto r = cluster_->start(i, args);
+    ASSERT_TRUE(r) << r.error().describe();
+  }
+  const auto after = wait_one_group(2, true);
+  ASSERT_EQ(after.size(), 1u) << cluster_->logs();
+  std::printf("[serving] group before %s+%s, after %s+%s\n", groups[0][0].c_str(),
+              groups[0][1].c_str(), after[0][0].c_str(), after[0][1].c_str());
+  auto o = options();
+  o.deadline_ms = 60'000;  // forming again takes ~5 s; a group that never forms: the deadline
+  auto c = client::connect(o);
+  ASSERT_TRUE(c);
+  auto out = (*c)->ask(greedy("after", 24));
+  ASSERT_TRUE(out) << out.error().describe() << "\n" << cluster_->logs();
+  EXPECT_EQ(out->tokens, ref);
+}
+
 // Model distribution: only node 0 has the file; the others run with --fetch-models. The plan
 // gives them parts anyway, and they fetch those bytes from node 0 over bulk links, each chunk
 // verified against the content id in the plan. Every peer holds a replica (the whole file is
