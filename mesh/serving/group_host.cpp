@@ -193,9 +193,11 @@ void group_host::run() {
     {
       std::lock_guard lock(mu_);
       // A peer that did not show up in time (still fetching its shard, busy, restarting) may
-      // later: the engine forms the group again. Anything else (a layout this build does not
-      // run, a slice that does not load) would fail the same way again.
-      retry_ = r.error().code == errc::timeout;
+      // later, and so may one whose bulk link would not connect (it restarted since it sent its
+      // link params: the old process's port is closed; chaos --moe --hosts kill-two refused 8 of
+      // 8 requests with no_capacity so): the engine forms the group again. Anything else (a
+      // layout this build does not run, a slice that does not load) would fail the same way.
+      retry_ = r.error().code == errc::timeout || r.error().code == errc::closed;
     }
     fail(r.error().describe());
     return;

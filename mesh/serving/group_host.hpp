@@ -103,7 +103,8 @@ class group_host {
   /// group that can never form.
   [[nodiscard]] bool was_ready() const;
   [[nodiscard]] std::string failure() const;
-  /// Failed while forming because a peer did not show up in time: forming again may succeed.
+  /// Failed while forming because a peer did not show up in time, or its bulk link would not
+  /// connect (it restarted): forming again may succeed.
   [[nodiscard]] bool may_form_later() const;
   /// Rank 0 once ready: the runner (used by one thread: the engine's).
   [[nodiscard]] inference::sharded::runner* runner() const;

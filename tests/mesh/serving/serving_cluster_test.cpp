@@ -119,6 +119,19 @@ class ServingCluster : public ::testing::Test {
     return groups;
   }
 
+  /// Waits for one group of two ranks that every node agrees on; `a` and `b` are its ranks'
+  /// indexes, the third node the spare. Use under ASSERT_NO_FATAL_FAILURE.
+  void wait_two_rank_group(std::vector<std::vector<std::string>>& groups, std::size_t& a,
+                           std::size_t& b) {
+    groups = wait_one_group(2, true);
+    ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
+    ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
+    a = index_of(groups[0][0]);
+    b = index_of(groups[0][1]);
+    ASSERT_LT(a, cluster_->size());
+    ASSERT_LT(b, cluster_->size());
+  }
+
   /// Every node in `nodes` reports a plan serving "tiny" from `groups` groups.
   bool plan_ready(const std::vector<std::size_t>& nodes, std::size_t groups) {
     for (auto i : nodes) {
@@ -596,12 +609,9 @@ TEST_F(ServingCluster, PipelineStagesOfTensorParallelTeamsServe) {
 // stream cut mid-generation resumes on a group with the spare: every index once, the same tokens.
 TEST_F(ServingCluster, ABridgePartitionBetweenTwoRanksMovesTheGroup) {
   start_all({"--memory-limit-mb", "70", "--max-tp-ranks", "1"});
-  const auto groups = wait_one_group(2, true);
-  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
-  ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
-  const auto a = index_of(groups[0][0]), b = index_of(groups[0][1]);
-  ASSERT_LT(a, cluster_->size());
-  ASSERT_LT(b, cluster_->size());
+  std::vector<std::vector<std::string>> groups;
+  std::size_t a = 0, b = 0;
+  ASSERT_NO_FATAL_FAILURE(wait_two_rank_group(groups, a, b));
   const std::size_t spare = 3 - a - b;
   constexpr std::uint32_t n = 600;
   const auto ref = reference(n);
@@ -848,12 +858,9 @@ INSTANTIATE_TEST_SUITE_P(
 TEST_F(ServingCluster, AnExpertParallelGroupSurvivesLosingARank) {
   ASSERT_NO_FATAL_FAILURE(write_moe_model(model_));
   start_all({"--memory-limit-mb", "30"});
-  const auto groups = wait_one_group(2, true);
-  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
-  ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
-  const auto head = index_of(groups[0][0]), tail = index_of(groups[0][1]);
-  ASSERT_LT(head, cluster_->size());
-  ASSERT_LT(tail, cluster_->size());
+  std::vector<std::vector<std::string>> groups;
+  std::size_t head = 0, tail = 0;
+  ASSERT_NO_FATAL_FAILURE(wait_two_rank_group(groups, head, tail));
   constexpr std::uint32_t n = 400;
   const auto ref = reference(n);
   auto c = client::connect(options());
@@ -885,12 +892,9 @@ TEST_F(ServingCluster, AFailedGroupFormsAgainWhenThePlanNamesItAgain) {
   ASSERT_NO_FATAL_FAILURE(write_moe_model(model_));
   const std::vector<std::string> limit{"--memory-limit-mb", "30"};
   start_all(limit);
-  const auto groups = wait_one_group(2, true);
-  ASSERT_EQ(groups.size(), 1u) << cluster_->logs();
-  ASSERT_EQ(groups[0].size(), 2u) << cluster_->logs();
-  const auto head = index_of(groups[0][0]), tail = index_of(groups[0][1]);
-  ASSERT_LT(head, cluster_->size());
-  ASSERT_LT(tail, cluster_->size());
+  std::vector<std::vector<std::string>> groups;
+  std::size_t head = 0, tail = 0;
+  ASSERT_NO_FATAL_FAILURE(wait_two_rank_group(groups, head, tail));
   const std::size_t spare = 3 - head - tail;
   const auto ref = reference(24);
   {
