@@ -582,8 +582,10 @@ TESSERA_AVX512 void q8_0_panel_decode(const gemm_args& g, std::int64_t p0,
   }
 }
 
-template <int T>
-struct q8_0_panel_tile {
+// Stream: the panels are the weights in memory (prefetched ahead, batch_prefetch_bytes), not a
+// scratch copy of 16 rows.
+template <int T, bool Stream>
+struct q8_0_panel_tile_of {
   TESSERA_AVX512 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
     const std::int64_t nb = g.cols / qk8_0;
     const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
@@ -597,6 +599,11 @@ struct q8_0_panel_tile {
       acc[t] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::uint8_t* qb = q + b * 512;
+      if constexpr (Stream) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i)
+          prefetch_ahead(qb, batch_prefetch_bytes + 64 * i);
+      }
       __m512i s[T];
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t)
@@ -625,6 +632,10 @@ struct q8_0_panel_tile {
       _mm512_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t]);
   }
 };
+template <int T>
+using q8_0_panel_tile = q8_0_panel_tile_of<T, true>;
+template <int T>
+using q8_0_scratch_tile = q8_0_panel_tile_of<T, false>;
 
 // ---- q4_K in panels (layout in gemm_kernels.hpp) ---------------------------------------------
 //
@@ -678,7 +689,8 @@ struct q4_k_panel_tile {
     alignas(64) __m512i sc[8], mm[8];
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::uint8_t* sb = panel + b * q4_k_panel_block;
-      if constexpr (T == 1) prefetch_span_ahead(sb, q4_k_panel_block, decode_prefetch_bytes);
+      prefetch_span_ahead(sb, q4_k_panel_block,
+                          T == 1 ? decode_prefetch_bytes : batch_prefetch_bytes);
       q4_k_panel_scales(sb, sc, mm);
       __m512i itot[T];
 #pragma GCC unroll 8
@@ -853,7 +865,8 @@ constexpr std::array<tile_fn, sizeof...(I)> make_rows16(std::index_sequence<I...
 void gemm_q8_0_rows(const gemm_args& g) noexcept {
   const std::int64_t whole = g.rows / panel_rows * panel_rows;
   if (g.n_tokens >= q8_0_pack_tokens) {
-    static constexpr auto tiles = make_panel_tiles<q8_0_panel_tile>(std::make_index_sequence<8>{});
+    static constexpr auto tiles =
+        make_panel_tiles<q8_0_scratch_tile>(std::make_index_sequence<8>{});
     thread_local std::vector<std::uint8_t> scratch;
     scratch.resize(q8_0_panel_bytes(g.cols));
     for (std::int64_t r0 = 0; r0 < whole; r0 += panel_rows) {

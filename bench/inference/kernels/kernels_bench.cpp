@@ -210,8 +210,43 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t t = 0; t < 7; ++t) {
     for (std::int64_t level = 0; level < 3; ++level) b->Args({t, 512, 1024, 1, level, 1});
   }
+  // Batched decode (continuous batching's 2-16 rows), AVX-512, one thread: q8_0 from DRAM
+  // (32768 x 4096, 136 MiB, 4x this host's L3) and from L2 (512 x 1024).
+  for (std::int64_t tokens : {1, 2, 4, 8, 16}) {
+    b->Args({3, 32768, 4096, tokens, 2, 1});
+    b->Args({3, 512, 1024, tokens, 2, 1});
+  }
 }
 BENCHMARK(BM_matmul)->Apply(matmul_args)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The same q8_0 mat-muls with the weights in panels (weight_layout::panels, packed once before
+// the timed loop): args rows, cols, tokens; AVX-512, one thread.
+void BM_matmul_q8_0_panels(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), cols = state.range(1), tokens = state.range(2);
+  if (!select_isa(state, 2)) return;
+  const std::size_t bytes = *row_bytes(tensor_type::q8_0, cols) * static_cast<std::size_t>(rows);
+  buffer weights(bytes);
+  fill_weights(tensor_type::q8_0, weights.data, rows, cols, 1);
+  pack_panels(tensor_type::q8_0, weights.data, rows, cols);
+  const auto x = random_activations(cols * tokens);
+  std::vector<float> y(static_cast<std::size_t>(rows * tokens));
+  const weight_view w{tensor_type::q8_0, rows, cols, weights.data, 0, weight_layout::panels};
+  for (auto _ : state) {
+    if (!matmul(w, x.data(), tokens, y.data(), nullptr)) std::abort();
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows * cols * tokens) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+void matmul_panels_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "cols", "tokens"});
+  for (std::int64_t tokens : {1, 2, 4, 8, 16}) {
+    b->Args({32768, 4096, tokens});
+    b->Args({512, 1024, tokens});
+  }
+}
+BENCHMARK(BM_matmul_q8_0_panels)->Apply(matmul_panels_args)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // ---- one token of a whole preset model ------------------------------------------------------------
 
