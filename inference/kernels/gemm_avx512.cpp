@@ -599,11 +599,7 @@ struct q8_0_panel_tile_of {
       acc[t] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nb; ++b) {
       const std::uint8_t* qb = q + b * 512;
-      if constexpr (Stream) {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i)
-          prefetch_ahead(qb, batch_prefetch_bytes + 64 * i);
-      }
+      if constexpr (Stream) prefetch_span_ahead(qb, 512, batch_prefetch_bytes);
       __m512i s[T];
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t)

@@ -32,10 +32,11 @@ inline constexpr std::size_t decode_prefetch_bytes = 8192;
 
 // A batch tile (2 or more tokens over weights in panels) reads one panel, one stream, at a time,
 // and the hardware prefetcher alone held such a stream to ~19 GB/s where 8 streams reach ~30: the
-// 8-token q8_0 panel tile waited on memory (large Q8_0 in panels, 8 streams: 219-225 tok/s).
-// So it prefetches the panel this many bytes ahead too (best of 2/8/16/32 KiB: 316-353 tok/s;
-// q4_K, 8 streams: 279 -> 342; bench/RESULTS.md, issue 35). Not for panels packed into a scratch
-// buffer, which are in L1 already and end sooner.
+// 8-token q8_0 panel tile waited on memory (large Q8_0 in panels, 8 streams: 216-225 tok/s).
+// So it prefetches the panel this many bytes ahead too (316-354 tok/s; q4_K, 8 streams: 265-274
+// -> 322-342; bench/RESULTS.md, issue 35). 8, 16 and 32 KiB were within noise of each other,
+// 2 KiB clearly worse. Not for panels packed into a scratch buffer, which are in L1 already and
+// end sooner.
 inline constexpr std::size_t batch_prefetch_bytes = 16384;
 
 [[nodiscard]] inline std::size_t decode_prefetch_ahead(std::size_t w_stride, int rows) noexcept {

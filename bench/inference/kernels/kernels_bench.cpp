@@ -177,18 +177,16 @@ BENCHMARK(BM_matvec)->Apply(matvec_args)->UseRealTime();
 
 // ---- batched mat-mul (prefill) --------------------------------------------------------------------
 
-// args: type slot, rows, cols, tokens, isa, threads
-void BM_matmul(benchmark::State& state) {
-  const tensor_type type = bench_types[state.range(0)];
-  const std::int64_t rows = state.range(1), cols = state.range(2), tokens = state.range(3);
-  if (!select_isa(state, state.range(4))) return;
-  const int threads = static_cast<int>(state.range(5));
+// One timed mat-mul of `type` weights (rows x cols, `layout`) over `tokens` activation rows.
+void time_matmul(benchmark::State& state, tensor_type type, std::int64_t rows, std::int64_t cols,
+                 std::int64_t tokens, int threads, weight_layout layout) {
   const std::size_t bytes = *row_bytes(type, cols) * static_cast<std::size_t>(rows);
   buffer weights(bytes);
   fill_weights(type, weights.data, rows, cols, 1);
+  if (layout == weight_layout::panels) pack_panels(type, weights.data, rows, cols);
   const auto x = random_activations(cols * tokens);
   std::vector<float> y(static_cast<std::size_t>(rows * tokens));
-  const weight_view w{type, rows, cols, weights.data, 0};
+  const weight_view w{type, rows, cols, weights.data, 0, layout};
   for (auto _ : state) {
     if (!matmul(w, x.data(), tokens, y.data(), pool_of(threads))) std::abort();
     benchmark::DoNotOptimize(y.data());
@@ -196,7 +194,15 @@ void BM_matmul(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(
       2.0 * static_cast<double>(rows * cols * tokens) * static_cast<double>(state.iterations()),
       benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  state.SetLabel(std::string(to_string(type)) + " " + std::string(to_string(active_isa())));
+  state.SetLabel(std::string(to_string(type)) + " " + std::string(to_string(active_isa())) +
+                 (layout == weight_layout::panels ? " panels" : ""));
+}
+
+// args: type slot, rows, cols, tokens, isa, threads
+void BM_matmul(benchmark::State& state) {
+  if (!select_isa(state, state.range(4))) return;
+  time_matmul(state, bench_types[state.range(0)], state.range(1), state.range(2), state.range(3),
+              static_cast<int>(state.range(5)), weight_layout::rows);
 }
 
 void matmul_args(benchmark::internal::Benchmark* b) {
@@ -222,22 +228,9 @@ BENCHMARK(BM_matmul)->Apply(matmul_args)->UseRealTime()->Unit(benchmark::kMillis
 // The same q8_0 mat-muls with the weights in panels (weight_layout::panels, packed once before
 // the timed loop): args rows, cols, tokens; AVX-512, one thread.
 void BM_matmul_q8_0_panels(benchmark::State& state) {
-  const std::int64_t rows = state.range(0), cols = state.range(1), tokens = state.range(2);
   if (!select_isa(state, 2)) return;
-  const std::size_t bytes = *row_bytes(tensor_type::q8_0, cols) * static_cast<std::size_t>(rows);
-  buffer weights(bytes);
-  fill_weights(tensor_type::q8_0, weights.data, rows, cols, 1);
-  pack_panels(tensor_type::q8_0, weights.data, rows, cols);
-  const auto x = random_activations(cols * tokens);
-  std::vector<float> y(static_cast<std::size_t>(rows * tokens));
-  const weight_view w{tensor_type::q8_0, rows, cols, weights.data, 0, weight_layout::panels};
-  for (auto _ : state) {
-    if (!matmul(w, x.data(), tokens, y.data(), nullptr)) std::abort();
-    benchmark::DoNotOptimize(y.data());
-  }
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      2.0 * static_cast<double>(rows * cols * tokens) * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  time_matmul(state, tensor_type::q8_0, state.range(0), state.range(1), state.range(2), 1,
+              weight_layout::panels);
 }
 void matmul_panels_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "cols", "tokens"});
@@ -246,7 +239,10 @@ void matmul_panels_args(benchmark::internal::Benchmark* b) {
     b->Args({512, 1024, tokens});
   }
 }
-BENCHMARK(BM_matmul_q8_0_panels)->Apply(matmul_panels_args)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_q8_0_panels)
+    ->Apply(matmul_panels_args)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // ---- one token of a whole preset model ------------------------------------------------------------
 
