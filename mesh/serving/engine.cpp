@@ -29,39 +29,21 @@
 #include "inference/tokenizer/chat.hpp"
 #include "inference/tokenizer/json_grammar.hpp"
 #include "inference/tokenizer/tokenizer.hpp"
-#include "mesh/serving/connection_guard.hpp"
+#include "mesh/serving/client_port.hpp"
 #include "mesh/serving/fair_share.hpp"
 #include "mesh/serving/group_host.hpp"
+#include "mesh/serving/holdings.hpp"
 #include "mesh/serving/intake.hpp"
 #include "mesh/serving/ledger.hpp"
 #include "mesh/serving/model_share.hpp"
+#include "mesh/serving/passes.hpp"
 #include "mesh/serving/protocol.hpp"
+#include "mesh/serving/session.hpp"
 #include "mesh/serving/stream_stats.hpp"
 #include "transport/faults/faulty_link.hpp"
 
 namespace tessera::mesh::serving {
 
-/// Largest message a client may send to the response port (XPUB): a subscription is 1 + topic
-/// bytes, the longest topic `<id>:` is max_id_bytes + 1. The bound also applies to the CURVE
-/// handshake under --client-auth (INITIATE with its vouch and metadata is ~300 bytes; 256 refused
-/// every keyed client) and to each encrypted frame's overhead: 1 KiB covers both.
-inline constexpr std::size_t kMaxSubscriptionBytes = 1024;
-static_assert(kMaxSubscriptionBytes >= 2 + max_id_bytes && 128 >= 2 + max_id_bytes);
-/// Response topics a peer honours subscriptions to at once (`:peers` aside): the in-flight
-/// requests of every client connected to it (a peer runs 8 streams and queues 64; clients
-/// subscribe on every peer), while a flood of distinct topics is refused (counted).
-inline constexpr std::size_t kMaxSubscribedTopics = 512;
-/// Subscription bytes (topics + 1) libzmq may hold for the response port's connections. libzmq
-/// keeps every subscription a connection sends, honoured or refused, in a trie of one node per
-/// byte (~100-200x the topic bytes, measured: 10 MB of topics once cost the peer 860 MB, and a
-/// budget of 64 KiB bounded a flood to +6-8 MB of peak RSS). Honest clients hold `:peers` and
-/// their requests' topics (<= 66 bytes each): kMaxSubscribedTopics of them are 34 KB.
-inline constexpr std::size_t kMaxSubscriptionTrieBytes = 64 * 1024;
-/// A request read before its topic's subscription waits this long for it (the two travel on
-/// different connections), at most this many at once (the oldest make way: a flood of requests
-/// nobody subscribes to only ever costs this much).
-inline constexpr auto kAwaitSubscriber = std::chrono::milliseconds(250);
-inline constexpr std::size_t kMaxAwaitingSubscriber = 256;
 /// A stream whose topic has had no subscriber on this peer for this long is cut (its client
 /// left or never listened): its slot goes to requests someone reads.
 inline constexpr auto kUnreadStreamCut = std::chrono::seconds(5);
@@ -75,199 +57,26 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
 
-// group_link messages waiting for the engine thread, and per group not formed here yet.
+// group_link messages waiting for the engine thread.
 constexpr std::size_t kMaxLinkMessages = 256;
-// A group that failed (to form, a peer being late; or later, a rank lost) is formed again after
-// this long, if the plan still names it.
-constexpr auto kReformAfter = std::chrono::seconds(5);
 
-result<placement::model_spec> spec_of_gguf(const std::string& path, const std::string& name) {
-  auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
-  if (!f) return f.error();
-  auto hp = mdl::read_hparams(*f);
-  if (!hp) return hp.error();
-  placement::model_spec s;
-  s.name = name;
-  s.n_layers = static_cast<std::uint32_t>(hp->n_layer);
-  s.n_heads = static_cast<std::uint32_t>(hp->n_head);
-  s.n_kv_heads = static_cast<std::uint32_t>(hp->n_head_kv);
-  s.dim = static_cast<std::uint32_t>(hp->dim);
-  s.ffn_size = static_cast<std::uint32_t>(hp->ffn);
-  // Of a mixture of experts the FFN axis is the experts' hidden units side by side, and a rank's
-  // range must hold whole experts: splitting it is expert parallelism.
-  // (A multiple of the column block too, as every FFN split: lcm, for widths no real model has.)
-  if (hp->is_moe()) {
-    s.ffn_block =
-        static_cast<std::uint32_t>(std::lcm<std::int64_t>(hp->expert_ffn, s.column_block));
-    s.n_experts = static_cast<std::uint32_t>(hp->n_expert);
-    s.n_experts_used = static_cast<std::uint32_t>(hp->n_expert_used);
-  }
-  s.n_vocab = static_cast<std::uint32_t>(hp->n_vocab);
-  std::uint64_t blocks = 0;
-  for (const auto& t : f->tensors()) {
-    if (t.name.starts_with("blk."))
-      blocks += t.size;
-    else if (t.name == "token_embd.weight")
-      s.bytes_embeddings = t.size;
-    else if (t.name == "output.weight")
-      s.bytes_output = t.size;
-  }
-  s.bytes_per_layer = s.n_layers ? blocks / s.n_layers : 0;
-  s.tied_embeddings = hp->tied_output;
-  // The KV cache is F16: K and V, every layer, every KV head.
-  s.kv_bytes_per_token = 2ULL * 2ULL * static_cast<std::uint64_t>(hp->n_layer) *
-                         static_cast<std::uint64_t>(hp->kv_dim());
-  s.context_tokens = static_cast<std::uint32_t>(std::min<std::int64_t>(hp->n_ctx_train, 4096));
-  if (auto v = placement::validate_model_spec(s); !v) return v.error();
-  return s;
-}
-
-namespace {
-
-/// A model this peer has the file of. Its tokenizer and hyper-parameters are read at start (and its
-/// tensors checked); its weights are loaded only while the plan gives this peer a group of its own
-/// for it (a replica), on a loader thread, and dropped when the plan moves it elsewhere: a peer that
-/// serves a slice of the model holds only the slice (in its group_host).
-struct loaded {
-  enum class weights : std::uint8_t { none, loading, ready, failed };
-
-  local_model info;
-  std::unique_ptr<inf::gguf::file> file;  // headers only: the loader reads the tensors' ranges
-  std::unique_ptr<inf::tokenizer::tokenizer> tok;
-  mdl::hparams hp;
-  inf::tokenizer::chat_template chat;  // the file's Jinja template, else a built-in family
-  // The vocabulary as JSON-constrained sampling sees it: made by the engine thread at the first
-  // request that asks for a JSON answer.
-  std::unique_ptr<inf::tokenizer::json_vocab> json_vocab;
-  // A model fetched from peers (its file holds only the parts fetched): every use of a part waits
-  // until fetch->ready_for() it. Null for a file of our own.
-  model_fetch* fetch = nullptr;
-  // Written by the engine thread only; atomic so that status() may read it from another thread.
-  std::atomic<weights> state{weights::none};
-  // --- engine thread ---
-  bool wanted = false;                 // the plan gives this peer a replica of it
-  std::unique_ptr<mdl::model> m;       // state == ready
-  std::unique_ptr<mdl::workspace> ws;  // scratch of the batched passes over local streams
-  std::string failure;                 // state == failed: why
-  std::thread loader;
-  // --- written by the loader thread, read by the engine thread and status() ---
-  std::atomic<bool> load_finished{false};
-  std::unique_ptr<mdl::model> loaded_model;  // valid once load_finished
-  std::string load_error;                    // valid once load_finished
-  std::atomic<std::uint64_t> loaded_bytes{0}, total_bytes{0};
-
-  loaded() = default;
-  loaded(const loaded&) = delete;
-  loaded& operator=(const loaded&) = delete;
-  ~loaded() {
-    if (loader.joinable()) loader.join();
-  }
-};
-
-const char* weights_name(loaded::weights w) {
-  switch (w) {
-    case loaded::weights::none: return "none";
-    case loaded::weights::loading: return "loading";
-    case loaded::weights::ready: return "ready";
-    case loaded::weights::failed: return "failed";
-  }
-  return "?";
-}
-
-/// Reads a model's header, tokenizer and hyper-parameters and checks its tensors (no weights).
-result<std::unique_ptr<loaded>> open_model(const std::string& path, const std::string& name) {
-  auto l = std::make_unique<loaded>();
-  l->info.path = path;
-  l->info.name = name;
-  auto spec = spec_of_gguf(path, name);
-  if (!spec) return spec.error();
-  l->info.spec = *spec;
-  auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
-  if (!f) return f.error();
-  std::error_code ec;
-  l->info.file_bytes = fs::file_size(path, ec);
-  auto tok = inf::tokenizer::tokenizer::from_gguf(*f);
-  if (!tok) return tok.error();
-  l->tok = std::make_unique<inf::tokenizer::tokenizer>(std::move(*tok));
-  l->chat = inf::tokenizer::chat_template_for(*f, *l->tok);
-  auto hp = mdl::read_hparams(*f);
-  if (!hp) return hp.error();
-  l->hp = *hp;
-  // Every tensor present with its shape and type: a broken file stops the node now, naming the
-  // tensor, rather than when a plan first asks this peer for a replica.
-  auto bytes = mdl::model::check(*f);
-  if (!bytes) return bytes.error();
-  l->total_bytes = *bytes;
-  l->file = std::make_unique<inf::gguf::file>(std::move(*f));
-  return l;
-}
-
-struct session {
-  request req;
-  loaded* model = nullptr;
-  std::vector<mdl::token_id> prompt;   // what the model reads before generating
-  std::vector<mdl::token_id> history;  // prompt + generated (the repetition penalty's window)
-  std::size_t fed = 0;                 // prompt tokens evaluated so far
-  std::uint32_t next_index = 0;        // index of the next generated token
-  std::unique_ptr<mdl::context> ctx;   // a local model, or:
-  group_host* host = nullptr;          // a group split over peers (this peer is rank 0)
-  std::uint32_t seq = 0;               // the host runner's sequence slot
-  std::int64_t n_ctx = 0;
-  std::unique_ptr<mdl::sampler> sampler;
-  std::vector<float> logits, work;
-  bool have_logits = false;
-  clock_type::time_point last_sent{};
-  clock_type::time_point started{};  // accepted here (the stream statistics' zero)
-  bool sent_any = false;             // a token of this attempt went out
-  std::string client;                // the identity its fair share counts by (request::client)
-  // format json_object / json_schema: the answer so far, as the beginning of a valid one (its
-  // tokens are masked to keep it so, and the stream ends once it is complete). The compiled
-  // schema lives here, beside the state that points at it.
-  std::unique_ptr<const inf::tokenizer::json_schema> schema;
-  std::optional<inf::tokenizer::json_prefix> json;
-  clock_type::time_point ran_since{};  // took its slot (rule 3's quantum counts from here)
-  std::uint64_t took_slot = 0;         // the order streams took their slots (prefix sharing)
-};
-
-/// A local stream whose model's weights are on their way (loading, or about to): it waits queued.
-bool waits_for_weights(const session& s) {
-  if (s.host != nullptr) return false;
-  const auto w = s.model->state.load();
-  return w == loaded::weights::loading || (w == loaded::weights::none && s.model->wanted);
-}
-
-}  // namespace
 
 struct engine::impl {
   engine_options opt;
   [[nodiscard]] const std::string& client_address() const {
     return opt.client_bind_address.empty() ? opt.bind_address : opt.client_bind_address;
   }
-  std::vector<std::unique_ptr<loaded>> models;
-  std::vector<local_model> infos;
-  std::vector<std::string> model_names;
   std::unique_ptr<inf::thread_pool> pool;
   /// The node's compute budget, shared by this pool and every split group's (issue 31: compute
   /// threads never exceed --threads, split groups included).
   std::shared_ptr<inf::compute_gate> gate = std::make_shared<inf::compute_gate>();
 
-  zmq::context_t zctx{1};
-  zmq::socket_t sub{zctx, zmq::socket_type::sub};
-  zmq::socket_t xpub{zctx, zmq::socket_type::xpub};
-  zmq::socket_t pull{zctx, zmq::socket_type::pull};
-  zmq::socket_t push{zctx, zmq::socket_type::push};
-  // The ZAP handler of this context (client authentication only; bound before the endpoints).
-  std::optional<zmq::socket_t> zap;
-  // Bounds the client endpoints' connections (slot 0: the request port, 1: the response port);
-  // read by the io thread, made before the endpoints bind.
-  std::unique_ptr<connection_guard> guard;
-  std::atomic<std::uint64_t> connections_refused{0}, connections_open{0};
-  std::uint16_t req_port = 0, resp_port = 0;
-  std::atomic<std::uint64_t> auth_allowed{0}, auth_denied{0};
+  // The client endpoints and their io thread; the engine thread publishes through `push`.
+  std::unique_ptr<client_port> port;
+  zmq::socket_t push;
 
-  std::atomic<bool> stopping{false};     // engine thread: stop
-  std::atomic<bool> io_stopping{false};  // io thread: stop (after the engine's last messages)
-  std::thread io_thread, engine_thread;
+  std::atomic<bool> stopping{false};  // engine thread: stop
+  std::thread engine_thread;
 
   // --- shared between the io / loop threads and the engine thread (under mu) ---
   mutable std::mutex mu;
@@ -275,67 +84,28 @@ struct engine::impl {
   std::deque<request> inbox;
   std::shared_ptr<const placement::plan> plan;
   std::vector<member_id> live;
-  std::vector<std::string> client_endpoints;
-  // The live members' node ids (ours first) for peer lists; empty until a plan arrives, so that a
-  // peer without a view never tells clients that their serving peer is gone.
-  std::vector<std::string> live_nodes;
   std::map<member_id, peer_facts> peers;
-  // Set when the live members changed: the io thread publishes the peer list at once, so clients
-  // whose serving peer was declared dead resume now rather than after 3 s of silence.
-  std::atomic<bool> peers_changed{false};
   std::deque<group_link_message> link_inbox;  // bounded by kMaxLinkMessages
   std::uint64_t dropped_inbox = 0;
-  // Request ids whose response topic lost its last subscriber here, and since when (the io
-  // thread adds and removes them; the engine cuts their streams after kUnreadStreamCut). At
-  // most kMaxSubscribedTopics entries: only a topic that was subscribed can lose its subscriber.
-  std::unordered_map<std::string, clock_type::time_point> unsubscribed_since;
   // counters, written by the engine / io threads
   std::atomic<std::uint64_t> malformed{0}, accepted{0}, completed{0}, rejected{0}, superseded{0},
       tokens_out{0}, duplicates{0}, cancelled{0},
       resumed_first{0},  // resumed streams queued ahead of new ones
       made_way{0},       // waiting streams refused for a newcomer of a client with fewer
       preempted{0},      // running streams sent back to the queue for a client with fewer
-      subscriptions_refused{0}, unread_requests{0}, unread_streams_cut{0},
+      unread_streams_cut{0},
       shared_prefix_tokens{0};  // prompt positions taken from another stream's KV cache
-  // --- io thread only: subscribers per response topic (request id) on the XPUB, and the bytes
-  // of every subscription libzmq holds for its connections (kMaxSubscriptionTrieBytes) ---
-  std::unordered_map<std::string, std::uint32_t> topic_subscribers;
-  std::size_t subscription_bytes = 0;
-  // Requests read before their topic's subscription, oldest first (kMaxAwaitingSubscriber).
-  struct awaiting {
-    clock_type::time_point until;
-    request req;
-  };
-  std::deque<awaiting> awaiting_subscriber;
-  std::atomic<std::uint64_t> response_port_resets{0};
-  // Forward passes over local streams, and the stream-units they carried (their ratio is the mean
-  // batch); written by the engine thread.
-  std::atomic<std::uint64_t> passes{0}, pass_streams{0};
   std::vector<json> active_view;  // for status (under mu)
   stream_stats stats;             // per model: time to first token, between tokens, duration
   std::vector<json> groups_view;  // for status (under mu)
   std::vector<json> replicas_view;  // for status (under mu): MoE replicas' expert load
 
-  // --- model distribution (model_share.hpp) ---
-  // Guards `models` growing (the engine thread adopts a fetched model) and `fetches` against
-  // status() and on_share() on other threads; the engine thread reads both without it.
-  mutable std::mutex models_mu;
-  std::unique_ptr<share_server> server;                         // our files, to fetchers
-  std::map<std::string, std::unique_ptr<model_fetch>> fetches;  // by model name
-  std::uint64_t next_fetch_id = 1;
-  std::atomic<bool> fetch_changed{false};  // a fetch finished or failed: reconcile again
-  std::set<std::string> served_on;         // fetched models the share server serves on
-  std::map<std::string, clock_type::time_point> unformed_since;  // failed hosts: since when
-
-  // The hosts below, for set_plan() on the node's thread: it aborts the groups of a member the
-  // view dropped, which the engine thread cannot do while it waits inside one of them.
-  group_registry registry;
+  // Models, weights, split groups and fetches (holdings.hpp): made after the pool, gone first.
+  std::unique_ptr<holdings> held;
+  std::unique_ptr<round_passes> passes;  // the engine loop's forward passes (after the pool)
 
   // --- engine thread only ---
-  std::map<std::string, std::unique_ptr<group_host>> hosts;  // groups split over peers, by key
-  std::map<std::string, std::deque<group_link_message>> early_links;  // for hosts not made yet
-  std::map<std::string, std::set<std::uint32_t>> used_seqs;           // by host key
-  std::map<std::string, clock_type::time_point> last_ping;
+  std::map<std::string, std::set<std::uint32_t>> used_seqs;  // split groups' sequence slots, by key
   const placement::plan* reconciled = nullptr;
   std::shared_ptr<const placement::plan> current_plan;
   std::map<std::string, std::unique_ptr<session>> active;  // by request id
@@ -345,346 +115,18 @@ struct engine::impl {
   // gets its final message again instead of a second generation.
   finished_ledger finished;
 
-  // ------------------------------------------------------------------ io thread
-  void io_loop() {
-    name_this_thread("serve-io");
-    zmq::pollitem_t items[] = {{sub.handle(), 0, ZMQ_POLLIN, 0},
-                               {pull.handle(), 0, ZMQ_POLLIN, 0},
-                               {xpub.handle(), 0, ZMQ_POLLIN, 0},
-                               {zap->handle(), 0, ZMQ_POLLIN, 0},
-                               {guard->monitor_handle(0), 0, ZMQ_POLLIN, 0},
-                               {guard->monitor_handle(1), 0, ZMQ_POLLIN, 0}};
-    auto next_peers = clock_type::now();
-    while (!io_stopping.load()) {
-      try {
-        items[2].socket = xpub.handle();  // a reset replaces the socket and its monitor
-        items[5].socket = guard->monitor_handle(1);
-        zmq::poll(items, 6, std::chrono::milliseconds(100));
-        // Connections first: one past a bound is shut down before it is read from.
-        for (int slot = 0; slot < 2; ++slot)
-          if (items[4 + slot].revents & ZMQ_POLLIN) guard->drain(slot);
-        connections_open = guard->ledger().open();
-        connections_refused = guard->refused();
-        if (items[3].revents & ZMQ_POLLIN) answer_zap();
-        // Subscriptions first: a client subscribes to a request's topic before it publishes the
-        // request, and the request must find that subscription here.
-        if (items[2].revents & ZMQ_POLLIN && drain_subscriptions()) next_peers = clock_type::now();
-        if (items[0].revents & ZMQ_POLLIN) on_request_frames();
-        expire_awaiting();
-        if (items[1].revents & ZMQ_POLLIN) forward_responses();
-        if (peers_changed.exchange(false) || clock_type::now() >= next_peers) {
-          publish_peers();
-          next_peers = clock_type::now() + std::chrono::seconds(2);
-        }
-      } catch (const zmq::error_t& e) {
-        if (e.num() == ETERM) return;
-        spdlog::warn("serving {}: client endpoint: {}", opt.node_hex, e.what());
-      }
-    }
-    // Last messages (the shutdown errors) go out before the sockets close.
-    try {
-      forward_responses();
-    } catch (const zmq::error_t&) {
-    }
-  }
-
-  /// ZAP (RFC 27) for the client endpoints: admits a CURVE client presenting the cluster's client
-  /// access key, refuses everything else (counted; logged at most once a second).
-  void answer_zap() {
-    for (int n = 0; n < 64; ++n) {
-      std::vector<zmq::message_t> parts;
-      zmq::message_t m;
-      if (!zap->recv(m, zmq::recv_flags::dontwait)) return;
-      parts.push_back(std::move(m));
-      while (parts.back().more() && parts.size() < 16) {
-        zmq::message_t next;
-        (void)zap->recv(next, zmq::recv_flags::none);
-        parts.push_back(std::move(next));
-      }
-      // version, request id, domain, address, identity, mechanism[, credentials (the key)].
-      // Open endpoints ask only for the user id (the NULL mechanism); keyed ones for CURVE with
-      // the cluster's client key.
-      const bool allow =
-          parts.size() >= 6 && parts[0].to_string_view() == "1.0" &&
-          (opt.client_auth
-               ? parts.size() == 7 && parts[5].to_string_view() == "CURVE" &&
-                     parts[6].size() == 32 &&
-                     std::memcmp(parts[6].data(), opt.client_auth->allowed_client.data(), 32) == 0
-               : parts[5].to_string_view() == "NULL");
-      if (allow) {
-        if (opt.client_auth) auth_allowed.fetch_add(1);
-      } else {
-        auth_denied.fetch_add(1);
-        const auto now = clock_type::now();
-        if (now - last_auth_log >= std::chrono::seconds(1)) {
-          last_auth_log = now;
-          spdlog::warn(
-              "serving {}: refused a client from {}: not the cluster's client access key "
-              "({} refused so far)",
-              opt.node_hex, parts.size() > 3 ? parts[3].to_string() : "?", auth_denied.load());
-        }
-      }
-      const std::string request_id = parts.size() > 1 ? parts[1].to_string() : std::string();
-      zap->send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
-      zap->send(zmq::buffer(request_id), zmq::send_flags::sndmore);
-      zap->send(allow ? zmq::str_buffer("200") : zmq::str_buffer("400"), zmq::send_flags::sndmore);
-      zap->send(allow ? zmq::str_buffer("OK") : zmq::str_buffer("not this cluster's client key"),
-                zmq::send_flags::sndmore);
-      // The user id names the connection: every message it carries has it as "User-Id", the
-      // identity fair_share counts by. Clients share one access key, so the key cannot tell
-      // them apart; a connection can (and connections per address are bounded).
-      const std::string user =
-          fmt::format("{}#{}", parts.size() > 3 ? parts[3].to_string() : "?", ++connections_seen);
-      zap->send(zmq::buffer(user), zmq::send_flags::sndmore);
-      zap->send(zmq::str_buffer(""), zmq::send_flags::none);  // metadata
-    }
-  }
-  // Numbers the request connections' user ids (written by the io thread; status reads it).
-  std::atomic<std::uint64_t> connections_seen{0};
-  clock_type::time_point last_auth_log{};
-
-  void on_request_frames() {
-    for (int n = 0; n < 256; ++n) {  // bounded batch: the forward path is served in between
-      std::vector<zmq::message_t> parts;
-      zmq::message_t m;
-      if (!sub.recv(m, zmq::recv_flags::dontwait)) return;
-      parts.push_back(std::move(m));
-      while (parts.back().more() && parts.size() < 4) {
-        zmq::message_t more;
-        (void)sub.recv(more, zmq::recv_flags::none);
-        parts.push_back(std::move(more));
-      }
-      // Discard the rest of an over-long message.
-      while (parts.back().more()) {
-        zmq::message_t rest;
-        (void)sub.recv(rest, zmq::recv_flags::none);
-        if (!rest.more()) break;
-      }
-      if (parts.size() != 2 || parts[0].to_string_view() != request_topic) {
-        note_malformed("expected 2 frames [\"req\"][msgpack request]");
-        continue;
-      }
-      auto r = decode_request(parts[1].to_string_view());
-      if (!r) {
-        note_malformed(r.error().message);
-        continue;
-      }
-      // Set by ZAP for the connection (see answer_zap): the client's identity, not its word.
-      const char* user = zmq_msg_gets(parts[1].handle(), "User-Id");
-      r->client = user != nullptr ? user : "";
-      // Only a request whose answer someone subscribed to reaches the engine: serving one nobody
-      // reads would only hold a slot (a flood of them starved every client who reads). Its
-      // subscription may still be on its way (a client subscribes, then publishes, over two
-      // connections): held here briefly rather than dropped to wait for a re-publication.
-      if (!r->cancel && !topic_subscribers.contains(r->id)) {
-        if (awaiting_subscriber.size() >= kMaxAwaitingSubscriber) {
-          awaiting_subscriber.pop_front();
-          ++unread_requests;
-        }
-        awaiting_subscriber.push_back({clock_type::now() + kAwaitSubscriber, std::move(*r)});
-        continue;
-      }
-      {
-        std::lock_guard lock(mu);
-        to_inbox_locked(std::move(*r));
-      }
-      cv.notify_all();
-    }
-  }
-
-  /// Queues a request for the engine thread (under mu), or drops and counts it at the bound: the
-  /// client re-publishes, so this is a loss, never a wrong answer.
-  void to_inbox_locked(request&& r) {
-    if (inbox.size() >= opt.max_inbox) {
-      ++dropped_inbox;
-      return;
-    }
-    inbox.push_back(std::move(r));
-  }
-
-  /// Requests whose subscription did not come within kAwaitSubscriber: nobody reads them.
-  void expire_awaiting() {
-    const auto now = clock_type::now();
-    while (!awaiting_subscriber.empty() && awaiting_subscriber.front().until <= now) {
-      awaiting_subscriber.pop_front();
-      ++unread_requests;
-    }
-  }
-
-  void note_malformed(const std::string& why) {
-    const auto n = ++malformed;
-    // Logged for the first few and then every 1000th: a flood must not flood the log too.
-    if (n <= 10 || n % 1000 == 0)
-      spdlog::warn("serving {}: malformed client message #{} dropped: {}", opt.node_hex, n, why);
-  }
-
-  void forward_responses() {
-    for (int n = 0; n < 1024; ++n) {
-      zmq::message_t topic, body;
-      if (!pull.recv(topic, zmq::recv_flags::dontwait)) return;
-      (void)pull.recv(body, zmq::recv_flags::none);
-      (void)xpub.send(topic, zmq::send_flags::sndmore);
-      (void)xpub.send(body, zmq::send_flags::none);
-    }
-  }
-
-  /// The response port's options (at start, and when it is reset).
-  void configure_response_port() {
-    if (opt.client_auth) {
-      xpub.set(zmq::sockopt::curve_server, 1);
-      xpub.set(zmq::sockopt::curve_secretkey,
-               transport::control::z85_key(opt.client_auth->client_endpoint.secret_key));
-      xpub.set(zmq::sockopt::zap_domain, "tessera-clients");
-    }
-    xpub.set(zmq::sockopt::linger, 200);
-    xpub.set(zmq::sockopt::sndhwm, 100000);
-    // libzmq moves subscriptions from a connection into its trie as we read the socket; a small
-    // inbound bound makes it take them a batch at a time, so the budget check below sees them
-    // before libzmq holds much more than the budget.
-    xpub.set(zmq::sockopt::rcvhwm, 256);
-    // Every subscription reaches us (not only a topic's first): each new client asking for the
-    // peer list gets it at once.
-    xpub.set(zmq::sockopt::xpub_verbose, 1);
-    // Manual: we decide which subscriptions take effect (drain_subscriptions()).
-    xpub.set(zmq::sockopt::xpub_manual, 1);
-    // What a client sends to the response port is subscriptions: one byte and a topic of at most
-    // max_id_bytes + 1. Anything longer closes the connection before it is buffered (without the
-    // bound one frame of N bytes cost the peer ~2N of memory, before any authentication).
-    // Without CURVE nothing longer than a subscription needs to pass (the NULL handshake's
-    // READY is ~40 bytes): 128 keeps a refused topic's cost to the trie small as well.
-    xpub.set(zmq::sockopt::maxmsgsize,
-             static_cast<std::int64_t>(opt.client_auth ? kMaxSubscriptionBytes : 128));
-  }
-
-  /// The subscriptions libzmq holds exceeded their budget: close the response port and bind it
-  /// again, which drops every connection and with it every subscription libzmq kept (refused
-  /// ones too: there is no way to drop one connection's). Clients reconnect by themselves and
-  /// send their subscriptions again (ZeroMQ does both); a stream's tokens published meanwhile
-  /// are a gap its client resumes over. The flooder's subscriptions come back only to be
-  /// dropped again: the peer's memory stays bounded.
-  void reset_response_port() {
-    ++response_port_resets;
-    spdlog::warn(
-        "serving {}: the response port held {} bytes of subscriptions (budget {}): reset, every "
-        "client reconnects (reset #{})",
-        opt.node_hex, subscription_bytes, kMaxSubscriptionTrieBytes, response_port_resets.load());
-    const auto now = clock_type::now();
+  /// A request from the client port (its io thread): queued for the engine thread, or dropped
+  /// and counted at the bound (the client re-publishes, so this is a loss, never a wrong answer).
+  void to_inbox(request&& r) {
     {
       std::lock_guard lock(mu);
-      for (const auto& [id, n] : topic_subscribers)
-        unsubscribed_since.try_emplace(id, now);
-    }
-    topic_subscribers.clear();
-    subscription_bytes = 0;
-    guard->forget(1);
-    xpub.close();
-    xpub = zmq::socket_t(zctx, zmq::socket_type::xpub);
-    configure_response_port();
-    guard->watch(1, xpub);
-    // The old listener closes asynchronously (libzmq's reaper): the port frees within moments.
-    const std::string ep = fmt::format("tcp://{}:{}", client_address(), resp_port);
-    for (int tries = 0;; ++tries) {
-      try {
-        xpub.bind(ep);
-        break;
-      } catch (const zmq::error_t& e) {
-        if (e.num() != EADDRINUSE || tries >= 250) {
-          spdlog::error("serving {}: cannot bind the response port {} again: {}", opt.node_hex, ep,
-                        e.what());
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (inbox.size() >= opt.max_inbox) {
+        ++dropped_inbox;
+        return;
       }
+      inbox.push_back(std::move(r));
     }
-    ::malloc_trim(0);  // give the dropped tries' pages back
-  }
-
-  /// Reads the subscription messages; true when someone subscribed to the peer list (it gets
-  /// the list at once instead of within 2 s).
-  ///
-  /// The XPUB is in manual mode: a subscription reaches clients only when we honour it here,
-  /// right after reading it (libzmq applies it to the connection it came from). We honour the
-  /// peer list and exact response topics `<id>:` only, so nobody can subscribe to a prefix (""
-  /// would be every stream on the port) and read other clients' request ids and tokens: a
-  /// request's id is the capability to read, cancel and resume it (docs/PROTOCOL.md).
-  bool drain_subscriptions() {
-    bool wants_peers = false;
-    for (int n = 0; n < 1024; ++n) {
-      zmq::message_t m;
-      if (!xpub.recv(m, zmq::recv_flags::dontwait)) break;
-      const auto v = m.to_string_view();
-      if (v.empty() || (v[0] != '\x00' && v[0] != '\x01')) continue;
-      const bool subscribe = v[0] == '\x01';
-      const auto topic = v.substr(1);
-      // What libzmq keeps of it: every subscription, honoured or not, until an unsubscription
-      // or the connection's end (which sends us one per topic).
-      if (subscribe)
-        subscription_bytes += topic.size() + 1;
-      else
-        subscription_bytes -= std::min(subscription_bytes, topic.size() + 1);
-      if (topic == peers_topic) {
-        if (subscribe)
-          xpub.set(zmq::sockopt::subscribe, topic);
-        else
-          xpub.set(zmq::sockopt::unsubscribe, topic);
-        wants_peers = wants_peers || subscribe;
-        continue;
-      }
-      const bool response_topic =
-          topic.size() >= 2 && topic.back() == ':' && valid_id(topic.substr(0, topic.size() - 1));
-      const std::string id(response_topic ? topic.substr(0, topic.size() - 1) : "");
-      if (subscribe) {
-        if (!response_topic ||
-            (topic_subscribers.size() >= kMaxSubscribedTopics && !topic_subscribers.contains(id))) {
-          ++subscriptions_refused;
-          continue;
-        }
-        xpub.set(zmq::sockopt::subscribe, topic);
-        if (topic_subscribers[id]++ == 0) {
-          std::lock_guard lock(mu);
-          unsubscribed_since.erase(id);
-          // Requests that arrived before their subscription go ahead now.
-          for (auto it = awaiting_subscriber.begin(); it != awaiting_subscriber.end();) {
-            if (it->req.id != id) {
-              ++it;
-              continue;
-            }
-            to_inbox_locked(std::move(it->req));
-            it = awaiting_subscriber.erase(it);
-            cv.notify_all();
-          }
-        }
-        continue;
-      }
-      // An unsubscription: the client's own, or libzmq's for each topic of a connection that
-      // closed (then no connection is current and the call below changes nothing).
-      auto it = response_topic ? topic_subscribers.find(id) : topic_subscribers.end();
-      if (it == topic_subscribers.end()) continue;  // one we refused
-      xpub.set(zmq::sockopt::unsubscribe, topic);
-      if (--it->second == 0) {
-        topic_subscribers.erase(it);
-        std::lock_guard lock(mu);
-        unsubscribed_since[id] = clock_type::now();
-      }
-    }
-    if (subscription_bytes > kMaxSubscriptionTrieBytes) reset_response_port();
-    return wants_peers;
-  }
-
-  void publish_peers() {
-    response r;
-    r.kind = "peers";
-    r.node = opt.node_hex;
-    {
-      std::lock_guard lock(mu);
-      r.peers = client_endpoints;
-      r.nodes = live_nodes;
-    }
-    if (r.nodes.size() > max_peers) r.nodes.resize(max_peers);
-    if (r.peers.size() > max_peers) r.peers.resize(max_peers);
-    const std::string body = encode(r);
-    (void)xpub.send(zmq::buffer(peers_topic), zmq::send_flags::sndmore);
-    (void)xpub.send(zmq::buffer(body), zmq::send_flags::none);
+    cv.notify_all();
   }
 
   // ------------------------------------------------------------------ engine thread
@@ -735,18 +177,7 @@ struct engine::impl {
   /// (remembered, so the client, if it comes back, resumes with a new attempt): nobody reads
   /// them, and their slots belong to clients who do.
   void cut_unread_streams(clock_type::time_point now) {
-    std::vector<std::string> cut;
-    {
-      std::lock_guard lock(mu);
-      for (auto it = unsubscribed_since.begin(); it != unsubscribed_since.end();) {
-        if (now - it->second < kUnreadStreamCut) {
-          ++it;
-          continue;
-        }
-        if (find_session(it->first) != nullptr) cut.push_back(it->first);
-        it = unsubscribed_since.erase(it);
-      }
-    }
+    const auto cut = port->take_unread(now, kUnreadStreamCut);
     for (const auto& id : cut) {
       session* s = find_session(id);
       if (s == nullptr) continue;
@@ -813,11 +244,7 @@ struct engine::impl {
       case admission::fresh:
         break;
     }
-    std::vector<std::string> fetching;
-    for (const auto& [name, f] : fetches)
-      if (std::find(model_names.begin(), model_names.end(), name) == model_names.end())
-        fetching.push_back(name);
-    auto d = decide(q, p.get(), members, opt.self, model_names, fetching);
+    auto d = decide(q, p.get(), members, opt.self, held->model_names(), held->fetching());
     if (d.action == intake_action::ignore) return;
     if (d.action == intake_action::reject) {
       ++rejected;
@@ -830,25 +257,31 @@ struct engine::impl {
                                      [&](const auto& m) { return m.spec.name == q.model; });
       const auto& g = mp.groups.at(d.group);
       if (g.ranks.size() > 1) {
-        auto it = hosts.find(group_key(q.model, g));
+        group_host* h = held->host(group_key(q.model, g));
         // Still forming (or the plan just arrived): stay silent, the client re-publishes.
-        if (it == hosts.end() || it->second->current() == group_host::state::forming) return;
-        if (it->second->current() == group_host::state::failed) {
+        if (h == nullptr || h->current() == group_host::state::forming) return;
+        if (h->current() == group_host::state::failed) {
           // A group that lost a peer: the leader re-plans once membership notices; until then
           // stay silent (the client re-publishes). So does one that will form again (a peer
           // was late). A group that never formed and never will: an error.
-          if (it->second->was_ready() || it->second->may_form_later()) return;
+          if (h->was_ready() || h->may_form_later()) return;
           ++rejected;
           send_error(q, error_code::no_capacity,
                      fmt::format("model '{}': its group of {} peers cannot form: {}", q.model,
-                                 g.ranks.size(), it->second->failure()));
+                                 g.ranks.size(), h->failure()));
           return;
         }
-        host = it->second.get();
+        host = h;
       }
     }
-    auto s = make_session(std::move(q));
-    if (!s) return;  // answered with an error
+    loaded* lm = held->find(q.model);
+    TESSERA_ASSERT(lm != nullptr, "intake accepted model '{}' that is not loaded", q.model);
+    auto built = build_session(std::move(q), *lm, opt.max_context);
+    if (!built.s) {
+      send_error(q, built.code, std::move(built.message));  // q was not moved from
+      return;
+    }
+    auto s = std::move(built.s);
     s->started = clock_type::now();
     s->host = host;
     s->client = s->req.client;
@@ -917,96 +350,6 @@ struct engine::impl {
     return false;
   }
 
-  std::unique_ptr<session> make_session(request q) {
-    loaded* lm = nullptr;
-    for (auto& m : models)
-      if (m->info.name == q.model) lm = m.get();
-    TESSERA_ASSERT(lm != nullptr, "intake accepted model '{}' that is not loaded", q.model);
-    auto s = std::make_unique<session>();
-    s->model = lm;
-    const auto& tok = *lm->tok;
-    if (!q.messages.empty()) {
-      std::vector<inf::tokenizer::chat_message> msgs;
-      for (const auto& m : q.messages)
-        msgs.push_back({m.role, m.content, m.tool_calls, m.tool_call_id, m.name});
-      auto p = inf::tokenizer::apply_chat_template(lm->chat, msgs, true, q.tools);
-      if (!p) {
-        send_error(q, error_code::invalid_request, p.error().message);
-        return nullptr;
-      }
-      if (!q.tool_choice.empty()) {
-        // The call's opening marker ends the prompt; the answer is the call's JSON.
-        auto call = inf::tokenizer::force_tool_call(q.tools, q.tool_name, lm->chat.calls);
-        if (!call) {
-          send_error(q, error_code::invalid_request, call.error().message);
-          return nullptr;
-        }
-        p->text += call->opening;
-        s->schema = std::make_unique<const inf::tokenizer::json_schema>(std::move(call->schema));
-        s->json.emplace(*s->schema);
-      }
-      s->prompt = tok.encode(p->text, {p->add_bos, true});
-    } else {
-      s->prompt = tok.encode(q.prompt, {true, false});
-    }
-    const auto n_vocab = static_cast<std::int32_t>(lm->hp.n_vocab);
-    for (auto t : q.resume)
-      if (t >= n_vocab) {
-        send_error(q, error_code::invalid_request,
-                   fmt::format("field 'resume': token id {} is outside model '{}' (vocabulary {})",
-                               t, q.model, n_vocab));
-        return nullptr;
-      }
-    const std::int64_t cap = std::min<std::int64_t>(lm->hp.n_ctx_train, opt.max_context);
-    if (static_cast<std::int64_t>(s->prompt.size() + q.resume.size()) >= cap) {
-      send_error(q, error_code::context_length_exceeded,
-                 fmt::format("the prompt has {} tokens (+{} resumed); model '{}' holds {} here",
-                             s->prompt.size(), q.resume.size(), q.model, cap));
-      return nullptr;
-    }
-    if (q.format == "json_object") {
-      s->json.emplace();
-    } else if (q.format == "json_schema") {
-      auto compiled = inf::tokenizer::json_schema::compile(q.schema);
-      if (!compiled) {
-        send_error(q, error_code::invalid_request,
-                   fmt::format("field 'schema': {}", compiled.error().message));
-        return nullptr;
-      }
-      s->schema = std::make_unique<const inf::tokenizer::json_schema>(std::move(*compiled));
-      s->json.emplace(*s->schema);
-    }
-    if (s->json)
-      for (auto t : q.resume)
-        if (!s->json->feed(tok.token_bytes(t))) {
-          send_error(q, error_code::invalid_request,
-                     fmt::format("field 'resume': the tokens are not the beginning of a valid "
-                                 "answer (format {})",
-                                 q.format.empty() ? "of a forced tool call" : q.format));
-          return nullptr;
-        }
-    s->history = s->prompt;
-    s->history.insert(s->history.end(), q.resume.begin(), q.resume.end());
-    s->next_index = static_cast<std::uint32_t>(q.resume.size());
-    mdl::sampler_options so;
-    so.temperature = q.temperature;
-    so.top_k = q.top_k;
-    so.top_p = q.top_p;
-    so.min_p = q.min_p;
-    so.repeat_penalty = q.repeat_penalty;
-    so.frequency_penalty = q.frequency_penalty;
-    so.presence_penalty = q.presence_penalty;
-    so.seed = q.seed;
-    if (auto v = mdl::validate(so); !v) {
-      send_error(q, error_code::invalid_request, v.error().message);
-      return nullptr;
-    }
-    s->sampler = std::make_unique<mdl::sampler>(so);
-    s->req = std::move(q);
-    s->req.resume.clear();  // kept in history; the request copy need not hold it twice
-    return s;
-  }
-
   /// Allocates the KV cache when a session gets a slot (queued sessions hold none).
   result<void> activate(session& s) {
     const std::int64_t cap =
@@ -1052,128 +395,6 @@ struct engine::impl {
                    std::chrono::duration<double>(clock_type::now() - s.started).count());
     remember(s.req.id, s.req.attempt, r);
     send(r);
-  }
-
-  /// A stream's unit of this round, evaluated in one pass with the others of its model (local
-  /// streams) or of its split group.
-  struct unit {
-    session* s;
-    std::span<const mdl::token_id> tokens;  // into s->history: unchanged until the pass ran
-    bool logits;
-  };
-
-  /// Evaluates tokens for `s` on its local context or its group; the logits of the last one when
-  /// asked. The tokens join `round` (evaluated by run_round) when it is given. A group
-  /// that fails is marked failed and the stream ends "unavailable" (the client resumes it
-  /// elsewhere once the plan moves on).
-  result<void> eval(session& s, std::span<const mdl::token_id> tokens, bool want_logits,
-                    std::vector<unit>* round) {
-    if (s.host == nullptr) {
-      if (round != nullptr && opt.max_batch_streams > 1) {
-        round->push_back({&s, tokens, want_logits});
-        return ok();
-      }
-      ++passes;
-      ++pass_streams;
-      return s.ctx->eval(tokens, want_logits ? mdl::logits_mode::last : mdl::logits_mode::none,
-                         s.logits);
-    }
-    auto* ru = s.host->runner();
-    if (ru == nullptr) return make_error(errc::closed, "its group failed: {}", s.host->failure());
-    if (round != nullptr && opt.max_batch_streams > 1 &&
-        tokens.size() <= inference::sharded::max_chunk) {
-      round->push_back({&s, tokens, want_logits});
-      return ok();
-    }
-    ++passes;
-    ++pass_streams;
-    auto r = ru->eval(s.seq, tokens, want_logits ? std::span<float>(s.logits) : std::span<float>{});
-    if (!r) s.host->fail(r.error().describe());
-    return r;
-  }
-
-  /// Evaluates the round's units: per model (local streams) or per split group (its streams), in
-  /// passes of at most max_batch_streams streams and what one pass holds (a local workspace's
-  /// tokens; a group command's max_chunk). A local pass that fails is retried stream by stream so
-  /// that only the stream at fault ends; a group's failure fails the group and its streams (they
-  /// resume elsewhere). Returns the sessions that failed (their streams got their error).
-  std::vector<session*> run_round(std::vector<unit>& round) {
-    std::vector<session*> failed;
-    std::stable_sort(round.begin(), round.end(), [](const unit& a, const unit& b) {
-      return std::pair(a.s->host, a.s->model) < std::pair(b.s->host, b.s->model);
-    });
-    std::vector<session*> who;
-    std::vector<std::span<const mdl::token_id>> toks;
-    std::vector<bool> wants;
-    auto flush = [&](session& first) {
-      if (who.empty()) return;
-      ++passes;
-      pass_streams += who.size();
-      if (first.host != nullptr) {
-        std::vector<inference::sharded::batch_request> reqs;
-        for (std::size_t i = 0; i < who.size(); ++i)
-          reqs.push_back({who[i]->seq, toks[i],
-                          wants[i] ? std::span<float>(who[i]->logits) : std::span<float>{}});
-        auto* ru = first.host->runner();
-        auto r = ru != nullptr ? ru->eval_batch(reqs)
-                               : result<void>(make_error(errc::closed, "its group failed: {}",
-                                                         first.host->failure()));
-        if (!r) {
-          if (ru != nullptr) first.host->fail(r.error().describe());
-          for (session* s : who) {
-            fail_stream(*s, r.error());
-            failed.push_back(s);
-          }
-        }
-      } else {
-        std::vector<mdl::batch_item> items;
-        for (std::size_t i = 0; i < who.size(); ++i)
-          items.push_back({who[i]->ctx.get(), toks[i],
-                           wants[i] ? std::span<float>(who[i]->logits) : std::span<float>{}});
-        auto r = mdl::context::eval_batch(items, *first.model->ws, pool.get());
-        if (!r) {
-          spdlog::warn("serving: a batched pass of model '{}' failed ({}); its {} streams run alone",
-                       first.model->info.name, r.error().message, items.size());
-          for (std::size_t i = 0; i < items.size(); ++i) {
-            auto e = who[i]->ctx->eval(items[i].tokens,
-                                       items[i].logits.empty() ? mdl::logits_mode::none
-                                                               : mdl::logits_mode::last,
-                                       who[i]->logits);
-            if (!e) {
-              fail_stream(*who[i], e.error());
-              failed.push_back(who[i]);
-            }
-          }
-        }
-      }
-      who.clear();
-      toks.clear();
-      wants.clear();
-    };
-    std::int64_t tokens = 0;
-    for (std::size_t i = 0; i < round.size(); ++i) {
-      unit& u = round[i];
-      const auto n = static_cast<std::int64_t>(u.tokens.size());
-      const std::int64_t room = u.s->host != nullptr
-                                    ? std::int64_t{inference::sharded::max_chunk}
-                                    : u.s->model->ws->max_tokens();
-      if (!who.empty() && (who.size() >= opt.max_batch_streams || tokens + n > room)) {
-        flush(*who.front());
-        tokens = 0;
-      }
-      who.push_back(u.s);
-      toks.push_back(u.tokens);
-      wants.push_back(u.logits);
-      tokens += n;
-      const bool last_of_key = i + 1 == round.size() || round[i + 1].s->host != u.s->host ||
-                               round[i + 1].s->model != u.s->model;
-      if (last_of_key) {
-        flush(*who.front());
-        tokens = 0;
-      }
-    }
-    round.clear();
-    return failed;
   }
 
   /// Frees what a session holds on its group (the runner's sequence slot).
@@ -1233,14 +454,14 @@ struct engine::impl {
 
   /// One unit of work for `s`: a prefill chunk or one generated token. False when it ended. A
   /// local stream's evaluation joins `round` (the caller runs it); its state advances as if done.
-  bool step(session& s, std::vector<unit>& round) {
+  bool step(session& s) {
     // The prompt plus the tokens the client already has (a resumed stream re-prefills them).
     const std::size_t feed_size = s.history.size();
     if (s.fed < feed_size && s.ctx && share_prefix(s, feed_size)) return true;  // waits a round
     if (s.fed < feed_size) {
       const std::size_t n = std::min<std::size_t>(opt.prefill_chunk, feed_size - s.fed);
       const bool last = s.fed + n == feed_size;
-      auto r = eval(s, std::span(s.history).subspan(s.fed, n), last, &round);
+      auto r = passes->eval(s, std::span(s.history).subspan(s.fed, n), last);
       if (!r) {
         fail_stream(s, r.error());
         return false;
@@ -1311,7 +532,7 @@ struct engine::impl {
       finish(s, "context_full");
       return false;
     }
-    if (auto e = eval(s, std::span(s.history).last(1), true, &round); !e) {
+    if (auto e = passes->eval(s, std::span(s.history).last(1), true); !e) {
       fail_stream(s, e.error());
       return false;
     }
@@ -1441,7 +662,7 @@ struct engine::impl {
                    {"tokens", s->next_index},
                    {"client", s->client}});
     std::vector<json> g;
-    for (const auto& [key, h] : hosts) {
+    for (const auto& [key, h] : held->hosts()) {
       const auto st = h->current();
       json one = {{"key", key},
                   {"ranks", h->size()},
@@ -1455,14 +676,7 @@ struct engine::impl {
       g.push_back(std::move(one));
     }
     // The same for the MoE models this peer holds whole (replicas).
-    std::vector<json> replicas;
-    {
-      std::lock_guard models_lock(models_mu);  // the list; each one's weights are this thread's
-      for (const auto& l : models)
-        if (l->m && l->m->params().is_moe())
-          replicas.push_back({{"model", l->info.name},
-                              {"experts", {{"first", 0}, {"load", l->m->expert_load()}}}});
-    }
+    std::vector<json> replicas = held->replicas_view();
     std::lock_guard lock(mu);
     active_view = std::move(v);
     groups_view = std::move(g);
@@ -1474,7 +688,6 @@ struct engine::impl {
     name_this_thread("engine");
     set_this_thread_nice(opt.compute_nice);
     auto last_view = clock_type::now();
-    std::vector<unit> round;
     while (true) {
       std::deque<request> batch;
       {
@@ -1483,10 +696,8 @@ struct engine::impl {
         if (active.empty() && std::all_of(queued.begin(), queued.end(),
                                           [](const auto& q) { return waits_for_weights(*q); }))
           cv.wait_for(lock, std::chrono::milliseconds(200), [&] {
-            return stopping.load() || !inbox.empty() || !link_inbox.empty() || fetch_changed.load() ||
-                   std::any_of(models.begin(), models.end(), [](const auto& m) {
-                     return m->state == loaded::weights::loading && m->load_finished.load();
-                   });
+            return stopping.load() || !inbox.empty() || !link_inbox.empty() ||
+                   held->needs_tending();
           });
         batch.swap(inbox);
       }
@@ -1497,18 +708,28 @@ struct engine::impl {
           std::lock_guard lock(mu);
           p = plan;
         }
-        const bool again = fetch_changed.exchange(false) | drop_unformed();
+        const bool again = held->refresh();
         if (p.get() != reconciled || again) {
-          reconcile(p.get());
+          std::map<member_id, peer_facts> facts;
+          {
+            std::lock_guard lock(mu);
+            facts = peers;
+          }
+          held->reconcile(p.get(), facts);
           reconciled = p.get();
           current_plan = p;  // keeps `reconciled` alive
         }
       }
-      route_links();
-      ping_groups();
+      std::deque<group_link_message> links;
+      {
+        std::lock_guard lock(mu);
+        links.swap(link_inbox);
+      }
+      held->route_links(std::move(links));
+      held->ping_groups();
       for (auto& q : batch)
         on_request(std::move(q));
-      tend_weights();
+      held->tend_weights();
       drop_unservable();
       preempt_for_fairness();
       start_waiting();
@@ -1518,14 +739,15 @@ struct engine::impl {
       // a long prompt's prefill chunk and the other streams' next tokens share one pass.
       for (auto it = active.begin(); it != active.end();) {
         keepalive(*it->second);
-        if (!step(*it->second, round)) {
+        if (!step(*it->second)) {
           release(*it->second);
           it = active.erase(it);
         } else {
           ++it;
         }
       }
-      for (session* s : run_round(round)) {
+      for (const auto& [s, why] : passes->run()) {
+        fail_stream(*s, why);
         const std::string id = s->req.id;
         release(*s);
         active.erase(id);
@@ -1553,111 +775,14 @@ struct engine::impl {
                  fmt::format("peer {} is shutting down; resume on another peer", opt.node_hex));
     active.clear();
     queued.clear();
-    hosts.clear();  // rank 0 hosts tell their followers; links close
-    for (auto& lm : models)
-      if (lm->loader.joinable()) lm->loader.join();  // a load in progress finishes first
+    held->stop_groups();
   }
 
-  // ------------------------------------------------------------------ groups over several peers
-  /// Makes a host for every group of the plan that splits a model this peer holds over several
-  /// peers including this one, and drops the hosts the plan no longer has (their streams end
-  /// "unavailable" and resume elsewhere).
-  void reconcile(const placement::plan* p) {
-    fetch_missing(p);
-    // Replicas: the models the plan gives this peer a group of its own for get their weights.
-    for (auto& lm : models) {
-      lm->wanted = false;
-      if (p != nullptr)
-        for (const auto& mp : p->models)
-          if (mp.spec.name == lm->info.name)
-            for (const auto& g : mp.groups)
-              if (g.ranks.size() == 1 && g.ranks[0].node == opt.self) lm->wanted = true;
-      // A fetched model loads once all its bytes are here (reconcile runs again when they are).
-      if (lm->wanted && lm->state == loaded::weights::none &&
-          (lm->fetch == nullptr || lm->fetch->ready_for(mdl::shard_spec::full())))
-        start_load(*lm);
-    }
-    std::map<member_id, peer_facts> facts;
-    {
-      std::lock_guard lock(mu);
-      facts = peers;
-    }
-    std::set<std::string> wanted;
-    if (p != nullptr)
-      for (const auto& mp : p->models) {
-        const auto local = std::find_if(models.begin(), models.end(), [&](const auto& m) {
-          return m->info.name == mp.spec.name;
-        });
-        if (local == models.end()) continue;
-        for (const auto& g : mp.groups) {
-          if (g.ranks.size() < 2) continue;
-          std::uint32_t me = 0;
-          while (me < g.ranks.size() && g.ranks[me].node != opt.self)
-            ++me;
-          if (me == g.ranks.size()) continue;
-          const auto key = group_key(mp.spec.name, g);
-          wanted.insert(key);
-          if (hosts.contains(key)) continue;
-          if ((*local)->fetch != nullptr) {  // its slice's bytes first
-            auto shard = shard_of(g, me);
-            if (!shard || !(*local)->fetch->ready_for(*shard)) continue;
-          }
-          std::map<member_id, transport::bulk::local_capabilities> caps;
-          std::map<member_id, std::string> hex;
-          for (const auto& [id, f] : facts) {
-            caps[id] = f.bulk_caps;
-            hex[id] = f.hex;
-          }
-          auto send = opt.send_group_link;
-          group_host::sender sender = [send, hex](member_id to, const group_link_message& m) {
-            auto it = hex.find(to);
-            if (!send || it == hex.end()) return;
-            msgpack::sbuffer buf;
-            msgpack::pack(buf, m);
-            send(it->second, std::string(buf.data(), buf.size()));
-          };
-          spdlog::info("serving {}: forming group {} as rank {} of {}", opt.node_hex, key, me,
-                       g.ranks.size());
-          group_host::link_wrapper wrap;
-          if (opt.faults) {
-            wrap = [faults = opt.faults, self = opt.node_hex, hex](
-                       std::unique_ptr<transport::bulk::link> l,
-                       member_id peer) -> std::unique_ptr<transport::bulk::link> {
-              auto it = hex.find(peer);
-              if (it == hex.end()) return l;
-              // A cut tensor link loses writes (vanish), as a cable would: the collectives'
-              // timeout fails the group and the plan moves on.
-              return std::make_unique<transport::faults::faulty_link>(std::move(l), faults, self,
-                                                                      it->second);
-            };
-          }
-          unformed_since.erase(key);
-          auto h = std::make_unique<group_host>(
-              key, (*local)->info.path, g, me, opt.link_addresses(), std::move(caps), opt.bulk_caps,
-              std::move(sender), opt.threads, std::move(wrap), &registry, opt.compute_nice, gate);
-          if (auto e = early_links.find(key); e != early_links.end()) {
-            for (const auto& m : e->second)
-              h->on_link_message(m);
-            early_links.erase(e);
-          }
-          hosts[key] = std::move(h);
-        }
-      }
-    for (auto it = hosts.begin(); it != hosts.end();) {
-      if (wanted.contains(it->first)) {
-        ++it;
-        continue;
-      }
-      it = erase_host(it, "the plan dropped its group");
-    }
-  }
-
-  /// Drops a group's host; its streams (running or queued) end with `unavailable`, and their
-  /// clients resume them on the group that replaces it.
-  std::map<std::string, std::unique_ptr<group_host>>::iterator erase_host(
-      std::map<std::string, std::unique_ptr<group_host>>::iterator it, std::string_view why) {
+  /// The streams on a group that holdings drops end with `unavailable`, and their clients
+  /// resume them on the group that replaces it.
+  void on_host_dropped(group_host& h, std::string_view why) {
     for (auto a = active.begin(); a != active.end();) {
-      if (a->second->host == it->second.get()) {
+      if (a->second->host == &h) {
         release(*a->second);
         send_error(a->second->req, error_code::unavailable,
                    fmt::format("model '{}': {}; resume", a->second->req.model, why));
@@ -1667,249 +792,19 @@ struct engine::impl {
       }
     }
     std::erase_if(queued, [&](const auto& q) {
-      if (q->host != it->second.get()) return false;
+      if (q->host != &h) return false;
       send_error(q->req, error_code::unavailable, fmt::format("{}; resume", why));
       return true;
     });
-    used_seqs.erase(it->first);
-    last_ping.erase(it->first);
-    return hosts.erase(it);
+    used_seqs.erase(h.key());
   }
 
-  // ------------------------------------------------------------------ models fetched from peers
-  /// For every model the plan gives this peer a part of and that it has no file of (fetch_models):
-  /// asks the model's fetch for those parts, from the live holders of the plan's content, and
-  /// adopts the model (header, tokenizer) once they are here. Reconcile runs again whenever a
-  /// fetch finishes or fails (fetch_changed).
-  void fetch_missing(const placement::plan* p) {
-    if (p == nullptr || !opt.fetch_models) return;
-    std::map<member_id, peer_facts> facts;
-    {
-      std::lock_guard lock(mu);
-      facts = peers;
-    }
-    for (const auto& mp : p->models) {
-      const std::string& name = mp.spec.name;
-      const auto local = std::find_if(models.begin(), models.end(),
-                                      [&](const auto& m) { return m->info.name == name; });
-      if (local != models.end() && (*local)->fetch == nullptr) continue;  // a file of our own
-      if (mp.spec.content.empty()) continue;
-      std::vector<mdl::shard_spec> shards;
-      for (const auto& g : mp.groups)
-        for (std::uint32_t r = 0; r < g.ranks.size(); ++r)
-          if (g.ranks[r].node == opt.self)
-            if (auto s = shard_of(g, r)) shards.push_back(*s);
-      if (shards.empty()) continue;  // bytes fetched before stay on disk
-      auto it = fetches.find(name);
-      if (it != fetches.end() && it->second->root() != mp.spec.content) {
-        if (local != models.end()) {
-          spdlog::warn("serving {}: the plan names other content for model '{}' than the one "
-                       "fetched here; restart this peer to fetch it",
-                       opt.node_hex, name);
-          continue;
-        }
-        std::lock_guard lock(models_mu);
-        fetches.erase(it);
-        it = fetches.end();
-      }
-      if (it == fetches.end()) {
-        model_fetch::options o;
-        o.model = name;
-        o.root = mp.spec.content;
-        o.dir = opt.fetch_dir;
-        o.addresses = opt.link_addresses();
-        o.send = [send = opt.send_share](const std::string& to, const share_setup& m) {
-          if (!send) return;
-          msgpack::sbuffer buf;
-          msgpack::pack(buf, m);
-          send(to, std::string(buf.data(), buf.size()));
-        };
-        o.fetch_id = next_fetch_id++;
-        o.on_change = [this] {
-          fetch_changed = true;
-          cv.notify_all();
-        };
-        o.on_progress = [this, name](std::uint64_t done, std::uint64_t total) {
-          if (opt.on_fetch_progress) opt.on_fetch_progress(name, done, total);
-        };
-        spdlog::info("serving {}: model '{}' (content {}) is not here: fetching its parts",
-                     opt.node_hex, name, mp.spec.content.substr(0, 16));
-        std::lock_guard lock(models_mu);
-        it = fetches.emplace(name, std::make_unique<model_fetch>(std::move(o))).first;
-      }
-      model_fetch* f = it->second.get();
-      std::vector<share_source> sources;
-      const std::string held = name + "@" + mp.spec.content;
-      for (const auto& [id, pf] : facts)
-        if (std::find(pf.holds.begin(), pf.holds.end(), held) != pf.holds.end())
-          sources.push_back({pf.hex, transport::bulk::choose_backend(opt.bulk_caps, pf.bulk_caps)});
-      // The fastest kind of link first (rdma, shm, tcp); member order among equals.
-      std::stable_sort(sources.begin(), sources.end(), [](const auto& a, const auto& b) {
-        return static_cast<int>(a.backend) > static_cast<int>(b.backend);
-      });
-      f->want(std::move(sources), shards);
-      if (auto t = f->complete_table(); t && !served_on.contains(name)) {
-        server->add(name, f->path(), std::move(*t));  // every byte here: serve it on
-        served_on.insert(name);
-      }
-      if (local != models.end()) continue;
-      if (!std::all_of(shards.begin(), shards.end(), [&](const auto& s) { return f->ready_for(s); }))
-        continue;
-      auto opened = open_model(f->path(), name);
-      if (!opened) {
-        spdlog::error("serving {}: model '{}' fetched but does not open: {}", opt.node_hex, name,
-                      opened.error().describe());
-        continue;
-      }
-      auto l = std::move(*opened);
-      l->info.spec = mp.spec;  // the content it was verified against
-      l->fetch = f;
-      spdlog::info("serving {}: model '{}' fetched ({} of {} here)", opt.node_hex, name,
-                   inf::gguf::human_bytes(f->snapshot().bytes_total),
-                   inf::gguf::human_bytes(l->info.file_bytes));
-      model_names.push_back(name);
-      std::lock_guard lock(models_mu);
-      models.push_back(std::move(l));
-    }
-  }
-
-  /// Drops, after kReformAfter, the hosts of groups that failed to form because a peer was late
-  /// (may_form_later) and of groups that failed after they formed (a rank died or a link broke),
-  /// so that reconcile forms them again if the plan still names them. The latter matters when
-  /// the plan that replaces the failure names the same group (the same members, the same split):
-  /// after two of three peers restarted, the survivor's election plan gave the group the key of
-  /// the one that failed, and a survivor that kept its failed host never joined it (issue 33,
-  /// chaos --moe --hosts kill-two: every request timed out). True if it dropped one.
-  bool drop_unformed() {
-    const auto now = clock_type::now();
-    bool dropped = false;
-    for (auto it = hosts.begin(); it != hosts.end();) {
-      const bool lost =
-          it->second->current() == group_host::state::failed && it->second->was_ready();
-      if (!lost && !it->second->may_form_later()) {
-        ++it;
-        continue;
-      }
-      auto [since, fresh] = unformed_since.emplace(it->first, now);
-      if (now - since->second < kReformAfter) {
-        ++it;
-        continue;
-      }
-      spdlog::info("serving {}: forming group {} again{}", opt.node_hex, it->first,
-                   lost ? " (it failed after it formed)" : "");
-      unformed_since.erase(since);
-      it = erase_host(it, "its group failed");
-      dropped = true;
-    }
-    std::erase_if(unformed_since, [&](const auto& u) { return !hosts.contains(u.first); });
-    return dropped;
-  }
-
-  // ------------------------------------------------------------------ whole-model weights
-  void start_load(loaded& lm) {
-    lm.state = loaded::weights::loading;
-    lm.loaded_bytes = 0;
-    lm.load_finished = false;
-    spdlog::info("serving {}: loading model '{}' ({} MiB of weights) for a replica here",
-                 opt.node_hex, lm.info.name, lm.total_bytes.load() >> 20);
-    lm.loader = std::thread([this, &lm] {
-      name_this_thread("model-load");
-      set_this_thread_nice(opt.compute_nice);
-      mdl::load_options lo;
-      lo.on_progress = [this, &lm](std::uint64_t done, std::uint64_t total) {
-        lm.loaded_bytes = done;
-        lm.total_bytes = total;
-        if (opt.on_load_progress) opt.on_load_progress(lm.info.name, done, total);
-      };
-      auto m = mdl::model::load(*lm.file, lo);
-      if (m) {
-        lm.loaded_model = std::move(*m);
-      } else {
-        lm.load_error = m.error().describe();
-      }
-      {
-        std::lock_guard lock(mu);  // the engine thread checks load_finished under mu
-        lm.load_finished = true;
-      }
-      cv.notify_all();
-    });
-  }
-
-  /// Takes finished loads in, and drops the weights of models the plan no longer gives this peer
-  /// a replica of once no stream uses them.
-  void tend_weights() {
-    for (auto& lm : models) {
-      if (lm->state == loaded::weights::loading && lm->load_finished) {
-        lm->loader.join();
-        if (lm->loaded_model) {
-          // A pass holds one stream's prefill chunk and the others' next tokens (more prefill
-          // chunks in one round take more passes: prefill is bound by compute, not by streaming
-          // the weights).
-          auto ws = mdl::workspace::create(
-              *lm->loaded_model,
-              std::min<std::int64_t>(4096, std::int64_t{opt.prefill_chunk} + opt.max_batch_streams),
-              std::min<std::int64_t>(lm->hp.n_ctx_train, opt.max_context), pool->size());
-          if (ws) {
-            lm->m = std::move(lm->loaded_model);
-            lm->ws = std::move(*ws);
-            lm->state = loaded::weights::ready;
-            spdlog::info("serving {}: model '{}' loaded", opt.node_hex, lm->info.name);
-          } else {
-            lm->loaded_model.reset();
-            lm->load_error = ws.error().describe();
-          }
-        }
-        if (lm->state != loaded::weights::ready) {
-          lm->failure = lm->load_error;
-          lm->state = loaded::weights::failed;
-          spdlog::error("serving {}: model '{}' did not load: {}", opt.node_hex, lm->info.name,
-                        lm->failure);
-        }
-      }
-      if (lm->state == loaded::weights::ready && !lm->wanted) {
-        const auto uses = [&](const session& s) { return s.model == lm.get() && s.host == nullptr; };
-        bool used = std::any_of(active.begin(), active.end(),
-                                [&](const auto& a) { return uses(*a.second); }) ||
-                    std::any_of(queued.begin(), queued.end(), [&](const auto& q) { return uses(*q); });
-        if (!used) {
-          lm->ws.reset();
-          lm->m.reset();
-          lm->state = loaded::weights::none;
-          spdlog::info("serving {}: model '{}' unloaded (the plan serves it elsewhere)",
-                       opt.node_hex, lm->info.name);
-        }
-      }
-    }
-  }
-
-  void route_links() {
-    std::deque<group_link_message> batch;
-    {
-      std::lock_guard lock(mu);
-      batch.swap(link_inbox);
-    }
-    for (auto& m : batch) {
-      if (auto it = hosts.find(m.key); it != hosts.end()) {
-        it->second->on_link_message(m);
-        continue;
-      }
-      auto& q = early_links[m.key];
-      if (early_links.size() > 16 || q.size() >= 64) continue;  // bounded; the sender re-sends
-      q.push_back(std::move(m));
-    }
-  }
-
-  /// Rank 0 of an idle group tells its followers it is alive (they bound their waits).
-  void ping_groups() {
-    const auto now = clock_type::now();
-    for (auto& [key, h] : hosts) {
-      auto* ru = h->runner();
-      if (ru == nullptr) continue;
-      auto& last = last_ping[key];
-      if (now - last < std::chrono::seconds(1)) continue;
-      last = now;
-      if (auto r = ru->ping(); !r) h->fail(r.error().describe());
-    }
+  /// Whether a local stream still uses `lm`'s whole weights (they stay loaded until none does).
+  bool uses_weights(const loaded& lm) const {
+    const auto uses = [&](const session& s) { return s.model == &lm && s.host == nullptr; };
+    return std::any_of(active.begin(), active.end(),
+                       [&](const auto& a) { return uses(*a.second); }) ||
+           std::any_of(queued.begin(), queued.end(), [&](const auto& q) { return uses(*q); });
   }
 };
 
@@ -1925,88 +820,38 @@ result<std::unique_ptr<engine>> engine::start(engine_options options) {
   if (p->opt.max_active == 0 || p->opt.prefill_chunk == 0 || p->opt.max_batch_streams == 0)
     return make_error(errc::invalid_argument,
                       "serving: max_active, prefill_chunk and max_batch_streams must be > 0");
+  auto* raw = p.get();
   auto pool =
       inf::thread_pool::create(static_cast<int>(std::max(1u, p->opt.threads)),
                                {.pin = false, .nice = p->opt.compute_nice, .gate = p->gate});
   if (!pool) return pool.error();
   p->pool = std::move(*pool);
-  auto send_share = p->opt.send_share;
-  p->server = std::make_unique<share_server>(
-      p->opt.link_addresses(), [send_share](const std::string& to, const share_setup& m) {
-        if (!send_share) return;
-        msgpack::sbuffer buf;
-        msgpack::pack(buf, m);
-        send_share(to, std::string(buf.data(), buf.size()));
-      });
-  for (const auto& path : p->opt.model_paths) {
-    const std::string name = fs::path(path).stem().string();
-    for (const auto& other : p->models)
-      if (other->info.name == name)
-        return make_error(errc::invalid_argument, "two models are named '{}' ({} and {})", name,
-                          other->info.path, path);
-    auto opened = open_model(path, name);
-    if (!opened) return opened.error();
-    auto l = std::move(*opened);
-    // The content id: peers plan together over equal bytes only, and fetchers verify by it.
-    const auto t0 = clock_type::now();
-    auto table = hash_model_file(path);
-    if (!table) return table.error();
-    l->info.spec.content = content_root(*table);
-    p->server->add(name, path, std::move(*table));
-    spdlog::info(
-        "serving: model '{}' from {} ({} layers, {} MiB, content {}, hashed in {} ms; weights "
-        "loaded when planned here)",
-        name, path, l->info.spec.n_layers, l->info.file_bytes >> 20,
-        l->info.spec.content.substr(0, 16),
-        std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count());
-    p->infos.push_back(l->info);
-    p->model_names.push_back(l->info.name);
-    p->models.push_back(std::move(l));
-  }
-  try {
-    auto bind = [&](zmq::socket_t& s, std::uint16_t port) -> std::uint16_t {
-      s.set(zmq::sockopt::linger, 200);
-      s.bind(
-          fmt::format("tcp://{}:{}", p->client_address(), port == 0 ? "*" : std::to_string(port)));
-      const std::string ep = s.get(zmq::sockopt::last_endpoint);
-      return static_cast<std::uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
-    };
-    // The ZAP handler must be bound before the endpoints accept their first connection. It
-    // names each request connection (the identity of fair shares) and, under --client-auth,
-    // admits only the cluster's client key.
-    p->zap.emplace(p->zctx, zmq::socket_type::rep);
-    p->zap->set(zmq::sockopt::linger, 0);
-    p->zap->bind("inproc://zeromq.zap.01");
-    p->guard = std::make_unique<connection_guard>(
-        p->zctx,
-        connection_limits{p->opt.client_connections_per_address, p->opt.client_connections_total},
-        p->opt.node_hex);
-    p->guard->watch(0, p->sub);
-    p->sub.set(zmq::sockopt::zap_domain, "tessera-clients");
-    if (p->opt.client_auth) {
-      const std::string secret =
-          transport::control::z85_key(p->opt.client_auth->client_endpoint.secret_key);
-      p->sub.set(zmq::sockopt::curve_server, 1);
-      p->sub.set(zmq::sockopt::curve_secretkey, secret);
-    }
-    p->sub.set(zmq::sockopt::rcvhwm, 10000);
-    p->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(max_message_bytes + 1024));
-    p->sub.set(zmq::sockopt::subscribe, request_topic);
-    p->req_port = bind(p->sub, p->opt.request_port);
-    p->configure_response_port();
-    p->guard->watch(1, p->xpub);
-    p->resp_port = bind(p->xpub, p->opt.response_port);
-    const std::string inproc = fmt::format("inproc://serving-{}", static_cast<void*>(p.get()));
-    p->pull.bind(inproc);
-    p->push.set(zmq::sockopt::sndhwm, 100000);
-    p->push.connect(inproc);
-  } catch (const zmq::error_t& e) {
-    return make_error(errc::io,
-                      "serving: cannot bind the client endpoints on {} (ports {}, {}): {}",
-                      p->client_address(), p->opt.request_port, p->opt.response_port, e.what());
-  }
-  auto* raw = p.get();
-  p->io_thread = std::thread([raw] { raw->io_loop(); });
+  p->passes = std::make_unique<round_passes>(p->opt.max_batch_streams, *p->pool);
+  p->held = std::make_unique<holdings>(
+      p->opt, *p->pool, p->gate,
+      holdings::hooks{.wake =
+                          [raw] {
+                            // Under the lock: the engine's wait sees the change or this wake-up.
+                            { std::lock_guard lock(raw->mu); }
+                            raw->cv.notify_all();
+                          },
+                      .host_dropped = [raw](group_host& h,
+                                            std::string_view why) { raw->on_host_dropped(h, why); },
+                      .in_use = [raw](const loaded& lm) { return raw->uses_weights(lm); }});
+  for (const auto& path : p->opt.model_paths)
+    if (auto added = p->held->add_own(path); !added) return added.error();
+  client_port_options po;
+  po.node_hex = p->opt.node_hex;
+  po.bind_address = p->client_address();
+  po.request_port = p->opt.request_port;
+  po.response_port = p->opt.response_port;
+  po.limits = {p->opt.client_connections_per_address, p->opt.client_connections_total};
+  po.client_auth = p->opt.client_auth;
+  auto port = client_port::open(std::move(po), [raw](request&& r) { raw->to_inbox(std::move(r)); });
+  if (!port) return port.error();
+  p->port = std::move(*port);
+  p->push = p->port->sender();
+  p->port->start();
   p->engine_thread = std::thread([raw] { raw->engine_loop(); });
   return std::unique_ptr<engine>(new engine(std::move(p)));
 }
@@ -2015,41 +860,28 @@ void engine::stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;
   impl_->cv.notify_all();
   if (impl_->engine_thread.joinable()) impl_->engine_thread.join();
-  // Fetchers see their links go down; fetches in progress stop (their bytes stay on disk).
-  impl_->server->stop();
-  {
-    std::lock_guard lock(impl_->models_mu);
-    for (auto& [name, f] : impl_->fetches)
-      f->stop();
-  }
+  impl_->held->stop_sharing();
   // Only now the io thread stops: its last pass forwards what the engine queued last (the
-  // shutdown errors), which it could miss if it stopped together with the engine.
-  impl_->io_stopping = true;
-  if (impl_->io_thread.joinable()) impl_->io_thread.join();
-  impl_->sub.close();
-  impl_->xpub.close();
-  impl_->pull.close();
+  // shutdown errors), which it could miss if it stopped together with the engine. The engine's
+  // socket closes first (its queued messages stay in the pipe for that pass): the port's context
+  // waits for every socket made in it.
   impl_->push.close();
-  if (impl_->zap) impl_->zap->close();
-  impl_->guard.reset();  // its monitor sockets, before the context ends
+  impl_->port->stop();
+  impl_->port.reset();
 }
 
 const std::vector<local_model>& engine::models() const {
-  return impl_->infos;
+  return impl_->held->own();
 }
 std::vector<placement::model_spec> engine::held_specs() const {
-  std::vector<placement::model_spec> out;
-  std::lock_guard lock(impl_->models_mu);
-  for (const auto& l : impl_->models)
-    if (l->fetch == nullptr || l->fetch->complete()) out.push_back(l->info.spec);
-  return out;
+  return impl_->held->held_specs();
 }
 
 std::uint16_t engine::request_port() const {
-  return impl_->req_port;
+  return impl_->port->request_port();
 }
 std::uint16_t engine::response_port() const {
-  return impl_->resp_port;
+  return impl_->port->response_port();
 }
 
 void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<member_id> live,
@@ -2057,29 +889,26 @@ void engine::set_plan(std::shared_ptr<const placement::plan> plan, std::vector<m
                       std::map<member_id, peer_facts> peers) {
   // First, and on this thread: a rank waiting on a member that left, or in a group the plan
   // dropped, waits no longer (the engine thread may be that rank, inside a forward pass).
-  impl_->registry.abort_without(live);
+  impl_->held->registry().abort_without(live);
   if (plan != nullptr) {
     std::set<std::string> planned;
     for (const auto& mp : plan->models)
       for (const auto& g : mp.groups)
         if (g.ranks.size() > 1) planned.insert(group_key(mp.spec.name, g));
-    impl_->registry.abort_unplanned(planned, fmt::format("{}.{}", plan->epoch.term,
+    impl_->held->registry().abort_unplanned(planned, fmt::format("{}.{}", plan->epoch.term,
                                                          plan->epoch.version));
   }
   {
+    impl_->port->set_peer_list(
+        std::move(client_endpoints),
+        peer_list_nodes(plan != nullptr, impl_->opt.self, impl_->opt.node_hex, live,
+                        [&](member_id id) {
+                          auto it = peers.find(id);
+                          return it != peers.end() ? it->second.hex : std::string();
+                        }));
     std::lock_guard lock(impl_->mu);
-    std::vector<std::string> nodes = peer_list_nodes(
-        plan != nullptr, impl_->opt.self, impl_->opt.node_hex, live, [&](member_id id) {
-          auto it = peers.find(id);
-          return it != peers.end() ? it->second.hex : std::string();
-        });
-    if (nodes != impl_->live_nodes) {
-      impl_->live_nodes = std::move(nodes);
-      impl_->peers_changed = true;
-    }
     impl_->plan = std::move(plan);
     impl_->live = std::move(live);
-    impl_->client_endpoints = std::move(client_endpoints);
     impl_->peers = std::move(peers);
   }
   impl_->cv.notify_all();
@@ -2106,61 +935,16 @@ void engine::on_share(const std::string& from_hex, std::string_view body) {
     ++impl_->malformed;
     return;
   }
-  if (m->kind == share_setup::offer) {
-    impl_->server->on_offer(from_hex, *m);
-    return;
-  }
-  std::lock_guard lock(impl_->models_mu);
-  for (const auto& [name, f] : impl_->fetches)
-    if (f->fetch_id() == m->fetch_id) f->on_answer(from_hex, *m);
+  impl_->held->on_share(from_hex, *m);
 }
 
 json engine::status() const {
   json j;
-  json ms = json::array();
-  json fs_ = json::array();
-  {
-    std::lock_guard lock(impl_->models_mu);
-    for (const auto& l : impl_->models) {
-      const auto& m = l->info;
-      ms.push_back({{"name", m.name},
-                    {"path", m.path},
-                    {"bytes", m.file_bytes},
-                    {"layers", m.spec.n_layers},
-                    {"heads", m.spec.n_heads},
-                    {"content", m.spec.content},
-                    {"fetched", l->fetch != nullptr},
-                    {"weights", weights_name(l->state.load())},
-                    {"weights_loaded_bytes", l->loaded_bytes.load()},
-                    {"weights_bytes", l->total_bytes.load()}});
-    }
-    for (const auto& [name, f] : impl_->fetches) {
-      const auto s = f->snapshot();
-      fs_.push_back({{"model", name},
-                     {"state", to_string(s.st)},
-                     {"from", s.from},
-                     {"bytes_done", s.bytes_done},
-                     {"bytes_total", s.bytes_total},
-                     {"fetched_bytes", s.fetched_bytes},
-                     {"seconds", s.seconds},
-                     {"error", s.error}});
-    }
-  }
-  j["models"] = ms;
-  j["fetches"] = fs_;
-  {
-    const auto c = impl_->server->counters();
-    j["share"] = {{"sessions", c.sessions},
-                  {"running", c.running},
-                  {"refused", c.refused},
-                  {"chunks", c.chunks},
-                  {"bytes", c.bytes}};
-  }
-  j["request_port"] = impl_->req_port;
-  j["response_port"] = impl_->resp_port;
-  j["client_auth"] = {{"required", impl_->opt.client_auth.has_value()},
-                      {"admitted", impl_->auth_allowed.load()},
-                      {"refused", impl_->auth_denied.load()}};
+  impl_->held->status(j);
+  const auto port = impl_->port->status();
+  j["request_port"] = impl_->port->request_port();
+  j["response_port"] = impl_->port->response_port();
+  j["client_auth"] = port["client_auth"];
   {
     std::lock_guard lock(impl_->mu);
     j["streams"] = impl_->active_view;
@@ -2177,22 +961,18 @@ json engine::status() const {
   j["cancelled"] = impl_->cancelled.load();
   j["resumed_first"] = impl_->resumed_first.load();
   j["tokens"] = impl_->tokens_out.load();
-  j["malformed"] = impl_->malformed.load();
-  j["unread"] = {{"subscriptions_refused", impl_->subscriptions_refused.load()},
-                 {"response_port_resets", impl_->response_port_resets.load()},
-                 {"requests_ignored", impl_->unread_requests.load()},
-                 {"streams_cut", impl_->unread_streams_cut.load()}};
+  // Client messages the port could not decode, and control-plane ones the engine could not.
+  j["malformed"] = impl_->malformed.load() + impl_->port->malformed();
+  j["unread"] = port["unread"];
+  j["unread"]["streams_cut"] = impl_->unread_streams_cut.load();
   // fair_share.hpp: clients are request connections (numbered as they connect).
-  j["connections"] = {{"open", impl_->connections_open.load()},
-                      {"refused", impl_->connections_refused.load()},
-                      {"per_address_bound", impl_->opt.client_connections_per_address},
-                      {"bound", impl_->opt.client_connections_total}};
-  j["fair_share"] = {{"connections", impl_->connections_seen.load()},
+  j["connections"] = port["connections"];
+  j["fair_share"] = {{"connections", port["connections_seen"]},
                      {"made_way", impl_->made_way.load()},
                      {"preempted", impl_->preempted.load()}};
   j["shared_prefix_tokens"] = impl_->shared_prefix_tokens.load();
-  j["passes"] = impl_->passes.load();
-  j["pass_streams"] = impl_->pass_streams.load();
+  j["passes"] = impl_->passes->passes();
+  j["pass_streams"] = impl_->passes->pass_streams();
   j["stream_stats"] = impl_->stats.to_json();
   return j;
 }

@@ -2,8 +2,9 @@
 // and streams tokens straight to the client (never through the leader).
 //
 // Threads (each ZeroMQ socket has one owner):
-//   io thread      owns the request SUB, the response XPUB and an inproc PULL; decodes requests
-//                  into the engine's bounded inbox and forwards the engine's messages to the XPUB.
+//   io thread      the client port's (client_port.hpp): owns the request SUB, the response XPUB
+//                  and an inproc PULL; decodes requests into the engine's bounded inbox and
+//                  forwards the engine's messages to the XPUB.
 //   engine thread  owns the models, the sessions and an inproc PUSH; decides intake against the
 //                  current plan, runs the sessions round-robin (one prefill chunk or one token per
 //                  session per round, so a long prompt never stalls the other streams) and
@@ -25,6 +26,7 @@
 #include "actors/base/result.hpp"
 #include "mesh/membership/ids.hpp"
 #include "mesh/placement/placement.hpp"
+#include "mesh/serving/client_auth.hpp"
 #include "transport/bulk/link.hpp"
 #include "transport/control/cluster_key.hpp"
 #include "transport/faults/fault_policy.hpp"
@@ -98,10 +100,7 @@ struct engine_options {
   /// response XPUB become CURVE servers with `client_endpoint`, and a ZAP handler admits only
   /// clients presenting `access.client.public_key` (the cluster's client access key). Empty: the
   /// client endpoints are open (NULL mechanism).
-  struct client_auth_keys {
-    transport::control::curve_keypair client_endpoint;
-    std::array<std::uint8_t, 32> allowed_client{};
-  };
+  using client_auth_keys = serving::client_auth_keys;
   std::optional<client_auth_keys> client_auth;
 };
 
