@@ -77,7 +77,7 @@ std::optional<std::string> accepted_peer(int fd, std::uint16_t port) {
 }
 
 /// The port of a tcp endpoint "tcp://host:port" (0 when there is none).
-std::uint16_t port_of(std::string_view endpoint) {
+std::uint16_t listening_port_of(std::string_view endpoint) {
   const auto colon = endpoint.rfind(':');
   if (colon == std::string_view::npos) return 0;
   unsigned port = 0;
@@ -131,7 +131,7 @@ void connection_guard::drain(int slot) {
     if (what != ZMQ_EVENT_ACCEPTED) continue;
     // The connection may have ended already (its DISCONNECTED is queued behind this event): then
     // the descriptor is not it any more, and it is neither counted nor touched.
-    const auto peer = accepted_peer(fd, port_of(endpoint.to_string_view()));
+    const auto peer = accepted_peer(fd, listening_port_of(endpoint.to_string_view()));
     if (!peer) continue;
     if (ledger_.opened(slot, fd, *peer)) continue;
     ::shutdown(fd, SHUT_RDWR);
