@@ -91,7 +91,6 @@ result<std::unique_ptr<client_port>> client_port::open(client_port_options optio
 zmq::socket_t client_port::sender() {
   zmq::socket_t push(zctx_, zmq::socket_type::push);
   push.set(zmq::sockopt::sndhwm, 100000);
-  push.set(zmq::sockopt::linger, 200);
   push.connect(inproc_);
   return push;
 }

@@ -56,7 +56,8 @@ class client_port {
   client_port& operator=(const client_port&) = delete;
 
   /// A PUSH socket whose messages ([topic][body]) this port publishes on the XPUB. For one
-  /// thread (the engine's); close it before stop() returns the context.
+  /// thread (the engine's); close it after stop() and before this port is destroyed (its
+  /// context waits for every socket made in it).
   [[nodiscard]] zmq::socket_t sender();
   void start();
   /// Forwards what the senders queued last (the shutdown errors), then closes every socket.

@@ -862,11 +862,10 @@ void engine::stop() {
   if (impl_->engine_thread.joinable()) impl_->engine_thread.join();
   impl_->held->stop_sharing();
   // Only now the io thread stops: its last pass forwards what the engine queued last (the
-  // shutdown errors), which it could miss if it stopped together with the engine. The engine's
-  // socket closes first (its queued messages stay in the pipe for that pass): the port's context
-  // waits for every socket made in it.
-  impl_->push.close();
+  // shutdown errors), which it could miss if it stopped together with the engine. Then the
+  // engine's socket closes, before the port's context ends (it waits for every socket made in it).
   impl_->port->stop();
+  impl_->push.close();
   impl_->port.reset();
 }
 

@@ -26,6 +26,17 @@ constexpr auto kReformAfter = std::chrono::seconds(5);
 // group_link messages held for groups not formed here yet: per group, and groups.
 constexpr std::size_t kMaxEarlyLinks = 64, kMaxEarlyGroups = 16;
 
+/// share_setup messages packed and shipped over the control plane (`send`: the node's
+/// engine_options::send_share; empty: nothing is sent). The share server and every fetch use it.
+share_sender packed_share_sender(std::function<void(const std::string&, std::string)> send) {
+  return [send = std::move(send)](const std::string& to, const share_setup& m) {
+    if (!send) return;
+    msgpack::sbuffer buf;
+    msgpack::pack(buf, m);
+    send(to, std::string(buf.data(), buf.size()));
+  };
+}
+
 }  // namespace
 
 result<placement::model_spec> spec_of_gguf(const std::string& path, const std::string& name) {
@@ -115,13 +126,8 @@ static result<std::unique_ptr<loaded>> open_model(const std::string& path,
 holdings::holdings(const engine_options& opt, inference::thread_pool& pool,
                    std::shared_ptr<inference::compute_gate> gate, hooks h)
     : opt_(opt), pool_(pool), gate_(std::move(gate)), hooks_(std::move(h)) {
-  server_ = std::make_unique<share_server>(
-      opt_.link_addresses(), [send = opt_.send_share](const std::string& to, const share_setup& m) {
-        if (!send) return;
-        msgpack::sbuffer buf;
-        msgpack::pack(buf, m);
-        send(to, std::string(buf.data(), buf.size()));
-      });
+  server_ =
+      std::make_unique<share_server>(opt_.link_addresses(), packed_share_sender(opt_.send_share));
 }
 
 holdings::~holdings() {
@@ -407,12 +413,7 @@ void holdings::fetch_missing(const placement::plan* p,
       o.root = mp.spec.content;
       o.dir = opt_.fetch_dir;
       o.addresses = opt_.link_addresses();
-      o.send = [send = opt_.send_share](const std::string& to, const share_setup& m) {
-        if (!send) return;
-        msgpack::sbuffer buf;
-        msgpack::pack(buf, m);
-        send(to, std::string(buf.data(), buf.size()));
-      };
+      o.send = packed_share_sender(opt_.send_share);
       o.fetch_id = next_fetch_id_++;
       o.on_change = [this] {
         fetch_changed_ = true;
