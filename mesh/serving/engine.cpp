@@ -863,10 +863,11 @@ void engine::stop() {
   impl_->held->stop_sharing();
   // Only now the io thread stops: its last pass forwards what the engine queued last (the
   // shutdown errors), which it could miss if it stopped together with the engine. Then the
-  // engine's socket closes, before the port's context ends (it waits for every socket made in it).
+  // engine's socket closes, before the port's context ends (it waits for every socket made in it:
+  // the context ends with the port, when the engine goes). The port itself stays: the control
+  // actor still reads status() and sets peer lists while a leaving node announces its leave.
   impl_->port->stop();
   impl_->push.close();
-  impl_->port.reset();
 }
 
 const std::vector<local_model>& engine::models() const {

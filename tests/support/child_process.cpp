@@ -143,11 +143,11 @@ bool child_process::running() {
   return true;
 }
 
-void child_process::terminate(std::chrono::milliseconds grace) {
-  if (pid_ < 0) return;
+int child_process::terminate(std::chrono::milliseconds grace) {
+  if (pid_ < 0) return -1;
   ::kill(pid_, SIGTERM);
   auto end = std::chrono::steady_clock::now() + grace;
-  int status = 0;
+  int status = -1;  // stays -1 if waitpid fails (not our child any more)
   while (::waitpid(pid_, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > end) {
       ::kill(pid_, SIGKILL);
@@ -157,6 +157,7 @@ void child_process::terminate(std::chrono::milliseconds grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   pid_ = -1;
+  return status;
 }
 
 }  // namespace tessera::test

@@ -32,8 +32,9 @@ class child_process {
 
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
   [[nodiscard]] bool running();
-  /// SIGTERM, wait up to `grace`, then SIGKILL; reaps the child. Idempotent.
-  void terminate(std::chrono::milliseconds grace = std::chrono::seconds(5));
+  /// SIGTERM, wait up to `grace`, then SIGKILL; reaps the child. Idempotent. Returns its wait
+  /// status (waitpid's), or -1 when there was no child (not started, or already reaped).
+  int terminate(std::chrono::milliseconds grace = std::chrono::seconds(5));
 
  private:
   pid_t pid_ = -1;

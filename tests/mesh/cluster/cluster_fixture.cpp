@@ -188,11 +188,12 @@ void cluster_fixture::kill9(std::size_t i) {
   n.proc.reset();
 }
 
-void cluster_fixture::term(std::size_t i) {
+int cluster_fixture::term(std::size_t i) {
   auto& n = nodes_.at(i);
-  if (!n.proc) return;
-  n.proc->terminate(std::chrono::seconds(5));
+  if (!n.proc) return -1;
+  const int status = n.proc->terminate(std::chrono::seconds(5));
   n.proc.reset();
+  return status;
 }
 
 bool cluster_fixture::running(std::size_t i) {

@@ -51,7 +51,8 @@ class cluster_fixture {
   /// Adds one more node slot (not started) and returns its index.
   std::size_t add_node(std::string host = "127.0.0.1", std::string ns = "");
   void kill9(std::size_t i);
-  void term(std::size_t i);
+  /// SIGTERM (a graceful leave, 5 s at most); returns the wait status, -1 if it was not running.
+  int term(std::size_t i);
   [[nodiscard]] bool running(std::size_t i);
 
   /// `tessera status --json` against node i (run from node `from_ns_of`'s namespace when set).
