@@ -46,6 +46,7 @@
 #include "mesh/node/node_id.hpp"
 #include "mesh/runtime/bandwidth_probe.hpp"
 #include "mesh/runtime/control_core.hpp"
+#include "mesh/runtime/identity_check.hpp"
 #include "mesh/runtime/protocol_clock.hpp"
 #include "mesh/serving/engine.hpp"
 #include "mesh/serving/planning.hpp"
@@ -275,8 +276,7 @@ struct node_runtime::impl final : control_port {
   topology::capabilities caps;
   transport::bulk::local_capabilities bulk_caps;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-  node_instance instance;  // for the run-time duplicate-identity rule
-  std::thread identity_thread;
+  node_instance instance;  // for the run-time duplicate-identity rule (identity_check.hpp)
 
   std::unique_ptr<ctl::control_node> control;
   std::unique_ptr<bandwidth_prober> prober;
@@ -923,72 +923,6 @@ struct node_runtime::impl final : control_port {
       core->join(id, k.hex + "@" + k.endpoint, now_ms());
   }
 
-  // ------------------------------------------------------------------ duplicate identity
-  /// Asks the seeds (and, through their member tables, whoever they know under our id) for
-  /// their status; another live process announcing our node id from another endpoint is judged
-  /// with judge_identity(): the later one refuses to run. Runs on its own thread, 1 s and 5 s
-  /// after start (a duplicate cannot talk to the mesh itself: the peers' ROUTERs accept one
-  /// connection per routing id, so it must ask as a status client).
-  void identity_check_loop() {
-    for (std::uint32_t at_ms : {1000u, 5000u}) {
-      {
-        std::unique_lock lock(mu);
-        cv.wait_until(lock, t0 + std::chrono::milliseconds(at_ms), [&] { return stopping; });
-        if (stopping) return;
-      }
-      if (auto why = check_identity_once()) {
-        fail(*why);
-        return;
-      }
-    }
-  }
-
-  std::optional<std::string> check_identity_once() {
-    std::vector<std::string> targets;
-    for (const auto& seed : opt.config.discovery.seeds) {
-      if (targets.size() >= 8) break;
-      targets.push_back(seed);
-    }
-    std::set<std::string> asked;
-    for (std::size_t i = 0; i < targets.size() && asked.size() < 16; ++i) {
-      std::string t = targets[i];
-      if (t.rfind("tcp://", 0) == 0) t = t.substr(6);
-      if ("tcp://" + t == endpoint || !asked.insert(t).second) continue;
-      auto doc = query_status(t, opt.config.cluster_key_file, 1000);
-      if (!doc) continue;
-      json j;
-      try {
-        j = json::parse(*doc);
-        const auto& n = j.at("node");
-        if (n.at("id").get<std::string>() == hex && n.contains("instance_nonce")) {
-          node_instance heard;
-          heard.id = dir->id();
-          heard.control_endpoint = n.at("endpoint").get<std::string>();
-          heard.started_unix_ms = n.at("started_unix_ms").get<std::int64_t>();
-          heard.nonce = std::stoull(n.at("instance_nonce").get<std::string>(), nullptr, 16);
-          if (judge_identity(instance, heard) == identity_verdict::we_must_refuse)
-            return fmt::format(
-                "node id {} is already running at {} and started before us: this data "
-                "directory is a copy of that node's (cloned machine or restored backup); "
-                "remove {}/node.id or pass --reset-identity to give this node a new identity",
-                hex, heard.control_endpoint, dir->path().string());
-          continue;
-        }
-        // Someone else: does it know a member with our id at another endpoint?
-        for (const auto& m : j.at("membership")) {
-          if (m.at("id").get<std::string>() != hex) continue;
-          const auto st = m.at("status").get<std::string>();
-          auto ep = m.at("address").get<std::string>();
-          if ((st == "alive" || st == "suspect") && ep != endpoint && ep.rfind("tcp://", 0) == 0)
-            targets.push_back(ep.substr(6));
-        }
-      } catch (const std::exception&) {
-        continue;
-      }
-    }
-    return std::nullopt;
-  }
-
   // ------------------------------------------------------------------ status document
   /// The control plane's counters: what arrived, and every frame refused by reason (malformed,
   /// truncated, oversized, ... from any peer, the cluster's own included), so an operator sees a
@@ -1198,7 +1132,6 @@ node_runtime::~node_runtime() {
   }
   impl_->cv.notify_all();
   if (impl_->actors) impl_->actors->shutdown(std::chrono::nanoseconds(0));
-  if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
   if (impl_->prober) impl_->prober->stop();
   for (auto& s : impl_->sources)
     s->stop();
@@ -1504,11 +1437,25 @@ result<std::unique_ptr<node_runtime>> node_runtime::start(runtime_options option
     if (!watch)
       return make_error(watch.error().code, "cannot start the control actor's watch: {}",
                         watch.error().message);
+    // The duplicate-identity check: 1 s and 5 s from now, an actor beside the control actor.
+    identity_check_options io;
+    io.self = p->instance;
+    io.hex = p->hex;
+    io.endpoint = p->endpoint;
+    io.data_dir = p->dir->path().string();
+    io.seeds = cfg.discovery.seeds;
+    io.client.keys = *keys;
+    io.client.bind_address =
+        is_address_of_this_host(adv_host) ? adv_host : std::string(cfg.listen.address);
+    io.client.reply_address = adv_host;
+    io.client.id_seed = p->instance.nonce;
+    io.refuse = [raw](std::string why) { raw->fail(std::move(why)); };
+    auto identity = p->actors->spawn(make_identity_check(std::move(io)),
+                                     actors::spawn_options{.name = "identity"});
+    if (!identity)
+      return make_error(identity.error().code, "cannot start the duplicate-identity check: {}",
+                        identity.error().message);
   }
-  p->identity_thread = std::thread([raw] {
-    name_this_thread("node-identity");
-    raw->identity_check_loop();
-  });
   for (auto& s : p->sources) {
     auto r = s->start([raw](const peer_hint& h) { raw->push(impl::ev_hint{h}, false); });
     if (!r) {
@@ -1535,7 +1482,6 @@ void node_runtime::leave_and_stop(std::uint32_t flush_ms) {
   }
   impl_->cv.notify_all();
   impl_->actors->shutdown(std::chrono::nanoseconds(0));
-  if (impl_->identity_thread.joinable()) impl_->identity_thread.join();
   // HTTP streams running here were resumed on other peers when the engine stopped (the gateway
   // is a pub-sub client); the mesh knows we left, so let them finish, within a bound.
   if (impl_->gateway) impl_->gateway->stop(kHttpDrainMs);

@@ -1,10 +1,5 @@
-// The status protocol, client side: one request, one reply, over the authenticated control plane.
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// The status protocol for operators: one request, one reply (query_status, over a status_client),
+// and the status document rendered as a table (format_status).
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -19,41 +14,13 @@
 #include "actors/base/msgpack_bounded.hpp"
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/runtime/runtime.hpp"
+#include "mesh/runtime/status_client.hpp"
 #include "transport/control/cluster_key.hpp"
 #include "transport/control/control_node.hpp"
 
 namespace tessera::mesh::runtime {
 
 namespace ctl = transport::control;
-
-namespace {
-
-/// The local address the kernel would use to reach host:port (so the node can dial us back).
-result<std::string> local_address_towards(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0)
-    return make_error(errc::not_found, "cannot resolve '{}': {}", host, ::gai_strerror(rc));
-  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  std::string out;
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_in local{};
-    socklen_t len = sizeof local;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      char buf[INET_ADDRSTRLEN] = {};
-      ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf);
-      out = buf;
-    }
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  if (out.empty()) return make_error(errc::io, "no local address reaches '{}'", host);
-  return out;
-}
-
-}  // namespace
 
 result<std::string> query_status(const std::string& endpoint_text, const std::string& key_file,
                                  std::uint32_t timeout_ms,
@@ -80,47 +47,26 @@ result<std::string> query_status(const std::string& endpoint_text, const std::st
   std::mutex mu;
   std::condition_variable cv;
   std::optional<std::string> reply;
-  ctl::node_config cc;
-  std::mt19937_64 rng(std::random_device{}());
-  cc.node_id = fmt::format("{}{:016x}", status_client_prefix, rng());
-  cc.bind_endpoint = fmt::format("tcp://{}:*", *local);
-  cc.keys = *keys;
-  cc.accept_unknown_peers = false;
-  cc.timing.heartbeat_interval_ms = 100;
-  ctl::node_handlers handlers;
-  handlers.on_message = [&](ctl::inbound_message&& m) {
-    if (m.type != static_cast<std::uint16_t>(runtime_msg::status_reply)) return;
-    std::string doc;
-    try {
-      msgpack::object_handle oh = tessera::bounded_unpack(m.body.data(), m.body.size());
-      doc = oh.get().as<std::string>();
-    } catch (const std::exception&) {
-      return;
-    }
+  status_client_options so;
+  so.keys = *keys;
+  so.bind_address = *local;
+  so.id_seed = std::random_device{}();
+  so.id_seed = (so.id_seed << 32) ^ std::random_device{}();
+  auto client = status_client::start(std::move(so), [&](const std::string&, std::string doc) {
     std::lock_guard lock(mu);
-    reply = std::move(doc);
+    if (!reply) reply = std::move(doc);
     cv.notify_all();
-  };
-  auto node = ctl::control_node::start(cc, handlers);
-  if (!node) return node.error();
-  const std::string target = "tcp://" + ep->to_string();
-  TESSERA_TRY((*node)->add_peer("target", target));
-  for (const auto& f : fault_commands)
-    TESSERA_TRY((*node)->send("target", static_cast<std::uint16_t>(ctl::msg_type::fault_set),
-                              std::span(reinterpret_cast<const std::byte*>(f.data()), f.size())));
-  msgpack::sbuffer body;
-  msgpack::pack(body, (*node)->endpoint());
-  TESSERA_TRY(
-      (*node)->send("target", static_cast<std::uint16_t>(runtime_msg::status_request),
-                    std::span(reinterpret_cast<const std::byte*>(body.data()), body.size())));
+  });
+  if (!client) return client.error();
+  TESSERA_TRY((*client)->ask(ep->to_string(), fault_commands));
   std::unique_lock lock(mu);
   cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return reply.has_value(); });
   std::optional<std::string> got = reply;
   lock.unlock();
-  const auto stats = (*node)->stats();
-  (*node)->stop();
+  const auto refused = (*client)->handshakes_refused();
+  (*client)->stop();
   if (!got) {
-    if (stats.handshake_failed_outbound > 0)
+    if (refused > 0)
       return make_error(errc::unauthorized,
                         "the node at {} refused our cluster key (not the same cluster secret)",
                         ep->to_string());
