@@ -163,7 +163,8 @@ void client_port::io_loop() {
     try {
       items[2].socket = xpub_.handle();  // a reset replaces the socket and its monitor
       items[5].socket = guard_->monitor_handle(1);
-      zmq::poll(items, 6, std::chrono::milliseconds(100));
+      zmq::poll(items, 6, std::chrono::milliseconds(response_unbound_ ? 10 : 100));
+      if (response_unbound_) bind_response_port();
       // Connections first: one past a bound is shut down before it is read from.
       for (int slot = 0; slot < 2; ++slot)
         if (items[4 + slot].revents & ZMQ_POLLIN) guard_->drain(slot);
@@ -373,21 +374,31 @@ void client_port::reset_response_port() {
   xpub_ = zmq::socket_t(zctx_, zmq::socket_type::xpub);
   configure_response_port();
   guard_->watch(1, xpub_);
-  // The old listener closes asynchronously (libzmq's reaper): the port frees within moments.
+  response_unbound_ = true;
+  unbound_since_ = clock_type::now();
+  unbound_logged_ = false;
+  bind_response_port();
+}
+
+/// Binds the response port again after a reset; left unbound (tried again by the io loop) while
+/// the old listener still holds the port. An unbound port 5 s on is logged once: clients cannot
+/// subscribe to this peer meanwhile (they resume their streams elsewhere).
+void client_port::bind_response_port() {
   const std::string ep = fmt::format("tcp://{}:{}", opt_.bind_address, resp_port_);
-  for (int tries = 0;; ++tries) {
-    try {
-      xpub_.bind(ep);
-      break;
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EADDRINUSE || tries >= 250) {
-        spdlog::error("serving {}: cannot bind the response port {} again: {}", opt_.node_hex, ep,
-                      e.what());
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  try {
+    xpub_.bind(ep);
+  } catch (const zmq::error_t& e) {
+    const auto waited = clock_type::now() - unbound_since_;
+    if (!unbound_logged_ && waited > std::chrono::seconds(5)) {
+      unbound_logged_ = true;
+      spdlog::error("serving {}: the response port {} is not bound again after 5 s ({}); trying on",
+                    opt_.node_hex, ep, e.what());
     }
+    return;
   }
+  response_unbound_ = false;
+  if (unbound_logged_)
+    spdlog::info("serving {}: the response port {} is bound again", opt_.node_hex, ep);
   ::malloc_trim(0);  // give the dropped tries' pages back
 }
 

@@ -91,6 +91,7 @@ class client_port {
   void forward_responses();
   void configure_response_port();
   void reset_response_port();
+  void bind_response_port();
   bool drain_subscriptions();
   void publish_peers();
 
@@ -129,6 +130,13 @@ class client_port {
   };
   std::deque<awaiting> awaiting_subscriber_;
   clock_type::time_point last_auth_log_{};
+  // A reset's new response port waits for the old listener to close (libzmq closes it on its
+  // own threads): until it is bound, the io loop tries again every 10 ms, answering ZAP and
+  // requests meanwhile (a loop here that waited for it could wait for the very handshakes
+  // whose ZAP answers it held up).
+  bool response_unbound_ = false;
+  clock_type::time_point unbound_since_{};
+  bool unbound_logged_ = false;
 
   // --- counters: written by the io thread, read by status() ---
   std::atomic<std::uint64_t> malformed_{0}, subscriptions_refused_{0}, unread_requests_{0},
