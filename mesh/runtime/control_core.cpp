@@ -468,6 +468,81 @@ std::string control_core::name_of(member_id id) const {
   return fmt::format("{:016x}", id);
 }
 
+json control_core::view_json() const {
+  const auto& cur = topo_.current();
+  if (!cur) return nullptr;
+  json v;
+  v["epoch"] = {{"term", cur->at.term}, {"version", cur->at.version}};
+  v["leader"] = cur->leader == no_member ? json(nullptr) : json(name_of(cur->leader));
+  json vm = json::array();
+  for (const auto& m : cur->members) {
+    auto parsed = split_address(m.address);
+    vm.push_back({{"id", parsed ? parsed->first : name_of(m.id)},
+                  {"status", to_string(static_cast<member_status>(m.status))},
+                  {"address", parsed ? parsed->second : m.address},
+                  {"cores", m.caps.cores},
+                  {"memory_total_mb", m.caps.memory_total_mb},
+                  {"memory_free_mb", m.caps.memory_free_mb},
+                  {"has_rdma", m.caps.has_rdma},
+                  {"rdma_devices", m.caps.rdma_devices},
+                  {"models", m.caps.models},
+                  {"version", m.caps.version},
+                  {"pid", m.caps.pid},
+                  {"hostname", m.caps.hostname},
+                  {"host_id", m.caps.host_id}});
+  }
+  v["members"] = vm;
+  auto id_text = [&](member_id id) {
+    for (const auto& m : cur->members)
+      if (m.id == id)
+        if (auto p = split_address(m.address)) return p->first;
+    return name_of(id);
+  };
+  json links = json::array();
+  for (const auto& l : cur->links)
+    links.push_back({{"from", id_text(l.from)},
+                     {"to", id_text(l.to)},
+                     {"rtt_us", l.rtt_us},
+                     {"bandwidth_mbps", l.bandwidth_mbps},
+                     {"bulk_rtt_us", l.bulk_rtt_us},
+                     {"backend", backend_name(l.backend)}});
+  v["links"] = links;
+  return v;
+}
+
+json control_core::plan_json() const {
+  if (!plan_) return nullptr;
+  json pj;
+  pj["epoch"] = {{"term", plan_->epoch.term}, {"version", plan_->epoch.version}};
+  json models = json::array();
+  for (const auto& m : plan_->models) {
+    json groups = json::array();
+    for (const auto& g : m.groups) {
+      json ranks = json::array();
+      for (const auto& r : g.ranks) {
+        json rank = {{"node", name_of(r.node)},
+                     {"stage", r.stage},
+                     {"tp_rank", r.tp_rank},
+                     {"layers", {r.layer_first, r.layer_last}},
+                     {"heads", {r.head_first, r.head_last}}};
+        // Expert parallelism: the experts this rank holds, [first, last).
+        if (m.spec.n_experts > 0) {
+          const std::uint32_t width = m.spec.ffn_size / m.spec.n_experts;
+          rank["experts"] = {r.ffn_first / width, r.ffn_last / width};
+        }
+        ranks.push_back(std::move(rank));
+      }
+      groups.push_back(ranks);
+    }
+    models.push_back({{"name", m.spec.name},
+                      {"groups", groups},
+                      {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)},
+                      {"links_pending", m.links_pending}});
+  }
+  pj["models"] = models;
+  return pj;
+}
+
 void control_core::status_into(json& j, const std::string& self_endpoint) const {
   const auto leader = elect_->leader();
   j["node"]["role"] = to_string(elect_->role());
@@ -488,82 +563,8 @@ void control_core::status_into(json& j, const std::string& self_endpoint) const 
                   {"address", parsed ? parsed->second : m.address}});
   }
   j["membership"] = ms;
-  const auto& cur = topo_.current();
-  if (!cur) {
-    j["view"] = nullptr;
-  } else {
-    json v;
-    v["epoch"] = {{"term", cur->at.term}, {"version", cur->at.version}};
-    v["leader"] = cur->leader == no_member ? json(nullptr) : json(name_of(cur->leader));
-    json vm = json::array();
-    for (const auto& m : cur->members) {
-      auto parsed = split_address(m.address);
-      vm.push_back({{"id", parsed ? parsed->first : name_of(m.id)},
-                    {"status", to_string(static_cast<member_status>(m.status))},
-                    {"address", parsed ? parsed->second : m.address},
-                    {"cores", m.caps.cores},
-                    {"memory_total_mb", m.caps.memory_total_mb},
-                    {"memory_free_mb", m.caps.memory_free_mb},
-                    {"has_rdma", m.caps.has_rdma},
-                    {"rdma_devices", m.caps.rdma_devices},
-                    {"models", m.caps.models},
-                    {"version", m.caps.version},
-                    {"pid", m.caps.pid},
-                    {"hostname", m.caps.hostname},
-                    {"host_id", m.caps.host_id}});
-    }
-    v["members"] = vm;
-    auto id_text = [&](member_id id) {
-      for (const auto& m : cur->members)
-        if (m.id == id)
-          if (auto p = split_address(m.address)) return p->first;
-      return name_of(id);
-    };
-    json links = json::array();
-    for (const auto& l : cur->links)
-      links.push_back({{"from", id_text(l.from)},
-                       {"to", id_text(l.to)},
-                       {"rtt_us", l.rtt_us},
-                       {"bandwidth_mbps", l.bandwidth_mbps},
-                       {"bulk_rtt_us", l.bulk_rtt_us},
-                       {"backend", backend_name(l.backend)}});
-    v["links"] = links;
-    j["view"] = v;
-  }
-  if (!plan_) {
-    j["plan"] = nullptr;
-  } else {
-    json pj;
-    pj["epoch"] = {{"term", plan_->epoch.term}, {"version", plan_->epoch.version}};
-    json models = json::array();
-    for (const auto& m : plan_->models) {
-      json groups = json::array();
-      for (const auto& g : m.groups) {
-        json ranks = json::array();
-        for (const auto& r : g.ranks) {
-          json rank = {{"node", name_of(r.node)},
-                       {"stage", r.stage},
-                       {"tp_rank", r.tp_rank},
-                       {"layers", {r.layer_first, r.layer_last}},
-                       {"heads", {r.head_first, r.head_last}}};
-          // Expert parallelism: the experts this rank holds, [first, last).
-          if (m.spec.n_experts > 0) {
-            const std::uint32_t width = m.spec.ffn_size / m.spec.n_experts;
-            rank["experts"] = {r.ffn_first / width, r.ffn_last / width};
-          }
-          ranks.push_back(std::move(rank));
-        }
-        groups.push_back(ranks);
-      }
-      models.push_back(
-          {{"name", m.spec.name},
-           {"groups", groups},
-           {"no_capacity", m.no_capacity.empty() ? json(nullptr) : json(m.no_capacity)},
-           {"links_pending", m.links_pending}});
-    }
-    pj["models"] = models;
-    j["plan"] = pj;
-  }
+  j["view"] = view_json();
+  j["plan"] = plan_json();
   j["stats"]["undecodable"] = counters_.undecodable;
   j["stats"]["stale"] = counters_.stale;
   j["stats"]["plans_refused"] = counters_.plans_refused;

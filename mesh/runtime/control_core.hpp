@@ -154,6 +154,8 @@ class control_core {
   void status_into(nlohmann::ordered_json& j, const std::string& self_endpoint) const;
 
  private:
+  [[nodiscard]] nlohmann::ordered_json view_json() const;  // status "view" (null: none yet)
+  [[nodiscard]] nlohmann::ordered_json plan_json() const;  // status "plan" (null: none yet)
   control_core(core_options options, control_port& port, mesh::membership m, mesh::election e);
   void apply(membership_output out, std::uint64_t now_ms);
   void apply(election_output out, std::uint64_t now_ms);
