@@ -155,7 +155,8 @@ void group_host::abort(const std::string& why) {
 
 std::vector<member_id> group_host::members() const {
   std::vector<member_id> out;
-  for (const auto& r : g_.ranks) out.push_back(r.node);
+  for (const auto& r : g_.ranks)
+    out.push_back(r.node);
   return out;
 }
 
@@ -237,25 +238,11 @@ result<inf::model::shard_spec> shard_of(const placement::serving_group& g, std::
   return spec;
 }
 
-result<void> group_host::form() {
-  auto kind = layout_of(g_);
-  if (!kind) return kind.error();
-  auto spec = shard_of(g_, self_);
-  if (!spec) return spec.error();
-  auto f = inf::gguf::file::open(path_, {inf::gguf::load_mode::headers_only, {}});
-  if (!f) return f.error();
-  auto m = inf::model::model::load(*f, {*spec});
-  if (!m) return m.error();
-  shard_ = std::move(*m);
-  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)),
-                                       {.pin = false, .nice = compute_nice_, .gate = gate_});
-  if (!pool) return pool.error();
-  pool_ = std::move(*pool);
-
-  // Links: both sides of a pair prepare, send their params, and connect with the other's.
+/// Both sides of a pair prepare a link, send their params, and connect with the other's: our
+/// side of every pair, prepared, and the message that carries its params.
+result<void> group_host::prepare_links(std::vector<std::unique_ptr<bulk::link_setup>>& setups,
+                                       std::vector<group_link_message>& mine) {
   const std::size_t n = g_.ranks.size();
-  std::vector<std::unique_ptr<bulk::link_setup>> setups(n);
-  std::vector<group_link_message> mine(n);
   for (std::uint32_t j = 0; j < n; ++j) {
     if (j == self_) continue;
     const auto peer = g_.ranks[j].node;
@@ -273,6 +260,13 @@ result<void> group_host::form() {
       mine[j].params.push_back(static_cast<std::uint8_t>(b));
     setups[j] = std::move(*s);
   }
+  return ok();
+}
+
+/// Sends our params to every peer of the group (again every kResendEvery) until every peer's
+/// have arrived, then once more (a peer that got ours late still has them).
+result<void> group_host::exchange_params(const std::vector<group_link_message>& mine) {
+  const std::size_t n = g_.ranks.size();
   const auto deadline = std::chrono::steady_clock::now() + kFormTimeout;
   for (;;) {
     for (std::uint32_t j = 0; j < n; ++j)
@@ -285,9 +279,15 @@ result<void> group_host::form() {
       return make_error(errc::timeout, "group {}: {} of {} peers sent their link params in {} s",
                         key_, received_.size(), n - 1, kFormTimeout.count());
   }
-  // One more round so that a peer which got ours late still has them.
   for (std::uint32_t j = 0; j < n; ++j)
     if (j != self_) send_(g_.ranks[j].node, mine[j]);
+  return ok();
+}
+
+/// Connects every link at once (one short-lived thread per peer: each connect waits for its
+/// peer), and keeps them in links_.
+result<void> group_host::connect_links(std::vector<std::unique_ptr<bulk::link_setup>>& setups) {
+  const std::size_t n = g_.ranks.size();
   std::vector<std::unique_ptr<bulk::link>> links(n);
   std::vector<std::optional<error>> errors(n);
   {
@@ -300,6 +300,7 @@ result<void> group_host::form() {
         theirs = received_.at(j);
       }
       ts.emplace_back([&, j, theirs] {
+        name_this_thread("group-form");  // forming: one connect per peer, for moments
         std::vector<std::byte> bytes;
         for (auto b : theirs.params)
           bytes.push_back(static_cast<std::byte>(b));
@@ -317,11 +318,35 @@ result<void> group_host::form() {
     if (errors[j])
       return make_error(errors[j]->code, "group {}: link to rank {}: {}", key_, j,
                         errors[j]->message);
-  std::vector<bulk::link*> raw(n, nullptr);
+  std::lock_guard lock(mu_);
+  links_ = std::move(links);
+  return ok();
+}
+
+result<void> group_host::form() {
+  auto kind = layout_of(g_);
+  if (!kind) return kind.error();
+  auto spec = shard_of(g_, self_);
+  if (!spec) return spec.error();
+  auto f = inf::gguf::file::open(path_, {inf::gguf::load_mode::headers_only, {}});
+  if (!f) return f.error();
+  auto m = inf::model::model::load(*f, {*spec});
+  if (!m) return m.error();
+  shard_ = std::move(*m);
+  auto pool = inf::thread_pool::create(static_cast<int>(std::max(1u, threads_)),
+                                       {.pin = false, .nice = compute_nice_, .gate = gate_});
+  if (!pool) return pool.error();
+  pool_ = std::move(*pool);
+
+  std::vector<std::unique_ptr<bulk::link_setup>> setups(g_.ranks.size());
+  std::vector<group_link_message> mine(g_.ranks.size());
+  TESSERA_TRY(prepare_links(setups, mine));
+  TESSERA_TRY(exchange_params(mine));
+  TESSERA_TRY(connect_links(setups));
+  std::vector<bulk::link*> raw(g_.ranks.size(), nullptr);
   {
     std::lock_guard lock(mu_);
-    links_ = std::move(links);
-    for (std::uint32_t j = 0; j < n; ++j)
+    for (std::uint32_t j = 0; j < raw.size(); ++j)
       raw[j] = links_[j].get();
   }
   inf::collectives::group_options go;
@@ -334,7 +359,8 @@ result<void> group_host::form() {
     if (!abort_reason_.empty()) group_->abort(abort_reason_);  // aborted while forming
   }
   std::vector<std::uint32_t> stages;
-  for (const auto& r : g_.ranks) stages.push_back(r.stage);
+  for (const auto& r : g_.ranks)
+    stages.push_back(r.stage);
   auto ru = *kind == inf::sharded::layout::hybrid
                 ? inf::sharded::runner::create(*shard_, *group_, std::move(stages), pool_.get())
                 : inf::sharded::runner::create(*shard_, *group_, *kind, pool_.get());

@@ -125,6 +125,10 @@ class group_host {
  private:
   void run();
   result<void> form();
+  result<void> prepare_links(std::vector<std::unique_ptr<transport::bulk::link_setup>>& setups,
+                             std::vector<group_link_message>& mine);
+  result<void> exchange_params(const std::vector<group_link_message>& mine);
+  result<void> connect_links(std::vector<std::unique_ptr<transport::bulk::link_setup>>& setups);
 
   std::string key_, path_;
   placement::serving_group g_;

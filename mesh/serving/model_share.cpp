@@ -31,9 +31,9 @@ namespace {
 struct share_wire {
   enum op_t : std::uint8_t { hello = 1, buffer = 2, table = 3, chunk = 4 };
   std::uint8_t op = hello;
-  std::uint64_t index = 0;   ///< chunk
-  std::uint32_t slot = 0;    ///< table / chunk: where the bytes go
-  std::uint64_t bytes = 0;   ///< reply: bytes written; hello reply: the encoded table's size
+  std::uint64_t index = 0;        ///< chunk
+  std::uint32_t slot = 0;         ///< table / chunk: where the bytes go
+  std::uint64_t bytes = 0;        ///< reply: bytes written; hello reply: the encoded table's size
   std::uint64_t chunk_bytes = 0;  ///< hello reply
   bulk::remote_buffer target;     ///< buffer: the fetcher's receive buffer
   std::uint64_t slot_bytes = 0;   ///< buffer
@@ -51,7 +51,8 @@ std::vector<std::byte> pack_wire(const share_wire& w) {
 
 result<share_wire> unpack_wire(std::span<const std::byte> b) {
   auto w = tessera::bounded_decode<share_wire>(b.data(), b.size());
-  if (!w) return make_error(errc::corrupt, "model share: malformed message ({})", w.error().message);
+  if (!w)
+    return make_error(errc::corrupt, "model share: malformed message ({})", w.error().message);
   return w;
 }
 
@@ -142,8 +143,8 @@ bool chunk_table::matches(std::uint64_t i, std::span<const std::byte> bytes) con
   return std::memcmp(h.data(), hashes.data() + i * kHashBytes, kHashBytes) == 0;
 }
 
-result<chunk_table> hash_model_file(const std::string& path,
-                                    const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+result<chunk_table> hash_model_file(
+    const std::string& path, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   auto f = gguf::file::open(path, {gguf::load_mode::headers_only, {}});
   if (!f) return f.error();
   chunk_table t;
@@ -308,6 +309,95 @@ void share_server::on_offer(const std::string& from_hex, const share_setup& offe
                       done});
 }
 
+/// One fetcher's session on a serving thread: the staging buffer registered on its link, the
+/// fetcher's receive buffer, and the answer to each of its messages.
+struct share_server::serve_session {
+  share_server& server;
+  bulk::link& link;
+  const entry& e;
+  int fd;
+  std::uint64_t slot_bytes;
+  std::optional<bulk::shared_buffer> staging;
+  bulk::buffer_handle staged{};
+  std::optional<bulk::remote_buffer> target;
+  std::uint64_t target_slot = 0;
+  std::uint64_t wr = 1;
+  std::uint64_t served = 0;  // chunks
+
+  /// Fills `out` (the reply) for `w`; false when the link failed (the session ends).
+  bool answer(const share_wire& w, share_wire& out) {
+    out.op = w.op;
+    out.index = w.index;
+    out.slot = w.slot;
+    if (w.op == share_wire::hello) {
+      out.bytes = e.encoded.size();
+      out.chunk_bytes = slot_bytes;
+    } else if (w.op == share_wire::buffer) {
+      take_buffer(w, out);
+    } else if (w.op == share_wire::table || w.op == share_wire::chunk) {
+      return write_piece(w, out);
+    } else {
+      out.error = fmt::format("unknown operation {}", w.op);
+    }
+    return true;
+  }
+
+  /// The fetcher's receive buffer (kShareSlots slots); our staging buffer, registered once.
+  void take_buffer(const share_wire& w, share_wire& out) {
+    if (w.slot_bytes < slot_bytes || w.target.size < w.slot_bytes * kShareSlots) {
+      out.error = fmt::format("receive buffer of {} bytes is smaller than {} slots of {}",
+                              w.target.size, kShareSlots, slot_bytes);
+      return;
+    }
+    if (!staging) {
+      auto b = bulk::allocate_buffer(static_cast<std::size_t>(slot_bytes * kShareSlots));
+      auto h = b ? link.register_buffer(*b) : result<bulk::buffer_handle>(b.error());
+      if (!h) {
+        out.error = h.error().describe();
+        return;
+      }
+      staging = std::move(*b);
+      staged = *h;
+    }
+    target = w.target;
+    target_slot = w.slot_bytes;
+  }
+
+  /// The chunk table or one chunk, read into its staging slot and written into the fetcher's.
+  bool write_piece(const share_wire& w, share_wire& out) {
+    if (!target || !staging || w.slot >= kShareSlots) {
+      out.error = "no receive buffer (or a slot outside it)";
+      return true;
+    }
+    std::byte* dst = staging->data() + w.slot * slot_bytes;
+    std::uint64_t bytes = 0;
+    if (w.op == share_wire::table) {
+      bytes = e.encoded.size();
+      std::memcpy(dst, e.encoded.data(), bytes);
+    } else if (w.index >= e.table.chunks()) {
+      out.error = fmt::format("chunk {} is past the last ({})", w.index, e.table.chunks());
+      return true;
+    } else {
+      const auto r = e.table.chunk_range(w.index);
+      bytes = r.size;
+      if (auto rd = pread_all(fd, dst, r.size, r.offset, e.path); !rd) {
+        out.error = rd.error().describe();
+        return true;
+      }
+    }
+    if (!link.write_with_imm(staged, w.slot * slot_bytes, *target, w.slot * target_slot, bytes,
+                             w.slot, wr++))
+      return false;
+    out.bytes = bytes;
+    if (w.op == share_wire::chunk) {
+      ++server.chunks_;
+      server.bytes_ += bytes;
+      ++served;
+    }
+    return true;
+  }
+};
+
 void share_server::serve(std::string from_hex, share_setup offer, const entry* e) {
   share_setup ans;
   ans.kind = share_setup::answer;
@@ -340,24 +430,18 @@ void share_server::serve(std::string from_hex, share_setup offer, const entry* e
     spdlog::warn("model share: {}: cannot open: {}", e->path, std::strerror(errno));
     return;
   }
-  const std::uint64_t slot_bytes = std::max<std::uint64_t>(e->table.chunk_bytes, e->encoded.size());
-  std::optional<bulk::shared_buffer> staging;
-  bulk::buffer_handle staged{};
-  std::optional<bulk::remote_buffer> target;
-  std::uint64_t target_slot = 0;
-  std::uint64_t wr = 1;
-  auto reply = [&](share_wire w) { return link.send(pack_wire(w), wr++); };
+  serve_session ss{*this, link, *e, fd,
+                   std::max<std::uint64_t>(e->table.chunk_bytes, e->encoded.size())};
   auto last = clock_type::now();
   std::array<bulk::completion, 16> c;
-  std::uint64_t served = 0;
-  while (!stopping_) {
+  bool down = false;
+  while (!stopping_ && !down) {
     auto n = link.wait(c, std::chrono::milliseconds(100));
     if (!n) break;
     if (*n == 0) {
       if (clock_type::now() - last > kShareTimeout) break;  // an idle fetcher: free the slot
       continue;
     }
-    bool down = false;
     for (std::size_t i = 0; i < *n && !down; ++i) {
       if (c[i].kind == bulk::completion_kind::link_down || !c[i].ok()) {
         down = true;
@@ -366,87 +450,32 @@ void share_server::serve(std::string from_hex, share_setup offer, const entry* e
       if (c[i].kind != bulk::completion_kind::send_received) continue;
       last = clock_type::now();
       auto w = unpack_wire(c[i].data);
-      share_wire out;
       if (!w) {
         down = true;  // a fetcher that breaks the protocol loses the session
         break;
       }
-      out.op = w->op;
-      out.index = w->index;
-      out.slot = w->slot;
-      if (w->op == share_wire::hello) {
-        out.bytes = e->encoded.size();
-        out.chunk_bytes = slot_bytes;
-      } else if (w->op == share_wire::buffer) {
-        if (w->slot_bytes < slot_bytes || w->target.size < w->slot_bytes * kShareSlots) {
-          out.error = fmt::format("receive buffer of {} bytes is smaller than {} slots of {}",
-                                  w->target.size, kShareSlots, slot_bytes);
-        } else if (!staging) {
-          auto b = bulk::allocate_buffer(static_cast<std::size_t>(slot_bytes * kShareSlots));
-          auto h = b ? link.register_buffer(*b) : result<bulk::buffer_handle>(b.error());
-          if (!h) {
-            out.error = h.error().describe();
-          } else {
-            staging = std::move(*b);
-            staged = *h;
-          }
-        }
-        if (out.error.empty()) {
-          target = w->target;
-          target_slot = w->slot_bytes;
-        }
-      } else if (w->op == share_wire::table || w->op == share_wire::chunk) {
-        if (!target || !staging || w->slot >= kShareSlots) {
-          out.error = "no receive buffer (or a slot outside it)";
-        } else {
-          std::byte* dst = staging->data() + w->slot * slot_bytes;
-          std::uint64_t bytes = 0;
-          if (w->op == share_wire::table) {
-            bytes = e->encoded.size();
-            std::memcpy(dst, e->encoded.data(), bytes);
-          } else if (w->index >= e->table.chunks()) {
-            out.error = fmt::format("chunk {} is past the last ({})", w->index, e->table.chunks());
-          } else {
-            const auto r = e->table.chunk_range(w->index);
-            bytes = r.size;
-            if (auto rd = pread_all(fd, dst, r.size, r.offset, e->path); !rd)
-              out.error = rd.error().describe();
-          }
-          if (out.error.empty()) {
-            auto wr_ok = link.write_with_imm(staged, w->slot * slot_bytes, *target,
-                                             w->slot * target_slot, bytes, w->slot, wr++);
-            if (!wr_ok) {
-              down = true;
-              break;
-            }
-            out.bytes = bytes;
-            if (w->op == share_wire::chunk) {
-              ++chunks_;
-              bytes_ += bytes;
-              ++served;
-            }
-          }
-        }
-      } else {
-        out.error = fmt::format("unknown operation {}", w->op);
-      }
-      if (!reply(out)) down = true;
+      share_wire out;
+      if (!ss.answer(*w, out) || !link.send(pack_wire(out), ss.wr++)) down = true;
     }
-    if (down) break;
   }
   ::close(fd);
-  spdlog::info("model share: served {} chunks of '{}' to {}", served, offer.model, from_hex);
+  spdlog::info("model share: served {} chunks of '{}' to {}", ss.served, offer.model, from_hex);
 }
 
 // ------------------------------------------------------------------ fetcher side
 
 std::string_view to_string(model_fetch::state s) noexcept {
   switch (s) {
-    case model_fetch::state::idle: return "idle";
-    case model_fetch::state::connecting: return "connecting";
-    case model_fetch::state::fetching: return "fetching";
-    case model_fetch::state::ready: return "ready";
-    case model_fetch::state::failed: return "failed";
+    case model_fetch::state::idle:
+      return "idle";
+    case model_fetch::state::connecting:
+      return "connecting";
+    case model_fetch::state::fetching:
+      return "fetching";
+    case model_fetch::state::ready:
+      return "ready";
+    case model_fetch::state::failed:
+      return "failed";
   }
   return "?";
 }
@@ -487,10 +516,11 @@ void model_fetch::want(std::vector<share_source> sources,
     const bool all_ready = std::all_of(shards.begin(), shards.end(), [&](const auto& s) {
       return std::find(ready_.begin(), ready_.end(), s) != ready_.end();
     });
-    const bool same_sources =
-        sources.size() == sources_.size() &&
-        std::equal(sources.begin(), sources.end(), sources_.begin(),
-                   [](const auto& a, const auto& b) { return a.hex == b.hex && a.backend == b.backend; });
+    const bool same_sources = sources.size() == sources_.size() &&
+                              std::equal(sources.begin(), sources.end(), sources_.begin(),
+                                         [](const auto& a, const auto& b) {
+                                           return a.hex == b.hex && a.backend == b.backend;
+                                         });
     sources_ = std::move(sources);
     if (all_ready) return;
     // A new set of shards, or new holders after a failure: fetch again.
@@ -541,7 +571,8 @@ void model_fetch::run() {
       // After a failure, try again (with whatever holders are known then) every few seconds.
       auto retry = [&] { return stopping_.load() || want_gen_ != done_gen_; };
       if (failed)
-        cv_.wait_for(lock, std::chrono::seconds(5), [&] { return stopping_.load() || want_gen_ != gen; });
+        cv_.wait_for(lock, std::chrono::seconds(5),
+                     [&] { return stopping_.load() || want_gen_ != gen; });
       else
         cv_.wait(lock, retry);
       if (stopping_) return;
@@ -627,7 +658,8 @@ result<void> model_fetch::open_store(const chunk_table& t) {
     return ok();
   }
   if (::ftruncate(fd_, static_cast<off_t>(t.file_size)) != 0)
-    return make_error(errc::io, "{}: cannot size to {}: {}", path_, t.file_size, std::strerror(errno));
+    return make_error(errc::io, "{}: cannot size to {}: {}", path_, t.file_size,
+                      std::strerror(errno));
   std::ofstream out(root_path_, std::ios::trunc);
   out << opt_.root << "\n";
   if (!out) return make_error(errc::io, "{}: cannot write", root_path_);
@@ -773,9 +805,11 @@ result<void> model_fetch::fetch_from(const share_source& src,
       std::span<const std::byte> bytes(recv->data() + r->slot * slot_bytes,
                                        static_cast<std::size_t>(std::min(r->bytes, slot_bytes)));
       if (!t.matches(r->index, bytes))
-        return make_error(errc::corrupt, "chunk {} ({} bytes at {}) does not match the model's hash",
-                          r->index, r->bytes, t.chunk_range(r->index).offset);
-      TESSERA_TRY(pwrite_all(fd_, bytes.data(), bytes.size(), t.chunk_range(r->index).offset, path_));
+        return make_error(errc::corrupt,
+                          "chunk {} ({} bytes at {}) does not match the model's hash", r->index,
+                          r->bytes, t.chunk_range(r->index).offset);
+      TESSERA_TRY(
+          pwrite_all(fd_, bytes.data(), bytes.size(), t.chunk_range(r->index).offset, path_));
       have_[r->index] = true;
       in_slot[r->slot] = -1;
       --open;

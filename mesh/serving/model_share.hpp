@@ -137,6 +137,7 @@ class share_server {
     std::vector<std::uint8_t> encoded;
     std::string root;
   };
+  struct serve_session;  // one fetcher's session on a serving thread (model_share.cpp)
   void serve(std::string from_hex, share_setup offer, const entry* e);
   void reap();
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -61,6 +62,27 @@ std::uint64_t peak_rss_mib(pid_t pid) {
   while (std::getline(in, line))
     if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) / 1024;
   return 0;
+}
+
+/// The process's `n` largest mappings by resident memory now ("RSS MiB  range  name" lines, from
+/// /proc/PID/smaps): what a failed memory bound names, so that what grew can be told apart.
+std::string largest_mappings(pid_t pid, std::size_t n = 6) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
+  std::vector<std::pair<std::uint64_t, std::string>> maps;  // (Rss kB, header line)
+  std::string line, header;
+  while (std::getline(in, line)) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') != std::string::npos && line.find(':') > line.find(' ')) {
+      header = line;
+    } else if (line.rfind("Rss:", 0) == 0) {
+      maps.emplace_back(std::stoull(line.substr(4)), header);
+    }
+  }
+  std::sort(maps.begin(), maps.end(), std::greater<>());
+  std::string out = "largest mappings now (RSS MiB):\n";
+  for (std::size_t i = 0; i < maps.size() && i < n; ++i)
+    out += std::to_string(maps[i].first / 1024) + "  " + maps[i].second + "\n";
+  return out;
 }
 
 class ServingCluster : public ::testing::Test {
@@ -241,6 +263,7 @@ class ServingCluster : public ::testing::Test {
     (void)after;
 #else
     EXPECT_LT(after, before + 50) << "the peer buffered frames or kept subscriptions\n"
+                                  << largest_mappings(cluster_->node(0).proc->pid())
                                   << cluster_->logs();
 #endif
     EXPECT_GE(resets, 1u);
