@@ -9,8 +9,9 @@ namespace tessera::mesh::runtime {
 nlohmann::json cluster_docs::read(const nlohmann::json& self_doc,
                                   const std::string& self_hex) const {
   nlohmann::json out = nlohmann::json::object();
-  const bool was_wanted = now_ms_() < wanted_until_.load();
-  wanted_until_ = now_ms_() + kWantMs;
+  const auto asked_at = now_ms_();
+  const bool was_wanted = asked_at < wanted_until_.load();
+  wanted_until_ = asked_at + kWantMs;
   if (!self_doc.is_object()) return out;
   out[self_hex] = self_doc;
   if (!self_doc.contains("view") || !self_doc["view"].is_object()) return out;

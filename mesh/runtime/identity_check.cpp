@@ -74,7 +74,6 @@ class identity_check_actor final : public actors::actor {
       quit();  // nobody to ask: a first node, or one found only by discovery
       return;
     }
-    last_at_ = std::chrono::milliseconds(0);
     schedule(0);
   }
 

@@ -2,8 +2,10 @@
 // helpers every side of the wire uses (docs/design/011-node-runtime.md).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -39,6 +41,11 @@ struct ping_body {
   topology::capabilities caps;
   MSGPACK_DEFINE_MAP(seq, sent_ns, caps);
 };
+
+/// A message body's bytes as the control plane takes them (control_node::send).
+inline std::span<const std::byte> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
 
 template <class T>
 std::string pack(const T& value) {

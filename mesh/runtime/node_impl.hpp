@@ -74,10 +74,6 @@ namespace tessera::mesh::runtime {
 namespace ctl = transport::control;
 using json = nlohmann::ordered_json;
 
-inline std::span<const std::byte> bytes_of(const std::string& s) {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-
 struct node_runtime::impl final : control_port {
   // --- set at start, read-only afterwards ---
   runtime_options opt;

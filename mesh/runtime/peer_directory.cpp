@@ -139,10 +139,7 @@ std::optional<peer_directory::join> peer_directory::on_hint(const peer_hint& h) 
 bool peer_directory::send(member_id to, std::uint16_t type, const std::string& body) {
   auto it = known_.find(to);
   if (it == known_.end()) return false;  // not met yet: the protocols treat it as loss
-  return control_
-      .send(it->second.hex, type,
-            std::span(reinterpret_cast<const std::byte*>(body.data()), body.size()))
-      .has_value();
+  return control_.send(it->second.hex, type, bytes_of(body)).has_value();
 }
 
 }  // namespace tessera::mesh::runtime

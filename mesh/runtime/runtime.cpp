@@ -6,14 +6,6 @@ namespace tessera::mesh::runtime {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-bool is_hex_id(std::string_view s) {
-  return is_node_id_text(s);
-}
-
-}  // namespace
-
 node_runtime::node_runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
 node_runtime::~node_runtime() {
@@ -93,7 +85,7 @@ result<void> start_control_plane(node_runtime::impl& p, const ctl::cluster_keys&
     auto member_decide = std::move(hooks.decide);
     hooks.decide = [member_decide](std::string_view to, std::int64_t now_ns,
                                    std::array<std::int64_t, 2>& due_ns) -> std::uint8_t {
-      if (!is_hex_id(to)) {
+      if (!is_node_id_text(to)) {
         due_ns[0] = now_ns;
         return 1;
       }

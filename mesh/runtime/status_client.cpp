@@ -6,14 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <map>
 #include <mutex>
 
 #include <fmt/format.h>
-#include <msgpack.hpp>
 
-#include "actors/base/msgpack_bounded.hpp"
 #include "mesh/discovery/peer_hint.hpp"
 #include "mesh/runtime/runtime.hpp"
 
@@ -47,8 +44,8 @@ result<std::string> local_address_towards(const std::string& host, std::uint16_t
 
 struct status_client::impl {
   std::unique_ptr<ctl::control_node> node;
-  std::string reply_to;  // packed into every status.request: where the node asked dials back
-  std::mutex mu;         // guards node and targets (ask() and stop() may run on any thread)
+  std::string request;  // every status.request's body: where the node asked dials back
+  std::mutex mu;        // guards node and targets (ask() and stop() may run on any thread)
   std::map<std::string, std::string> targets;  // "tcp://host:port" -> our peer name for it
 };
 
@@ -73,22 +70,18 @@ result<std::unique_ptr<status_client>> status_client::start(status_client_option
   ctl::node_handlers handlers;
   handlers.on_message = [on_reply = std::move(on_reply)](ctl::inbound_message&& m) {
     if (m.type != static_cast<std::uint16_t>(runtime_msg::status_reply)) return;
-    std::string doc;
-    try {
-      msgpack::object_handle oh = tessera::bounded_unpack(m.body.data(), m.body.size());
-      doc = oh.get().as<std::string>();
-    } catch (const std::exception&) {
-      return;  // not a status document: the asked node is broken or not a tessera node
-    }
-    on_reply(m.sender, std::move(doc));
+    auto doc = unpack<std::string>(m.body);
+    if (!doc) return;  // not a status document: the asked node is broken or not a tessera node
+    on_reply(m.sender, std::move(*doc));
   };
   auto node = ctl::control_node::start(cc, handlers);
   if (!node) return node.error();
   p->node = std::move(node).value();
   const std::string bound = p->node->endpoint();
-  p->reply_to = options.reply_address.empty() ? bound
-                                              : fmt::format("tcp://{}:{}", options.reply_address,
-                                                            bound.substr(bound.rfind(':') + 1));
+  p->request =
+      pack(options.reply_address.empty() ? bound
+                                         : fmt::format("tcp://{}:{}", options.reply_address,
+                                                       bound.substr(bound.rfind(':') + 1)));
   return std::unique_ptr<status_client>(new status_client(std::move(p)));
 }
 
@@ -99,8 +92,6 @@ result<void> status_client::ask(const std::string& target,
   auto ep = parse_endpoint(text);
   if (!ep) return make_error(errc::invalid_argument, "status target: {}", ep.error().message);
   const std::string url = "tcp://" + ep->to_string();
-  msgpack::sbuffer body;
-  msgpack::pack(body, impl_->reply_to);
   // Under the lock throughout: stop() may run on another thread, and send() never blocks.
   std::lock_guard lock(impl_->mu);
   if (!impl_->node) return make_error(errc::closed, "the status client has stopped");
@@ -116,11 +107,9 @@ result<void> status_client::ask(const std::string& target,
     impl_->targets.emplace(url, peer);
   }
   for (const auto& f : fault_commands)
-    TESSERA_TRY(
-        impl_->node->send(peer, static_cast<std::uint16_t>(ctl::msg_type::fault_set),
-                          std::span(reinterpret_cast<const std::byte*>(f.data()), f.size())));
+    TESSERA_TRY(impl_->node->send(peer, ctl::msg_type::fault_set, bytes_of(f)));
   return impl_->node->send(peer, static_cast<std::uint16_t>(runtime_msg::status_request),
-                           std::span(reinterpret_cast<const std::byte*>(body.data()), body.size()));
+                           bytes_of(impl_->request));
 }
 
 std::uint64_t status_client::handshakes_refused() const {
