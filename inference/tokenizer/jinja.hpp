@@ -113,7 +113,7 @@ class value {
 /// json.dumps(v, ensure_ascii=False) — Hugging Face's `tojson`; indent < 0: one line.
 [[nodiscard]] std::string to_json_text(const value& v, int indent = -1);
 
-struct node;  // the parsed template (jinja.cpp)
+struct node;  // the parsed template (jinja_impl.hpp, built by jinja_parser.cpp)
 
 /// A parsed template. Bounds: the source up to 1 MiB, nesting 64 deep, 1M loop iterations and
 /// 16 MiB of output per render — a template is data from a model file.

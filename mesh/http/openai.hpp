@@ -1,6 +1,6 @@
 // The OpenAI-compatible API's pure half: JSON bodies in, serving requests out; outcomes in, JSON
 // replies and server-sent-event chunks out. No sockets and no threads, so every rule here is unit
-// tested; mesh/http/gateway.cpp puts it on the wire (docs/HTTP.md).
+// tested; mesh/http/gateway_*.cpp put it on the wire (docs/HTTP.md).
 //
 //   POST /v1/completions       {"model", "prompt", "max_tokens", "stream", ...}
 //   POST /v1/chat/completions  {"model", "messages": [{"role", "content"}], "stream", ...}

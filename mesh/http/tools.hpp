@@ -1,5 +1,5 @@
 // Tool calls (OpenAI's `tools`): what a request may carry, and the calls a model writes in its
-// answer. Pure: JSON in, JSON and parsed calls out (mesh/http/gateway.cpp streams them).
+// answer. Pure: JSON in, JSON and parsed calls out (mesh/http/gateway_stream.cpp streams them).
 //
 // The tools and the conversation's earlier calls and results reach the model through its own
 // chat template (inference/tokenizer/jinja.hpp): the template says how that model was trained to
