@@ -798,11 +798,22 @@ result<std::unique_ptr<context>> context::create(const model& m, const context_o
   if (m.is_tensor_parallel()) c->reduce_ = opts.reduce;
   c->n_ctx_ = opts.n_ctx;
   c->max_batch_ = std::min(opts.max_batch, opts.n_ctx);
+  if (!kv_cache_supports(opts.kv_type, H.head_dim))
+    return make_error(errc::unsupported,
+                      "context: a {} KV cache needs head_dim a multiple of 32 (at most 1024); "
+                      "this model's is {} (use the f16 cache)",
+                      to_string(opts.kv_type), H.head_dim);
+  c->kv_type_ = opts.kv_type;
   const auto cache = static_cast<std::size_t>(m.n_local_layers()) *
                      static_cast<std::size_t>(key_cache_positions(opts.n_ctx)) *
-                     static_cast<std::size_t>(H.kv_dim());
-  c->k_cache_.assign(cache, 0);
-  c->v_cache_.assign(cache, 0);
+                     static_cast<std::size_t>(H.n_head_kv) *
+                     kv_position_bytes(opts.kv_type, H.head_dim);
+  auto keys = page_array<std::uint8_t>::create(cache);
+  if (!keys) return keys.error();
+  auto values = page_array<std::uint8_t>::create(cache);
+  if (!values) return values.error();
+  c->k_cache_ = std::move(*keys);
+  c->v_cache_ = std::move(*values);
   auto ws = workspace::create(m, c->max_batch_, opts.n_ctx, opts.pool ? opts.pool->size() : 1);
   if (!ws) return ws.error();
   c->ws_ = std::move(*ws);
@@ -816,21 +827,24 @@ result<void> context::copy_prefix(const context& from, std::int64_t n) {
     return make_error(errc::invalid_argument,
                       "context: a prefix of {} positions from a context at {} into one of {}", n,
                       from.pos_, n_ctx_);
+  if (from.kv_type_ != kv_type_)
+    return make_error(errc::invalid_argument, "context: a prefix from a {} KV cache into a {} one",
+                      to_string(from.kv_type_), to_string(kv_type_));
   // Per layer and KV head: keys in whole panels of 16 positions (the positions past n in the last
   // panel are overwritten before they are read), values position-major. The two contexts' n_ctx
   // may differ: only the per-head stride does.
   const hparams& H = m_->params();
-  const std::int64_t hd = H.head_dim;
+  const std::size_t pb = kv_position_bytes(kv_type_, H.head_dim);
   const std::int64_t heads = m_->n_local_layers() * H.n_head_kv;
-  const auto key_elems = static_cast<std::size_t>((n + 15) / 16 * 16 * hd);
-  const auto value_elems = static_cast<std::size_t>(n * hd);
-  const auto src_stride = static_cast<std::size_t>(key_cache_positions(from.n_ctx_) * hd);
-  const auto dst_stride = static_cast<std::size_t>(key_cache_positions(n_ctx_) * hd);
+  const auto key_bytes = static_cast<std::size_t>((n + 15) / 16 * 16) * pb;
+  const auto value_bytes = static_cast<std::size_t>(n) * pb;
+  const auto src_stride = static_cast<std::size_t>(key_cache_positions(from.n_ctx_)) * pb;
+  const auto dst_stride = static_cast<std::size_t>(key_cache_positions(n_ctx_)) * pb;
   for (std::int64_t h = 0; h < heads; ++h) {
     const auto hs = static_cast<std::size_t>(h);
-    std::copy_n(from.k_cache_.data() + hs * src_stride, key_elems,
+    std::copy_n(from.k_cache_.data() + hs * src_stride, key_bytes,
                 k_cache_.data() + hs * dst_stride);
-    std::copy_n(from.v_cache_.data() + hs * src_stride, value_elems,
+    std::copy_n(from.v_cache_.data() + hs * src_stride, value_bytes,
                 v_cache_.data() + hs * dst_stride);
   }
   pos_ = n;
@@ -1162,11 +1176,12 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
   // Each row's KV cache: its own sequence's, at this layer, one KV head after another; keys in
   // panels of 16 positions, values position-major (attention.hpp).
   const std::int64_t local = il - m.shard().first_layer;
-  auto head_cache = [&](std::vector<std::uint16_t> context::*cache, std::int64_t t,
+  auto head_cache = [&](page_array<std::uint8_t> context::*cache, std::int64_t t,
                         std::int64_t g) {
     context* c = ws.row_ctx_[static_cast<std::size_t>(t)];
-    const std::int64_t per_head = key_cache_positions(c->n_ctx_) * hd;
-    return (c->*cache).data() + static_cast<std::size_t>((local * H.n_head_kv + g) * per_head);
+    const std::size_t per_head = static_cast<std::size_t>(key_cache_positions(c->n_ctx_)) *
+                                 kv_position_bytes(c->kv_type_, hd);
+    return (c->*cache).data() + static_cast<std::size_t>(local * H.n_head_kv + g) * per_head;
   };
   auto k_cache = [&](std::int64_t t, std::int64_t g) {
     return head_cache(&context::k_cache_, t, g);
@@ -1190,9 +1205,10 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
     apply_rope(qt, H.n_head, hd, cs, sn, H.rope);
     apply_rope(kt, H.n_head_kv, hd, cs, sn, H.rope);
     const std::int64_t p = ws.row_pos_[static_cast<std::size_t>(t)];
+    const kv_cache_type kvt = ws.row_ctx_[static_cast<std::size_t>(t)]->kv_type_;
     for (std::int64_t g = 0; g < H.n_head_kv; ++g) {
-      store_key_f16(kt + g * hd, hd, k_cache(t, g), p);
-      fp32_to_fp16_row(vt + g * hd, v_cache(t, g) + p * hd, hd);
+      store_key(kvt, kt + g * hd, hd, k_cache(t, g), p);
+      store_value(kvt, vt + g * hd, hd, v_cache(t, g), p);
     }
   });
   lap(&stage_times::rope_s);
@@ -1242,12 +1258,13 @@ result<void> context::layer_forward(const model& m, workspace& ws, thread_pool* 
         a.out = outs;
         a.n_att = n_att;
         a.n_q = nq;
+        a.type = ws.row_ctx_[static_cast<std::size_t>(block_first[b])]->kv_type_;
         a.keys = k_cache(block_first[b], g);
         a.values = v_cache(block_first[b], g);
         a.head_dim = hd;
         a.scale = scale;
         a.scratch = scratch;
-        attend_f16(a);
+        attend(a);
       }
     };
     if (pool != nullptr && (pool->size() > 1 || pool->gated())) {

@@ -43,8 +43,10 @@
 
 #include "actors/base/result.hpp"
 #include "inference/gguf/gguf.hpp"
+#include "inference/kernels/attention.hpp"
 #include "inference/kernels/matmul.hpp"
 #include "inference/kernels/ops.hpp"
+#include "inference/kernels/pages.hpp"
 #include "inference/kernels/thread_pool.hpp"
 
 namespace tessera::inference::model {
@@ -237,6 +239,9 @@ struct context_options {
   std::int64_t max_batch = 256;   ///< tokens per internal forward step (prefill is chunked)
   thread_pool* pool = nullptr;    ///< compute threads (mat-muls, attention across heads)
   reduce_fn reduce;               ///< required for tensor-parallel shards, unused otherwise
+  /// How the KV cache stores keys and values (attention.hpp): f16, or q8_0 for half the memory
+  /// and half the bytes a long context reads per token (head_dim a multiple of 32).
+  kv_cache_type kv_type = kv_cache_type::f16;
 };
 
 /// Which logits eval() writes.
@@ -351,6 +356,7 @@ class context {
 
   [[nodiscard]] std::int64_t pos() const noexcept { return pos_; }
   [[nodiscard]] std::int64_t n_ctx() const noexcept { return n_ctx_; }
+  [[nodiscard]] kv_cache_type kv_type() const noexcept { return kv_type_; }
   /// Prefix sharing: takes the first `n` positions of `from`'s KV cache (a context of the same
   /// model or shard) as its own, and pos() becomes n — as if it had evaluated those tokens, which
   /// the caller knows are the same (the cache of a token is bit for bit the same whichever pass
@@ -396,8 +402,10 @@ class context {
   std::int64_t pos_ = 0;
   bool profile_ = false;
   stage_times times_;
-  // KV cache: per local layer, [n_ctx][kv_dim] F16 for keys and for values.
-  std::vector<std::uint16_t> k_cache_, v_cache_;
+  // KV cache of kv_type_: per local layer and KV head, keys in panels of 16 positions and values
+  // position-major (attention.hpp); on huge pages, committed as positions are written (pages.hpp).
+  kv_cache_type kv_type_ = kv_cache_type::f16;
+  page_array<std::uint8_t> k_cache_, v_cache_;
   std::unique_ptr<workspace> ws_;
 };
 

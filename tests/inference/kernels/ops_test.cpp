@@ -73,85 +73,128 @@ TEST(ops, softmax_swiglu_add) {
   EXPECT_EQ(out, (std::vector<float>{-1.0f, 5.0f, 5.0f}));
 }
 
-// A reference for one query: scores in double, softmax in double, the weighted sum in double.
-std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& kf,
-                                        const std::vector<float>& vf, int n_att, int head_dim,
-                                        double scale) {
+// What a cache of type t holds for n floats: f16-rounded, or q8_0-quantized and back.
+std::vector<float> as_stored(kv_cache_type t, const float* x, int n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  if (t == kv_cache_type::f16) {
+    for (int i = 0; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+  } else {
+    std::vector<block_q8_0> q(static_cast<std::size_t>(n / qk8_0));
+    quantize_row_q8_0(x, q.data(), n);
+    dequantize_row_q8_0(q.data(), out.data(), n);
+  }
+  return out;
+}
+
+// A reference for one query: scores in double over the keys and values as the cache holds them
+// (and, for q8_0, the query quantized as the kernel quantizes it), softmax and the weighted sum in
+// double.
+std::vector<double> attention_reference(kv_cache_type t, const std::vector<float>& q,
+                                        const std::vector<float>& kf, const std::vector<float>& vf,
+                                        int n_att, int head_dim, double scale) {
+  const auto qs = t == kv_cache_type::f16 ? q : as_stored(t, q.data(), head_dim);
   std::vector<double> sc(static_cast<std::size_t>(n_att));
   double mx = -1e300, sum = 0;
   for (int j = 0; j < n_att; ++j) {
+    const auto k = as_stored(t, kf.data() + j * head_dim, head_dim);
     double dot = 0;
-    for (int d = 0; d < head_dim; ++d)
-      dot += double(q[d]) * fp16_to_fp32(fp32_to_fp16(kf[j * head_dim + d]));
+    for (int d = 0; d < head_dim; ++d) dot += double(qs[d]) * k[d];
     sc[j] = scale * dot;
     mx = std::max(mx, sc[j]);
   }
   for (auto& x : sc)
     sum += (x = std::exp(x - mx));
   std::vector<double> out(static_cast<std::size_t>(head_dim), 0.0);
-  for (int j = 0; j < n_att; ++j)
-    for (int d = 0; d < head_dim; ++d)
-      out[d] += sc[j] / sum * fp16_to_fp32(fp32_to_fp16(vf[j * head_dim + d]));
+  for (int j = 0; j < n_att; ++j) {
+    const auto v = as_stored(t, vf.data() + j * head_dim, head_dim);
+    for (int d = 0; d < head_dim; ++d) out[d] += sc[j] / sum * v[d];
+  }
   return out;
 }
 
+// Both cache types; contexts long enough for several of the value pass's chunks (64 positions)
+// and a last panel and chunk that are not whole.
 TEST(attention, a_block_matches_the_reference_and_each_query_alone_bit_for_bit) {
   isa_guard guard;
-  for (int head_dim : {40, 64, 128}) {
-    const int n_ctx = 37, n_q = 10;  // queries see 28..37 positions (a causal prefill block)
-    const auto kf = random_floats(n_ctx * head_dim, 4), vf = random_floats(n_ctx * head_dim, 5);
-    std::vector<std::uint16_t> keys(
-        static_cast<std::size_t>(key_cache_positions(n_ctx) * head_dim));
-    std::vector<std::uint16_t> values(static_cast<std::size_t>(n_ctx * head_dim));
-    for (int j = 0; j < n_ctx; ++j) {
-      store_key_f16(kf.data() + j * head_dim, head_dim, keys.data(), j);
-      fp32_to_fp16_row(vf.data() + j * head_dim, values.data() + j * head_dim, head_dim);
-    }
-    const auto qf = random_floats(n_q * head_dim, 6);
-    std::vector<std::int64_t> n_att(n_q);
-    for (int i = 0; i < n_q; ++i)
-      n_att[i] = n_ctx - 9 + i % 10;
-    std::vector<float> scratch(attention_scratch_floats(n_q, n_ctx, head_dim));
-    auto run = [&](int first, int count) {
-      std::vector<float> out(static_cast<std::size_t>(count * head_dim), -1.0f);
-      std::vector<const float*> qs;
-      std::vector<float*> outs;
-      for (int i = 0; i < count; ++i) {
-        qs.push_back(qf.data() + (first + i) * head_dim);
-        outs.push_back(out.data() + i * head_dim);
+  for (kv_cache_type type : {kv_cache_type::f16, kv_cache_type::q8_0}) {
+    for (int head_dim : {40, 64, 96, 128}) {
+      if (!kv_cache_supports(type, head_dim)) {
+        EXPECT_TRUE(type == kv_cache_type::q8_0 && head_dim % 32 != 0);
+        continue;
       }
-      attention_block a;
-      a.q = qs.data();
-      a.out = outs.data();
-      a.n_att = n_att.data() + first;
-      a.n_q = count;
-      a.keys = keys.data();
-      a.values = values.data();
-      a.head_dim = head_dim;
-      a.scale = 0.3f;
-      a.scratch = scratch.data();
-      attend_f16(a);
-      return out;
-    };
-    for (isa level : supported_isas()) {
-      ASSERT_TRUE(set_active_isa(level));
-      const auto block = run(0, n_q);
-      for (int i = 0; i < n_q; ++i) {
-        const std::vector<float> qi(qf.begin() + i * head_dim, qf.begin() + (i + 1) * head_dim);
-        const auto ref = attention_reference(qi, kf, vf, static_cast<int>(n_att[i]), head_dim, 0.3);
-        for (int d = 0; d < head_dim; ++d)
-          ASSERT_NEAR(block[i * head_dim + d], ref[d], 2e-5)
-              << to_string(level) << " hd " << head_dim << " q " << i << " d " << d;
-        // Alone (decode) or in another block: the same bits.
-        const auto alone = run(i, 1);
-        for (int d = 0; d < head_dim; ++d)
-          ASSERT_EQ(alone[d], block[i * head_dim + d]) << to_string(level) << " q " << i;
+      for (int n_ctx : {37, 203}) {
+        const int n_q = 10;  // queries see n_ctx - 9 .. n_ctx positions (a causal prefill block)
+        const auto kf = random_floats(n_ctx * head_dim, 4), vf = random_floats(n_ctx * head_dim, 5);
+        const std::size_t pb = kv_position_bytes(type, head_dim);
+        std::vector<std::uint8_t> keys(static_cast<std::size_t>(key_cache_positions(n_ctx)) * pb);
+        std::vector<std::uint8_t> values(static_cast<std::size_t>(n_ctx) * pb);
+        for (int j = 0; j < n_ctx; ++j) {
+          store_key(type, kf.data() + j * head_dim, head_dim, keys.data(), j);
+          store_value(type, vf.data() + j * head_dim, head_dim, values.data(), j);
+        }
+        const auto qf = random_floats(n_q * head_dim, 6);
+        std::vector<std::int64_t> n_att(n_q);
+        for (int i = 0; i < n_q; ++i)
+          n_att[i] = n_ctx - 9 + i % 10;
+        std::vector<float> scratch(attention_scratch_floats(n_q, n_ctx, head_dim));
+        auto run = [&](int first, int count) {
+          std::vector<float> out(static_cast<std::size_t>(count * head_dim), -1.0f);
+          std::vector<const float*> qs;
+          std::vector<float*> outs;
+          for (int i = 0; i < count; ++i) {
+            qs.push_back(qf.data() + (first + i) * head_dim);
+            outs.push_back(out.data() + i * head_dim);
+          }
+          attention_block a;
+          a.q = qs.data();
+          a.out = outs.data();
+          a.n_att = n_att.data() + first;
+          a.n_q = count;
+          a.type = type;
+          a.keys = keys.data();
+          a.values = values.data();
+          a.head_dim = head_dim;
+          a.scale = 0.3f;
+          a.scratch = scratch.data();
+          attend(a);
+          return out;
+        };
+        for (isa level : supported_isas()) {
+          ASSERT_TRUE(set_active_isa(level));
+          const auto block = run(0, n_q);
+          for (int i = 0; i < n_q; ++i) {
+            const std::vector<float> qi(qf.begin() + i * head_dim, qf.begin() + (i + 1) * head_dim);
+            const auto ref = attention_reference(type, qi, kf, vf, static_cast<int>(n_att[i]),
+                                                 head_dim, 0.3);
+            for (int d = 0; d < head_dim; ++d)
+              ASSERT_NEAR(block[i * head_dim + d], ref[d], 2e-5)
+                  << to_string(type) << " " << to_string(level) << " hd " << head_dim << " n "
+                  << n_ctx << " q " << i << " d " << d;
+            // Alone (decode) or in another block: the same bits.
+            const auto alone = run(i, 1);
+            for (int d = 0; d < head_dim; ++d)
+              ASSERT_EQ(alone[d], block[i * head_dim + d]) << to_string(level) << " q " << i;
+          }
+          const auto tail = run(3, 5);
+          for (int d = 0; d < 5 * head_dim; ++d)
+            ASSERT_EQ(tail[d], block[3 * head_dim + d]);
+        }
       }
-      const auto tail = run(3, 5);
-      for (int d = 0; d < 5 * head_dim; ++d)
-        ASSERT_EQ(tail[d], block[3 * head_dim + d]);
     }
   }
+}
+
+TEST(attention, kv_cache_types_parse_and_name_themselves) {
+  EXPECT_EQ(parse_kv_cache_type("f16"), kv_cache_type::f16);
+  EXPECT_EQ(parse_kv_cache_type("q8_0"), kv_cache_type::q8_0);
+  EXPECT_FALSE(parse_kv_cache_type("q4_0"));
+  EXPECT_FALSE(parse_kv_cache_type(""));
+  EXPECT_EQ(to_string(kv_cache_type::q8_0), "q8_0");
+  EXPECT_EQ(kv_position_bytes(kv_cache_type::f16, 64), 128u);
+  EXPECT_EQ(kv_position_bytes(kv_cache_type::q8_0, 64), 68u);
+  EXPECT_FALSE(kv_cache_supports(kv_cache_type::q8_0, 80));
+  EXPECT_FALSE(kv_cache_supports(kv_cache_type::q8_0, 2048));
+  EXPECT_TRUE(kv_cache_supports(kv_cache_type::f16, 80));
 }
 
 TEST(bandwidth, refuses_bad_arguments_and_measures_something) {

@@ -230,10 +230,11 @@ TEST(ModelLoad, MetadataErrorsNameTheKey) {
 
 // Logits for `tokens` with the given batch size and thread count.
 std::vector<float> run_logits(const model& m, const std::vector<token_id>& tokens,
-                              std::int64_t batch, int threads) {
+                              std::int64_t batch, int threads,
+                              kv_cache_type kv = kv_cache_type::f16) {
   auto pool = thread_pool::create(threads);
   EXPECT_TRUE(pool);
-  auto c = context::create(m, {64, batch, pool->get()});
+  auto c = context::create(m, {64, batch, pool->get(), {}, kv});
   EXPECT_TRUE(c);
   std::vector<float> logits(tokens.size() * static_cast<std::size_t>(m.params().n_vocab));
   auto r = (*c)->eval(tokens, logits_mode::all, logits);
@@ -481,6 +482,76 @@ TEST(ModelContext, PrefillDecodeThreadsAndShardsGiveIdenticalLogits) {
       }
     }
   }
+}
+
+// The q8_0 KV cache (half the bytes): the same logits for prefill, chunked prefill, decode, two
+// threads, a batch and a copied prefix, bit for bit, as the f16 cache guarantees; close to the
+// f16 cache's logits; refused for a head_dim that is not a multiple of 32, and a prefix is never
+// copied between caches of two types.
+TEST(ModelContext, AQ8_0KvCacheIsInvariantAndCloseToTheF16Cache) {
+  for (const char* arch : {"llama", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    gguf::synth_config cfg = small(arch, tensor_type::q8_0);
+    cfg.dim = 128;  // 4 heads of 32
+    model_file mf(cfg, "kvq8");
+    auto f = open(mf.path);
+    auto m = model::load(f);
+    ASSERT_TRUE(m) << m.error().message;
+    ASSERT_EQ((*m)->params().head_dim, 32);
+    std::vector<token_id> tokens;
+    for (token_id t = 0; t < 40; ++t) tokens.push_back((t * 131 + 7) % 600);
+    const auto q8 = run_logits(**m, tokens, 64, 1, kv_cache_type::q8_0);
+    for (float v : q8) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(run_logits(**m, tokens, 1, 1, kv_cache_type::q8_0), q8) << "decode path";
+    EXPECT_EQ(run_logits(**m, tokens, 7, 1, kv_cache_type::q8_0), q8) << "chunked prefill";
+    EXPECT_EQ(run_logits(**m, tokens, 64, 2, kv_cache_type::q8_0), q8) << "two threads";
+    const auto f16 = run_logits(**m, tokens, 64, 1, kv_cache_type::f16);
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < q8.size(); ++i) {
+      num += (q8[i] - f16[i]) * (q8[i] - f16[i]);
+      den += f16[i] * f16[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 2.5e-2) << "relative RMS error against the f16 cache (1.5e-2 here)";
+    EXPECT_NE(q8, f16);  // the keys and values really were quantized
+
+    // A batch of two sequences, and a prefix copied from one q8_0 cache into another.
+    const auto V = static_cast<std::size_t>((*m)->params().n_vocab);
+    const auto last = [&](std::size_t upto) {
+      return std::vector<float>(q8.begin() + static_cast<std::ptrdiff_t>((upto - 1) * V),
+                                q8.begin() + static_cast<std::ptrdiff_t>(upto * V));
+    };
+    auto a = context::create(**m, {64, 8, nullptr, {}, kv_cache_type::q8_0});
+    auto b = context::create(**m, {48, 8, nullptr, {}, kv_cache_type::q8_0});
+    ASSERT_TRUE(a && b);
+    auto ws = workspace::create(**m, 64, 64, 1);
+    ASSERT_TRUE(ws);
+    std::vector<float> la(V), lb(V);
+    const std::vector<token_id> first(tokens.begin(), tokens.begin() + 21);
+    std::vector<batch_item> items = {{a->get(), tokens, la}, {b->get(), first, lb}};
+    ASSERT_TRUE(context::eval_batch(items, **ws, nullptr));
+    EXPECT_EQ(la, last(tokens.size()));
+    EXPECT_EQ(lb, last(21));
+    auto c = context::create(**m, {40, 8, nullptr, {}, kv_cache_type::q8_0});
+    ASSERT_TRUE(c);
+    ASSERT_TRUE((*c)->copy_prefix(**b, 21));
+    std::vector<float> lc(V);
+    ASSERT_TRUE((*c)->eval(std::span(tokens).subspan(21, 9), logits_mode::last, lc));
+    EXPECT_EQ(lc, last(30));
+    auto plain = context::create(**m, {40, 8, nullptr});
+    ASSERT_TRUE(plain);
+    const auto refused = (*plain)->copy_prefix(**b, 4);
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message.find("q8_0"), std::string::npos) << refused.error().message;
+    EXPECT_EQ((*plain)->pos(), 0);
+  }
+  model_file narrow(small("llama", tensor_type::q8_0), "kvq8-narrow");  // head_dim 16
+  auto nf = open(narrow.path);
+  auto nm = model::load(nf);
+  ASSERT_TRUE(nm);
+  auto c = context::create(**nm, {32, 8, nullptr, {}, kv_cache_type::q8_0});
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("head_dim"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("16"), std::string::npos) << c.error().message;
 }
 
 // Continuous batching: three sequences in one forward pass per step — one prefilling a prompt
