@@ -56,6 +56,7 @@ struct bench_args {
   std::vector<std::int64_t> depths{0};
   int batch = 1;
   std::vector<std::string> layouts{"panels"};  // rows | panels (q4_K, f16) | all (q8_0 too)
+  std::vector<std::string> kv_types{"f16"};    // the KV cache: f16 | q8_0
 };
 
 struct stats {
@@ -106,7 +107,7 @@ double process_cpu_s() {
 }
 
 struct row {
-  std::string model, type, layout;
+  std::string model, type, layout, kv_type;
   int threads = 1;
   std::int64_t depth = 0;
   double macs_per_token = 0;  // mat-mul multiply-accumulates of one prefill token (no attention)
@@ -140,7 +141,11 @@ double prefill_macs_per_token(const mdl::model& m) {
 }
 
 result<row> bench_one(const bench_args& a, const std::string& path, int threads,
-                      const std::string& layout, std::int64_t depth) {
+                      const std::string& layout, std::int64_t depth, const std::string& kv_name) {
+  const auto kv = inf::parse_kv_cache_type(kv_name);
+  if (!kv)
+    return make_error(tessera::errc::invalid_argument, "unknown KV cache type '{}' (f16, q8_0)",
+                      kv_name);
   auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
   if (!f) return std::move(f).error();
   mdl::load_options lo;
@@ -157,7 +162,7 @@ result<row> bench_one(const bench_args& a, const std::string& path, int threads,
   const auto& hp = (*m)->params();
   const std::int64_t n_ctx = depth + a.pp + a.tg + 1;
   const std::int64_t chunk = std::max<std::int64_t>({a.pp, 1, depth > 0 ? 512 : 1});
-  auto ctx = mdl::context::create(**m, {n_ctx, chunk, pool->get()});
+  auto ctx = mdl::context::create(**m, {n_ctx, chunk, pool->get(), {}, *kv});
   if (!ctx) return std::move(ctx).error();
   auto& c = **ctx;
   // --batch B: B - 1 more sequences decode in the same passes as c (one eval_batch per token).
@@ -165,7 +170,7 @@ result<row> bench_one(const bench_args& a, const std::string& path, int threads,
   std::unique_ptr<mdl::workspace> ws;
   if (a.batch > 1) {
     for (int i = 1; i < a.batch; ++i) {
-      auto o = mdl::context::create(**m, {n_ctx, chunk, nullptr});
+      auto o = mdl::context::create(**m, {n_ctx, chunk, nullptr, {}, *kv});
       if (!o) return std::move(o).error();
       others.push_back(std::move(*o));
     }
@@ -178,6 +183,7 @@ result<row> bench_one(const bench_args& a, const std::string& path, int threads,
   r.model = path;
   r.threads = threads;
   r.layout = layout;
+  r.kv_type = kv_name;
   r.depth = depth;
   r.macs_per_token = prefill_macs_per_token(**m);
   std::string types;
@@ -302,7 +308,7 @@ int run(const bench_args& a) {
                 inf::describe_cpu().c_str(), a.reps);
     std::printf("# compute peak: %s\n", inf::describe(*peak).c_str());
     std::printf(
-        "%-44s %-5s %-6s %5s %3s %18s %18s %10s %7s %7s\n", "model", "type", "layout", "depth",
+        "%-44s %-5s %-6s %-4s %5s %3s %18s %18s %10s %7s %7s\n", "model", "type", "layout", "kv", "depth",
         "thr", fmt::format("pp{} tok/s", a.pp).c_str(),
         fmt::format("tg{} tok/s{}", a.tg, a.batch > 1 ? fmt::format(" x{}", a.batch) : "").c_str(),
         "roofline", "% roof", "% peak");
@@ -320,48 +326,51 @@ int run(const bench_args& a) {
   };
   for (const auto& path : files) {
     for (const auto& layout : a.layouts) {
-      for (std::int64_t depth : a.depths) {
-        for (int th : a.threads) {
-          if (th < 1 || th > 256) return fail("bench", "--threads values must be in [1, 256]");
-          auto r = bench_one(a, path, th, layout, depth);
-          if (!r) return fail("bench", r.error().message);
-          if (!a.json) {
-            const std::string base =
-                path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
-            // The roofline is one stream's; a batch's aggregate is compared with it as is.
-            std::printf(
-                "%-44s %-5s %-6s %5lld %3d %9.1f (%6.1f) %9.1f (%6.1f) %10.1f %6.0f%% %6.0f%%\n",
-                base.c_str(), r->type.c_str(), layout.c_str(), static_cast<long long>(depth), th,
-                r->pp.median, r->pp.best, r->tg.median, r->tg.best, r->roofline,
-                r->roofline > 0 ? 100.0 * r->tg.median / r->roofline : 0.0,
-                100.0 * pp_peak_fraction(*r));
-            std::printf(
-                "    %s per token, read bandwidth %.1f GB/s (%d thread%s); per CPU-second: "
-                "pp %.1f tg %.1f tok/s; prefill %.1f G MAC/s\n",
-                inf::gguf::human_bytes(r->bytes_per_token).c_str(), r->bandwidth_gb_s, th,
-                th == 1 ? "" : "s", r->pp_cpu.median, r->tg_cpu.median,
-                r->pp.median * r->macs_per_token / 1e9);
-            if (a.batch > 1) {
-              // A batch's decode is compute-bound too: its mat-mul MACs against the same peak.
-              const double gmacs = r->tg.median * r->macs_per_token / 1e9;
-              const double peak_g = peak_gmacs(*r);
+      for (const auto& kv : a.kv_types) {
+        for (std::int64_t depth : a.depths) {
+          for (int th : a.threads) {
+            if (th < 1 || th > 256) return fail("bench", "--threads values must be in [1, 256]");
+            auto r = bench_one(a, path, th, layout, depth, kv);
+            if (!r) return fail("bench", r.error().message);
+            if (!a.json) {
+              const std::string base =
+                  path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+              // The roofline is one stream's; a batch's aggregate is compared with it as is.
               std::printf(
-                  "    batched decode: %d streams, %.1f G MAC/s, %.0f%% of the compute peak\n",
-                  a.batch, gmacs, peak_g > 0 ? 100.0 * gmacs / peak_g : 0.0);
-            }
-            if (a.profile && r->decode_tokens > 0) {
-              const auto& s = r->decode_stages;
-              const double us = 1e6 / static_cast<double>(r->decode_tokens);
+                  "%-44s %-5s %-6s %-4s %5lld %3d %9.1f (%6.1f) %9.1f (%6.1f) %10.1f %6.0f%% %6.0f%%\n",
+                  base.c_str(), r->type.c_str(), layout.c_str(), kv.c_str(),
+                  static_cast<long long>(depth), th,
+                  r->pp.median, r->pp.best, r->tg.median, r->tg.best, r->roofline,
+                  r->roofline > 0 ? 100.0 * r->tg.median / r->roofline : 0.0,
+                  100.0 * pp_peak_fraction(*r));
               std::printf(
-                  "    decode us/token: embed %.1f norm %.1f qkv %.1f rope+kv %.1f attention %.1f "
-                  "wo %.1f "
-                  "ffn_gate_up %.1f ffn_down %.1f output %.1f (sum %.1f)\n",
-                  s.embed_s * us, s.norm_s * us, s.qkv_s * us, s.rope_s * us, s.attention_s * us,
-                  s.wo_s * us, s.ffn_up_s * us, s.ffn_down_s * us, s.output_s * us, s.total() * us);
+                  "    %s per token, read bandwidth %.1f GB/s (%d thread%s); per CPU-second: "
+                  "pp %.1f tg %.1f tok/s; prefill %.1f G MAC/s\n",
+                  inf::gguf::human_bytes(r->bytes_per_token).c_str(), r->bandwidth_gb_s, th,
+                  th == 1 ? "" : "s", r->pp_cpu.median, r->tg_cpu.median,
+                  r->pp.median * r->macs_per_token / 1e9);
+              if (a.batch > 1) {
+                // A batch's decode is compute-bound too: its mat-mul MACs against the same peak.
+                const double gmacs = r->tg.median * r->macs_per_token / 1e9;
+                const double peak_g = peak_gmacs(*r);
+                std::printf(
+                    "    batched decode: %d streams, %.1f G MAC/s, %.0f%% of the compute peak\n",
+                    a.batch, gmacs, peak_g > 0 ? 100.0 * gmacs / peak_g : 0.0);
+              }
+              if (a.profile && r->decode_tokens > 0) {
+                const auto& s = r->decode_stages;
+                const double us = 1e6 / static_cast<double>(r->decode_tokens);
+                std::printf(
+                    "    decode us/token: embed %.1f norm %.1f qkv %.1f rope+kv %.1f attention %.1f "
+                    "wo %.1f "
+                    "ffn_gate_up %.1f ffn_down %.1f output %.1f (sum %.1f)\n",
+                    s.embed_s * us, s.norm_s * us, s.qkv_s * us, s.rope_s * us, s.attention_s * us,
+                    s.wo_s * us, s.ffn_up_s * us, s.ffn_down_s * us, s.output_s * us, s.total() * us);
+              }
+              std::fflush(stdout);
             }
-            std::fflush(stdout);
+            rows.push_back(*r);
           }
-          rows.push_back(*r);
         }
       }
     }
@@ -386,6 +395,7 @@ int run(const bench_args& a) {
                      {"roofline_tok_per_s", r.roofline},
                      {"roofline_fraction", r.roofline > 0 ? r.tg.median / r.roofline : 0.0},
                      {"layout", r.layout},
+                     {"kv_type", r.kv_type},
                      {"depth", r.depth},
                      {"batch", a.batch},
                      {"prefill_macs_per_token", r.macs_per_token},
@@ -432,6 +442,11 @@ void register_bench(CLI::App& root, int& exit_code) {
                   "decode, for comparison) or rows (no panels); e.g. rows,panels,all")
       ->delimiter(',')
       ->check(CLI::IsMember({"rows", "panels", "all"}));
+  cmd->add_option("--kv-cache", a->kv_types,
+                  "KV cache: f16 (default) or q8_0 (half the memory and the bytes read per token "
+                  "at depth); e.g. f16,q8_0")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f16", "q8_0"}));
   cmd->add_flag("--profile", a->profile, "time each forward-pass stage of decode");
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([&exit_code, a] { exit_code = run(*a); });

@@ -41,6 +41,7 @@ struct run_args {
   bool chat = false;
   bool json = false;
   std::string load = "anonymous";
+  std::string kv_cache = "f16";
 };
 
 int run(const run_args& a) {
@@ -93,7 +94,9 @@ int run(const run_args& a) {
                                    prompt.size(), n_ctx));
   auto pool = inf::thread_pool::create(a.threads);
   if (!pool) return fail("run", pool.error().message);
-  auto ctx = mdl::context::create(**m, {n_ctx, 256, pool->get()});
+  const auto kv = inf::parse_kv_cache_type(a.kv_cache);
+  if (!kv) return fail("run", fmt::format("unknown --kv-cache '{}' (f16, q8_0)", a.kv_cache));
+  auto ctx = mdl::context::create(**m, {n_ctx, 256, pool->get(), {}, *kv});
   if (!ctx) return fail("run", ctx.error().message);
 
   mdl::generator gen(**m, **ctx, &*tok, so);
@@ -160,6 +163,9 @@ void register_run(CLI::App& root, int& exit_code) {
   cmd->add_option("--seed", a->seed, "random seed (same seed, same text)");
   cmd->add_option("-t,--threads", a->threads, "compute threads (default 1)")
       ->check(CLI::Range(1, 256));
+  cmd->add_option("--kv-cache", a->kv_cache,
+                  "KV cache: f16 (default) or q8_0 (half the memory and the bytes read per token)")
+      ->check(CLI::IsMember({"f16", "q8_0"}));
   cmd->add_option("--ctx", a->ctx, "KV cache positions (default: prompt + n, at most the model's)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");

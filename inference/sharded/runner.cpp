@@ -138,6 +138,7 @@ result<void> runner::do_open(std::uint32_t seq, std::int64_t n_ctx) {
   if (seqs_.contains(seq)) return make_error(errc::invalid_argument, "sequence {} is open", seq);
   model::context_options o{n_ctx, max_chunk, pool_, {}};
   o.reduce = reduce_;
+  o.kv_type = kv_cache_;
   auto c = model::context::create(*m_, o);
   if (!c) return c.error();
   seqs_[seq] = std::move(*c);

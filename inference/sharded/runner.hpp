@@ -59,6 +59,8 @@ class runner {
       thread_pool* pool);
   ~runner();
   runner(const runner&) = delete;
+  /// The KV cache type of the sequences this rank opens from now on (f16 by default).
+  void set_kv_cache(kv_cache_type t) noexcept { kv_cache_ = t; }
   runner& operator=(const runner&) = delete;
 
   // --- rank 0 ---
@@ -101,6 +103,7 @@ class runner {
   const model::model* m_;
   collectives::group* g_;
   thread_pool* pool_;
+  kv_cache_type kv_cache_ = kv_cache_type::f16;
   std::vector<std::uint32_t> stage_of_;  // per rank
   std::uint32_t stage_ = 0, n_stages_ = 1;
   std::vector<std::uint32_t> team_;       // the ranks of our stage (team_[0] leads it)

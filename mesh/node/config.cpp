@@ -209,6 +209,11 @@ const std::vector<key_spec> key_table = {
      .help = "most streams of one model sharing a forward pass (1 = one pass per stream)",
      .kind = value_kind::count,
      .count = [](node_config& c) -> auto& { return c.max_batch_streams; }, .min = 1, .max = 64},
+    {.key = "kv_cache", .flag = "--kv-cache",
+     .help = "KV cache of the streams served: f16, or q8_0 (half the memory and the bytes a long "
+             "context reads per token; models with head_dim a multiple of 32)",
+     .kind = value_kind::text, .text = [](node_config& c) -> auto& { return c.kv_cache; },
+     .choices = {"f16", "q8_0"}},
     {.key = "memory_limit_mb", .flag = "--memory-limit-mb",
      .help = "memory (MiB) the planner may give this peer's shards (0 = what is free)",
      .kind = value_kind::count, .count = [](node_config& c) -> auto& { return c.memory_limit_mb; },

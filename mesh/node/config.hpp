@@ -94,6 +94,9 @@ struct node_config {
   std::uint32_t compute_nice = 10;
   /// Continuous batching: most local streams of one model sharing a forward pass (1 = none).
   std::uint32_t max_batch_streams = 8;
+  /// How the KV caches of the streams this peer serves store keys and values: "f16", or "q8_0"
+  /// for half the memory and half the bytes a long context reads per token.
+  std::string kv_cache = "f16";
   /// Memory (MiB) the planner may give this peer's shards; 0 = what the machine has free.
   std::uint32_t memory_limit_mb = 0;
   /// Most tensor-parallel ranks in one pipeline stage of a plan (1 = pipeline parallelism only).

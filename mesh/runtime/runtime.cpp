@@ -155,6 +155,7 @@ result<void> start_serving(node_runtime::impl& p, const ctl::cluster_keys& keys)
     so.model_paths = cfg.model_paths;
     so.threads = cfg.threads != 0 ? cfg.threads : std::max(1u, std::thread::hardware_concurrency());
     so.max_batch_streams = cfg.max_batch_streams;
+    so.kv_cache = inference::parse_kv_cache_type(cfg.kv_cache).value_or(inference::kv_cache_type::f16);
     so.client_connections_per_address = cfg.client_connections_per_address;
     so.client_connections_total = budget_of(p.descriptor_limit).client_connections;
     so.compute_nice = static_cast<int>(cfg.compute_nice);

@@ -42,7 +42,8 @@ result<void> engine::impl::activate(session& s) {
     s.n_ctx = n_ctx;  // set last: release() frees only what was opened
     return ok();
   }
-  auto ctx = mdl::context::create(*s.model->m, {n_ctx, opt.prefill_chunk, pool.get(), {}});
+  auto ctx =
+      mdl::context::create(*s.model->m, {n_ctx, opt.prefill_chunk, pool.get(), {}, opt.kv_cache});
   if (!ctx) return ctx.error();
   s.ctx = std::move(*ctx);
   s.n_ctx = n_ctx;

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/base/result.hpp"
+#include "inference/kernels/attention.hpp"
 #include "mesh/membership/ids.hpp"
 #include "mesh/placement/placement.hpp"
 #include "mesh/serving/client_auth.hpp"
@@ -74,6 +75,9 @@ struct engine_options {
   std::uint32_t max_batch_streams = 8;
   std::uint32_t keepalive_ms = 500;    ///< a session silent this long re-sends "accepted"
   std::uint32_t max_context = 4096;    ///< KV positions per session, at most the model's
+  /// How sessions' KV caches store keys and values (`--kv-cache`): f16, or q8_0 for half the
+  /// memory and half the bytes a long context reads per token (inference/kernels/attention.hpp).
+  inference::kv_cache_type kv_cache = inference::kv_cache_type::f16;
   /// Ships a group_link message (msgpack bytes) to a peer's node (hex id) over the control plane;
   /// thread-safe. Needed for groups split over several peers.
   std::function<void(const std::string& node_hex, std::string body)> send_group_link;

@@ -51,7 +51,7 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
                        std::map<member_id, bulk::local_capabilities> caps,
                        bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
                        link_wrapper wrap, group_registry* registry, int compute_nice,
-                       std::shared_ptr<inf::compute_gate> gate)
+                       std::shared_ptr<inf::compute_gate> gate, inf::kv_cache_type kv_cache)
     : key_(std::move(key)),
       path_(std::move(model_path)),
       g_(std::move(g)),
@@ -64,7 +64,8 @@ group_host::group_host(std::string key, std::string model_path, placement::servi
       threads_(threads),
       registry_(registry),
       compute_nice_(compute_nice),
-      gate_(std::move(gate)) {
+      gate_(std::move(gate)),
+      kv_cache_(kv_cache) {
   if (registry_ != nullptr) {
     std::lock_guard lock(registry_->mu_);
     registry_->hosts_.push_back(this);
@@ -366,6 +367,7 @@ result<void> group_host::form() {
                 : inf::sharded::runner::create(*shard_, *group_, *kind, pool_.get());
   if (!ru) return ru.error();
   runner_ = std::move(*ru);
+  runner_->set_kv_cache(kv_cache_);
   return ok();
 }
 

@@ -90,7 +90,8 @@ class group_host {
              std::map<member_id, transport::bulk::local_capabilities> caps,
              transport::bulk::local_capabilities own_caps, sender send, std::uint32_t threads,
              link_wrapper wrap = {}, group_registry* registry = nullptr, int compute_nice = 0,
-             std::shared_ptr<inference::compute_gate> gate = nullptr);
+             std::shared_ptr<inference::compute_gate> gate = nullptr,
+             inference::kv_cache_type kv_cache = inference::kv_cache_type::f16);
   ~group_host();  ///< closes the links (a follower's follow() fails) and joins
   group_host(const group_host&) = delete;
   group_host& operator=(const group_host&) = delete;
@@ -142,6 +143,7 @@ class group_host {
   group_registry* registry_;
   int compute_nice_;  // of the forming/following thread and the group's compute pool
   std::shared_ptr<inference::compute_gate> gate_;  // the node's compute budget (the engine's)
+  inference::kv_cache_type kv_cache_;              // of this rank's sequences
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

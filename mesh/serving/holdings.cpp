@@ -72,7 +72,9 @@ result<placement::model_spec> spec_of_gguf(const std::string& path, const std::s
   }
   s.bytes_per_layer = s.n_layers ? blocks / s.n_layers : 0;
   s.tied_embeddings = hp->tied_output;
-  // The KV cache is F16: K and V, every layer, every KV head.
+  // The KV cache as F16: K and V, every layer, every KV head. (A peer with `--kv-cache q8_0` uses
+  // about half of that; the spec is the model's, the same from every holder, so the planner keeps
+  // room for the larger cache.)
   s.kv_bytes_per_token = 2ULL * 2ULL * static_cast<std::uint64_t>(hp->n_layer) *
                          static_cast<std::uint64_t>(hp->kv_dim());
   s.context_tokens = static_cast<std::uint32_t>(std::min<std::int64_t>(hp->n_ctx_train, 4096));
@@ -144,6 +146,19 @@ result<void> holdings::add_own(const std::string& path) {
   auto opened = open_model(path, name);
   if (!opened) return opened.error();
   auto l = std::move(*opened);
+  // A cache type the model cannot use stops the node now, naming the file, rather than failing
+  // every request later.
+  if (opt_.kv_cache != inf::kv_cache_type::f16) {
+    auto f = inf::gguf::file::open(path, {inf::gguf::load_mode::headers_only, {}});
+    if (!f) return f.error();
+    auto hp = mdl::read_hparams(*f);
+    if (!hp) return hp.error();
+    if (!inf::kv_cache_supports(opt_.kv_cache, hp->head_dim))
+      return make_error(errc::unsupported,
+                        "{}: --kv-cache {} needs head_dim a multiple of 32 (at most 1024); this "
+                        "model's is {} (use --kv-cache f16)",
+                        path, inf::to_string(opt_.kv_cache), hp->head_dim);
+  }
   // The content id: peers plan together over equal bytes only, and fetchers verify by it.
   const auto t0 = clock_type::now();
   auto table = hash_model_file(path);
@@ -152,10 +167,11 @@ result<void> holdings::add_own(const std::string& path) {
   server_->add(name, path, std::move(*table));
   spdlog::info(
       "serving: model '{}' from {} ({} layers, {} MiB, content {}, hashed in {} ms; weights "
-      "loaded when planned here)",
+      "loaded when planned here; {} KV cache)",
       name, path, l->info.spec.n_layers, l->info.file_bytes >> 20,
       l->info.spec.content.substr(0, 16),
-      std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count());
+      std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count(),
+      inf::to_string(opt_.kv_cache));
   own_.push_back(l->info);
   model_names_.push_back(l->info.name);
   std::lock_guard lock(models_mu_);
@@ -347,7 +363,8 @@ void holdings::form_groups(const placement::plan* p, const std::map<member_id, p
         unformed_since_.erase(key);
         auto h = std::make_unique<group_host>(
             key, (*local)->info.path, g, me, opt_.link_addresses(), std::move(caps), opt_.bulk_caps,
-            std::move(sender), opt_.threads, std::move(wrap), &registry_, opt_.compute_nice, gate_);
+            std::move(sender), opt_.threads, std::move(wrap), &registry_, opt_.compute_nice, gate_,
+            opt_.kv_cache);
         if (auto e = early_links_.find(key); e != early_links_.end()) {
           for (const auto& m : e->second)
             h->on_link_message(m);
