@@ -66,7 +66,8 @@ struct attention_block {
   float* scratch = nullptr;  ///< attention_scratch_floats(n_q, max n_att, head_dim) floats
 };
 
-/// Scratch one attend() call needs (scores rounded to whole panels, and the gathered queries).
+/// Scratch one attend() call needs: a chunk of scores, the queries as the kernel takes them and each
+/// query's running maximum and sums, for n_q queries (n_ctx no longer matters: one pass in chunks).
 [[nodiscard]] std::size_t attention_scratch_floats(std::int64_t n_q, std::int64_t n_ctx,
                                                    std::int64_t head_dim) noexcept;
 
