@@ -7,7 +7,9 @@
 // below 2 * 128 * 127 and never saturate the int16 lanes.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "inference/kernels/gemm_tiles.hpp"
 
@@ -101,52 +103,7 @@ using f16_tile = float_tile<tensor_type::f16, R, T>;
 template <int R, int T>
 using bf16_tile = float_tile<tensor_type::bf16, R, T>;
 
-// ---- q8_0 and q4_0 weights against q8_0 activations --------------------------------------------
-
-template <int R, int T>
-struct q8_0_tile {
-  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t r0, std::int64_t t0) noexcept {
-    const block_q8_0* w[R];
-    const block_q8_0* x[T];
-    for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const block_q8_0*>(g.w + (r0 + r) * g.w_stride);
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const block_q8_0*>(g.x + (t0 + t) * g.x_stride);
-    __m256 acc[R][T];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    }
-    const __m256i ones = _mm256_set1_epi16(1);
-    const std::int64_t nb = g.cols / qk8_0;
-    const std::size_t ahead = decode_prefetch_ahead(g.w_stride, R);
-    for (std::int64_t b = 0; b < nb; ++b) {
-      __m256i xq[T];
-      float dx[T];
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) {
-        xq[t] = load256(x[t][b].qs);
-        dx[t] = half(x[t][b].d);
-      }
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        if constexpr (T == 1) prefetch_ahead(w[r] + b, ahead);  // 34-byte steps: every line
-        const __m256i wq = load256(w[r][b].qs);
-        const __m256i aw = _mm256_abs_epi8(wq);
-        const float dw = half(w[r][b].d);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) {
-          const __m256i sx = _mm256_sign_epi8(xq[t], wq);
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-          acc[r][t] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < T; ++t) g.y[(t0 + t) * g.y_stride + r0 + r] = hsum(acc[r][t]);
-    }
-  }
-};
+// ---- q4_0 weights against q8_0 activations (q8_0 weights: gemm_q8_0_rows below) ------------
 
 template <int R, int T>
 struct q4_0_tile {
@@ -354,9 +311,10 @@ namespace {
 // The AVX-512 kernel's arithmetic in two ymm halves (rows 0-7, 8-15), without VNNI: the stored
 // w + 128 is turned back into w (an xor), multiplied in the maddubs form above and widened to
 // int32 lanes, each the row's exact block sum. The same integers, conversions, multiplies and
-// FMAs per lane as the AVX-512 and scalar kernels: the same bits.
-template <int T>
-struct q8_0_panel_tile {
+// FMAs per lane as the AVX-512 and scalar kernels: the same bits. Flipped: the levels are stored
+// as w + 128 (weights in panels); a scratch panel packed from rows below holds w itself.
+template <int T, bool Flipped>
+struct q8_0_panel_tile_of {
   TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
     const std::int64_t nb = g.cols / qk8_0;
     const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
@@ -375,8 +333,11 @@ struct q8_0_panel_tile {
       for (int t = 0; t < T; ++t)
         sl[t] = sh[t] = _mm256_setzero_si256();
       for (int k = 0; k < 8; ++k) {
-        const __m256i wl = _mm256_xor_si256(load256(qb + 64 * k), bias);
-        const __m256i wh = _mm256_xor_si256(load256(qb + 64 * k + 32), bias);
+        __m256i wl = load256(qb + 64 * k), wh = load256(qb + 64 * k + 32);
+        if constexpr (Flipped) {
+          wl = _mm256_xor_si256(wl, bias);
+          wh = _mm256_xor_si256(wh, bias);
+        }
         const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
         for (int t = 0; t < T; ++t) {
           std::int32_t four;
@@ -551,16 +512,205 @@ void gemm_f16_panels(const gemm_args& g) noexcept {
   }
 }
 
-void gemm_q8_0_panels(const gemm_args& g) noexcept {
-  constexpr int max_t = 3;
-  static constexpr tile_fn tiles[max_t] = {&q8_0_panel_tile<1>::run, &q8_0_panel_tile<2>::run,
-                                           &q8_0_panel_tile<3>::run};
+// Up to 3 tokens a tile: 4 accumulators a token and the 4 weight vectors fill the 16 ymm
+// registers.
+constexpr int q8_0_panel_tokens = 3;
+
+template <bool Flipped>
+void q8_0_panel_tiles(const gemm_args& g) noexcept {
+  static constexpr tile_fn tiles[q8_0_panel_tokens] = {&q8_0_panel_tile_of<1, Flipped>::run,
+                                                       &q8_0_panel_tile_of<2, Flipped>::run,
+                                                       &q8_0_panel_tile_of<3, Flipped>::run};
   for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
-    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
-      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q8_0_panel_tokens) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(q8_0_panel_tokens, g.n_tokens - t0));
       tiles[nt - 1](g, p, t0);
     }
   }
+}
+
+void gemm_q8_0_panels(const gemm_args& g) noexcept { q8_0_panel_tiles<true>(g); }
+
+// ---- q8_0 from GGUF's rows, exact block sums ---------------------------------------------------
+// The panel kernels' arithmetic from rows, as the AVX-512 file does (act_format::q8_0_panel
+// activations): each (row, token) adds its exact integer block sum times dw * dx with one FMA per
+// block, so decode, batches, prefill, the scalar panel reference and the AVX-512 kernels give
+// the same bits. The old row tiles here summed 8 partial lanes in float and took 6-7 vector
+// instructions per row, token and block (sign, multiply-add twice, convert, scale, FMA); the panel
+// tile takes 4 per row group of 8, token and 4 columns, so prefill packs panels and runs it.
+
+// 8 rows' int32 lanes (one ymm per row) summed lane-wise: lane r of the result is row r's sum.
+TESSERA_AVX2_INLINE __m256i sum_rows8(const __m256i (&p)[8]) {
+  __m256i t[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
+                            _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
+  const __m256i u0 =
+      _mm256_add_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
+  const __m256i u1 =
+      _mm256_add_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// 8 rows' block scales d (fp16), the first 2 bytes of each row's block (a gather is slower).
+template <int I>
+TESSERA_AVX2_INLINE __m128i insert_scale(__m128i v, const std::uint8_t* p) {
+  std::uint16_t d;
+  std::memcpy(&d, p, sizeof(d));
+  return _mm_insert_epi16(v, d, I);
+}
+TESSERA_AVX2_INLINE __m128i scales8(const std::uint8_t* col, std::int64_t stride) {
+  __m128i v = _mm_setzero_si128();
+  v = insert_scale<0>(v, col);
+  v = insert_scale<1>(v, col + stride);
+  v = insert_scale<2>(v, col + 2 * stride);
+  v = insert_scale<3>(v, col + 3 * stride);
+  v = insert_scale<4>(v, col + 4 * stride);
+  v = insert_scale<5>(v, col + 5 * stride);
+  v = insert_scale<6>(v, col + 6 * stride);
+  v = insert_scale<7>(v, col + 7 * stride);
+  return v;
+}
+
+// The signed q8_0 product of a weight block and an activation block, in 8 int32 lanes.
+TESSERA_AVX2_INLINE __m256i q8_dot8(__m256i w, __m256i x, __m256i ones) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+                           ones);
+}
+
+// Decode: 8 rows a step, each prefetched 24 rows ahead (the AVX-512 file's measured distance).
+constexpr int rows8_prefetch_rows = 24;
+TESSERA_AVX2 void q8_0_rows8_decode(const gemm_args& g, std::int64_t r0) noexcept {
+  const std::int64_t nb = g.cols / qk8_0;
+  const std::uint8_t* w0 = g.w + r0 * g.w_stride;
+  const auto stride = static_cast<std::int64_t>(g.w_stride);
+  const auto* x = reinterpret_cast<const block_q8_0_act*>(g.x);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const std::size_t ahead = decode_prefetch_ahead(g.w_stride, rows8_prefetch_rows);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
+    if (b % 2 == 0) {
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        prefetch_ahead(col + r * stride, ahead);
+        prefetch_ahead(col + r * stride, ahead + 64);
+      }
+    }
+    const __m256i xb = load256(x[b].qs);
+    __m256i p[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r)
+      p[r] = q8_dot8(load256(col + r * stride + 2), xb, ones);
+    const __m256 dw = _mm256_cvtph_ps(scales8(col, stride));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_rows8(p)),
+                          _mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), acc);
+  }
+  _mm256_storeu_ps(g.y + r0, acc);
+}
+
+// One row, one token (rows past the last group of 8 or 16): the same integers and float
+// operations, one lane at a time.
+TESSERA_AVX2 void q8_0_row_exact(const gemm_args& g, std::int64_t r, std::int64_t t) noexcept {
+  const auto* w = reinterpret_cast<const block_q8_0*>(g.w + r * g.w_stride);
+  const auto* x = reinterpret_cast<const block_q8_0_act*>(g.x + t * g.x_stride);
+  const __m256i ones = _mm256_set1_epi16(1);
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < g.cols / qk8_0; ++b) {
+    const __m256i p = q8_dot8(load256(w[b].qs), load256(x[b].qs), ones);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    acc = std::fma(static_cast<float>(_mm_cvtsi128_si32(s)), half(w[b].d) * x[b].d, acc);
+  }
+  g.y[t * g.y_stride + r] = acc;
+}
+
+// 8 rows x 8 dwords (one ymm per row) transposed in place: r[k] then holds dword k of the 8
+// rows, i.e. columns 4k..4k+3 of rows 0-7: one 32-byte half of a panel's 64-byte group k.
+TESSERA_AVX2_INLINE void transpose8x8(__m256i (&r)[8]) {
+  __m256i a[8], b[8];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    a[2 * j] = _mm256_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
+    a[2 * j + 1] = _mm256_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
+  }
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j) {
+    b[4 * j + 0] = _mm256_unpacklo_epi64(a[4 * j + 0], a[4 * j + 2]);
+    b[4 * j + 1] = _mm256_unpackhi_epi64(a[4 * j + 0], a[4 * j + 2]);
+    b[4 * j + 2] = _mm256_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
+    b[4 * j + 3] = _mm256_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x20);
+    r[k + 4] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x31);
+  }
+}
+
+// 16 rows from r0 into a scratch panel: the panel layout with the signed levels themselves (the
+// unflipped tile reads them), 8 rows at a time by a register transpose, prefetching the rows
+// ahead as decode does (they come from DRAM once per batch).
+TESSERA_AVX2 void pack_rows16(const gemm_args& g, std::int64_t r0, std::uint8_t* panel) noexcept {
+  const std::int64_t nb = g.cols / qk8_0;
+  const std::uint8_t* w0 = g.w + r0 * g.w_stride;
+  const auto stride = static_cast<std::int64_t>(g.w_stride);
+  auto* scales = reinterpret_cast<std::uint16_t*>(panel + nb * 512);
+  const std::size_t ahead = decode_prefetch_ahead(g.w_stride, 2 * panel_rows);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* col = w0 + b * static_cast<std::int64_t>(sizeof(block_q8_0));
+    if (b % 2 == 0) {
+#pragma GCC unroll 16
+      for (int r = 0; r < panel_rows; ++r) {
+        prefetch_ahead(col + r * stride, ahead);
+        prefetch_ahead(col + r * stride, ahead + 64);
+      }
+    }
+    std::uint8_t* out = panel + b * 512;
+    for (int h = 0; h < 2; ++h) {
+      __m256i r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i)
+        r[i] = load256(col + (8 * h + i) * stride + 2);
+      transpose8x8(r);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * k + 32 * h), r[k]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + b * panel_rows + 8 * h),
+                       scales8(col + 8 * h * stride, stride));
+    }
+  }
+}
+
+// Decode takes 8 rows a step; two tokens or more pack each group of 16 rows into a panel once
+// (about 1.5 tokens' work: 16 loads, 48 shuffles, 16 stores a block) and run the panel tile over
+// all the tokens, which even at 2 tokens costs less than the old row tiles.
+void gemm_q8_0_rows(const gemm_args& g) noexcept {
+  if (g.n_tokens == 1) {
+    const std::int64_t eights = g.rows / 8 * 8;
+    for (std::int64_t r0 = 0; r0 < eights; r0 += 8)
+      q8_0_rows8_decode(g, r0);
+    for (std::int64_t r = eights; r < g.rows; ++r)
+      q8_0_row_exact(g, r, 0);
+    return;
+  }
+  const std::int64_t whole = g.rows / panel_rows * panel_rows;
+  thread_local std::vector<std::uint8_t> scratch;
+  scratch.resize(q8_0_panel_bytes(g.cols));
+  for (std::int64_t r0 = 0; r0 < whole; r0 += panel_rows) {
+    pack_rows16(g, r0, scratch.data());
+    gemm_args one = g;
+    one.w = scratch.data();
+    one.rows = panel_rows;
+    one.y = g.y + r0;
+    q8_0_panel_tiles<false>(one);
+  }
+  for (std::int64_t r = whole; r < g.rows; ++r)
+    for (std::int64_t t = 0; t < g.n_tokens; ++t)
+      q8_0_row_exact(g, r, t);
 }
 
 }  // namespace
@@ -571,7 +721,7 @@ const kernel_table& avx2_kernels() noexcept {
     k.gemm[type_slot(tensor_type::f32)] = drive_tiles<f32_tile, 4, 2>;
     k.gemm[type_slot(tensor_type::f16)] = drive_tiles<f16_tile, 4, 2>;
     k.gemm[type_slot(tensor_type::bf16)] = drive_tiles<bf16_tile, 4, 2>;
-    k.gemm[type_slot(tensor_type::q8_0)] = drive_tiles<q8_0_tile, 4, 2>;
+    k.gemm[type_slot(tensor_type::q8_0)] = gemm_q8_0_rows;
     k.gemm[type_slot(tensor_type::q4_0)] = drive_tiles<q4_0_tile, 4, 2>;
     k.gemm[type_slot(tensor_type::q4_k)] = drive_tiles<q4_k_tile, 1, 4>;
     k.gemm[type_slot(tensor_type::q6_k)] = drive_tiles<q6_k_tile, 1, 4>;

@@ -213,8 +213,9 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
                                : w.type == tensor_type::q8_0 ? table.q8_0_panels
                                : w.type == tensor_type::q4_k ? table.q4_k_panels
                                                              : table.f16_panels;
-  // q8_0 on AVX-512 sums exact blocks from rows too (gemm_avx512.cpp): the panel activations.
-  const detail::act_format format = w.type == tensor_type::q8_0 && (panels || level == isa::avx512)
+  // q8_0 on AVX2 and AVX-512 sums exact blocks from rows too (gemm_avx2.cpp, gemm_avx512.cpp): the
+  // panel activations.
+  const detail::act_format format = w.type == tensor_type::q8_0 && (panels || level != isa::scalar)
                                         ? detail::act_format::q8_0_panel
                                         : detail::activation_format(w.type);
   const std::size_t x_stride = detail::activation_row_bytes(format, w.cols);

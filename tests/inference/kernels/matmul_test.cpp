@@ -334,6 +334,42 @@ TEST(matmul_panels, every_isa_gives_the_same_bits_and_the_rows_value_within_roun
   }
 }
 
+// q8_0 from GGUF's rows on AVX2 and AVX-512 (decode 8 rows a step, batches, prefill packed into
+// scratch panels, single leftover rows) sums exact blocks with one FMA per block: the bits of the
+// scalar panel kernel over the same weights in panels. Checked on every SIMD ISA this CPU has, so
+// an AVX2-only CI host still checks its AVX2 kernels against the reference.
+TEST(matmul_panels, q8_0_rows_on_simd_isas_give_the_panel_reference_bits) {
+  isa_guard guard;
+  for (std::int64_t cols : {32, 96, 1024}) {
+    for (std::int64_t rows : {16, 53}) {
+      // The reference wants whole panels: rows rounded up, the extra rows' outputs ignored.
+      const std::int64_t padded = (rows + 15) / 16 * 16;
+      const auto m = make_matrix(tensor_type::q8_0, padded, cols, static_cast<std::uint32_t>(cols));
+      matrix head = m;
+      head.rows = rows;
+      head.data.resize(static_cast<std::size_t>(rows) * *row_bytes(tensor_type::q8_0, cols));
+      const auto p = in_panels(m);
+      for (std::int64_t n_tokens : {1, 2, 3, 7, 30}) {
+        const auto x = random_floats(static_cast<std::size_t>(n_tokens * cols), 23);
+        ASSERT_TRUE(set_active_isa(isa::scalar));
+        const auto ref = run_panels(p, x, n_tokens);
+        for (isa level : supported_isas()) {
+          if (level == isa::scalar) continue;
+          ASSERT_TRUE(set_active_isa(level));
+          const auto y = run_matmul(head, x, n_tokens);
+          for (std::int64_t t = 0; t < n_tokens; ++t) {
+            for (std::int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(y[t * rows + r], ref[t * padded + r])
+                  << to_string(level) << " rows " << rows << " cols " << cols << " n " << n_tokens
+                  << " t " << t << " r " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(matmul_panels, threads_and_decode_equal_the_batch_bit_for_bit) {
   isa_guard guard;
   auto pool2 = thread_pool::create(2);
