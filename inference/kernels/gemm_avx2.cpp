@@ -368,11 +368,46 @@ struct q8_0_panel_tile_of {
 };
 
 // ---- q4_K in panels ---------------------------------------------------------------------------
-// The AVX-512 kernel's integers in two ymm halves: vpmaddubsw of the levels (0..15) and the
-// activations sums a sub-block into int16 lanes without overflow (16 products of at most 15 * 127
-// per lane: 30,480; the activations are clamped to +-127), vpmaddwd widens them, vpmulld applies
-// the row's scale; the mins by vpmaddwd of (m, m) against the activation's bsums pairs. Same sums,
-// same float operations.
+// The AVX-512 kernel's integers, 8 rows (one ymm half of the panel) at a time: vpmaddubsw of the
+// levels (0..15) and the activations sums a sub-block into int16 lanes without overflow (16
+// products of at most 15 * 127 per lane: 30,480; the activations are clamped to +-127), and one
+// vpmaddwd against the row's scale duplicated in both int16 halves of its lane both widens the
+// pairs and applies the scale (the same integer as widening, then vpmulld); the mins by vpmaddwd of
+// (m, m) against the activation's bsums pairs. Same sums, same float operations, so the same
+// bits. Half by half (the whole row range of rows 0-7, then 8-15) so a token needs only 3
+// registers and a tile takes 4 tokens; the second half finds the panel in L1/L2.
+
+// 8 bytes widened to int32 lanes, each value in both int16 halves of its lane.
+TESSERA_AVX2_INLINE __m256i widen_twice(__m128i v8) {
+  const __m256i v = _mm256_cvtepu8_epi32(v8);
+  return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+
+// 8 rows' (half h's) unpacked scales and mins of one super-block, each duplicated in both int16
+// halves of its int32 lane, from the k-major scale bytes (see q4_k_unpack_scales).
+TESSERA_AVX2_INLINE void q4_k_half_scales(const std::uint8_t* sb, int h, __m256i (&sc)[8],
+                                          __m256i (&mm)[8]) {
+  __m128i S[12];
+  for (int k = 0; k < 12; ++k)
+    S[k] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * k + 8 * h));
+  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+  auto top2 = [&](__m128i v) {  // (v >> 6) << 4, per byte
+    return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, 6), m3), 4);
+  };
+  for (int j = 0; j < 8; ++j) {
+    __m128i s8, m8;
+    if (j < 4) {
+      s8 = _mm_and_si128(S[j], m63);
+      m8 = _mm_and_si128(S[j + 4], m63);
+    } else {
+      s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m15), top2(S[j - 4]));
+      m8 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m15), top2(S[j]));
+    }
+    sc[j] = widen_twice(s8);
+    mm[j] = widen_twice(m8);
+  }
+}
+
 template <int T>
 struct q4_k_panel_tile {
   TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
@@ -382,89 +417,82 @@ struct q4_k_panel_tile {
     const block_q8_k* x[T];
     for (int t = 0; t < T; ++t)
       x[t] = reinterpret_cast<const block_q8_k*>(g.x + (t0 + t) * g.x_stride);
-    __m256 acc[T][2];
-    for (int t = 0; t < T; ++t)
-      acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    alignas(32) std::int32_t sc[8][16], mm[8][16];
-    for (std::int64_t b = 0; b < nb; ++b) {
-      const std::uint8_t* sb = panel + b * q4_k_panel_block;
-      for (int i = 0; i < panel_rows; ++i) {
-        std::uint8_t packed[12], s8[8], m8[8];
-        for (int k = 0; k < 12; ++k)
-          packed[k] = sb[2048 + k * panel_rows + i];
-        q4_k_unpack_scales(packed, s8, m8);
-        for (int j = 0; j < 8; ++j) {
-          sc[j][i] = s8[j];
-          mm[j][i] = m8[j] | (m8[j] << 16);
-        }
-      }
-      __m256i itot[T][2];
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    alignas(32) __m256i sc[8], mm[8];
+    const std::int64_t r0 = p * panel_rows;
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[T];
+#pragma GCC unroll 4
       for (int t = 0; t < T; ++t)
-        itot[t][0] = itot[t][1] = _mm256_setzero_si256();
-      for (int s = 0; s < 8; ++s) {
-        __m256i is[T][2];
+        acc[t] = _mm256_setzero_ps();
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* sb = panel + b * q4_k_panel_block;
+        if (h == 0)
+          prefetch_span_ahead(sb, q4_k_panel_block,
+                              T == 1 ? decode_prefetch_bytes : batch_prefetch_bytes);
+        q4_k_half_scales(sb, h, sc, mm);
+        __m256i itot[T];
+#pragma GCC unroll 4
         for (int t = 0; t < T; ++t)
-          is[t][0] = is[t][1] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
-          const int k = 4 * s + c;
-          for (int h = 0; h < 2; ++h) {
+          itot[t] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; ++s) {
+          __m256i is[T];
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t)
+            is[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            const int k = 4 * s + c;
             const __m256i raw = load256(sb + 64 * k + 32 * h);
             const __m256i lo = _mm256_and_si256(raw, low4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
             for (int t = 0; t < T; ++t) {
               std::int32_t a, b2;
               std::memcpy(&a, x[t][b].qs + 8 * k, 4);
               std::memcpy(&b2, x[t][b].qs + 8 * k + 4, 4);
-              is[t][h] = _mm256_add_epi16(
-                  is[t][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
-                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b2))));
+              is[t] = _mm256_add_epi16(
+                  is[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
+                                          _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b2))));
             }
           }
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t)
+            itot[t] = _mm256_add_epi32(itot[t], _mm256_madd_epi16(is[t], sc[s]));
         }
-        for (int t = 0; t < T; ++t) {
-          for (int h = 0; h < 2; ++h) {
-            const __m256i scale = load256(&sc[s][8 * h]);
-            itot[t][h] = _mm256_add_epi32(
-                itot[t][h], _mm256_mullo_epi32(_mm256_madd_epi16(is[t][h], ones), scale));
-          }
-        }
-      }
-      for (int h = 0; h < 2; ++h) {
-        const __m256 d =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2240 + 16 * h)));
-        const __m256 dmin =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2272 + 16 * h)));
+        const __m256 d = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2240 + 16 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 2272 + 16 * h)));
+#pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
           __m256i msum = _mm256_setzero_si256();
           for (int s = 0; s < 8; ++s) {
             std::int32_t pair;
             std::memcpy(&pair, x[t][b].bsums + 2 * s, 4);
-            msum = _mm256_add_epi32(
-                msum, _mm256_madd_epi16(load256(&mm[s][8 * h]), _mm256_set1_epi32(pair)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mm[s], _mm256_set1_epi32(pair)));
           }
           const __m256 dx = _mm256_set1_ps(x[t][b].d);
-          acc[t][h] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(itot[t][h]), _mm256_mul_ps(d, dx), acc[t][h]);
-          acc[t][h] =
-              _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), acc[t][h]);
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(itot[t]), _mm256_mul_ps(d, dx), acc[t]);
+          acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), acc[t]);
         }
       }
-    }
-    const std::int64_t r0 = p * panel_rows;
-    for (int t = 0; t < T; ++t) {
-      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, acc[t][0]);
-      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0 + 8, acc[t][1]);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t)
+        _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0 + 8 * h, acc[t]);
     }
   }
 };
 
+constexpr int q4_k_panel_tokens = 4;
+
 void gemm_q4_k_panels(const gemm_args& g) noexcept {
-  constexpr int max_t = 2;
-  static constexpr tile_fn tiles[max_t] = {&q4_k_panel_tile<1>::run, &q4_k_panel_tile<2>::run};
+  static constexpr tile_fn tiles[q4_k_panel_tokens] = {
+      &q4_k_panel_tile<1>::run, &q4_k_panel_tile<2>::run, &q4_k_panel_tile<3>::run,
+      &q4_k_panel_tile<4>::run};
   for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
-    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += max_t) {
-      const auto nt = static_cast<int>(std::min<std::int64_t>(max_t, g.n_tokens - t0));
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q4_k_panel_tokens) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(q4_k_panel_tokens, g.n_tokens - t0));
       tiles[nt - 1](g, p, t0);
     }
   }
