@@ -311,10 +311,9 @@ namespace {
 // The AVX-512 kernel's arithmetic in two ymm halves (rows 0-7, 8-15), without VNNI: the stored
 // w + 128 is turned back into w (an xor), multiplied in the maddubs form above and widened to
 // int32 lanes, each the row's exact block sum. The same integers, conversions, multiplies and
-// FMAs per lane as the AVX-512 and scalar kernels: the same bits. Flipped: the levels are stored
-// as w + 128 (weights in panels); a scratch panel packed from rows below holds w itself.
-template <int T, bool Flipped>
-struct q8_0_panel_tile_of {
+// FMAs per lane as the AVX-512 and scalar kernels: the same bits.
+template <int T>
+struct q8_0_panel_tile {
   TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
     const std::int64_t nb = g.cols / qk8_0;
     const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
@@ -333,11 +332,8 @@ struct q8_0_panel_tile_of {
       for (int t = 0; t < T; ++t)
         sl[t] = sh[t] = _mm256_setzero_si256();
       for (int k = 0; k < 8; ++k) {
-        __m256i wl = load256(qb + 64 * k), wh = load256(qb + 64 * k + 32);
-        if constexpr (Flipped) {
-          wl = _mm256_xor_si256(wl, bias);
-          wh = _mm256_xor_si256(wh, bias);
-        }
+        const __m256i wl = _mm256_xor_si256(load256(qb + 64 * k), bias);
+        const __m256i wh = _mm256_xor_si256(load256(qb + 64 * k + 32), bias);
         const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
         for (int t = 0; t < T; ++t) {
           std::int32_t four;
@@ -544,11 +540,9 @@ void gemm_f16_panels(const gemm_args& g) noexcept {
 // registers.
 constexpr int q8_0_panel_tokens = 3;
 
-template <bool Flipped>
-void q8_0_panel_tiles(const gemm_args& g) noexcept {
-  static constexpr tile_fn tiles[q8_0_panel_tokens] = {&q8_0_panel_tile_of<1, Flipped>::run,
-                                                       &q8_0_panel_tile_of<2, Flipped>::run,
-                                                       &q8_0_panel_tile_of<3, Flipped>::run};
+void gemm_q8_0_panels(const gemm_args& g) noexcept {
+  static constexpr tile_fn tiles[q8_0_panel_tokens] = {
+      &q8_0_panel_tile<1>::run, &q8_0_panel_tile<2>::run, &q8_0_panel_tile<3>::run};
   for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
     for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q8_0_panel_tokens) {
       const auto nt = static_cast<int>(std::min<std::int64_t>(q8_0_panel_tokens, g.n_tokens - t0));
@@ -557,7 +551,71 @@ void q8_0_panel_tiles(const gemm_args& g) noexcept {
   }
 }
 
-void gemm_q8_0_panels(const gemm_args& g) noexcept { q8_0_panel_tiles<true>(g); }
+// A scratch panel (packed from rows by pack_rows16 below: the signed levels, no xor) is in L1/L2,
+// so it is read half by half: rows 0-7 over all blocks, then rows 8-15. A token then needs 2
+// registers (its float sum and its block's int32 sums), and 4 tokens share each weight load and
+// its |w|; both halves at once (3 tokens) spilled a third of the sums to the stack. Per lane the
+// same integers and FMAs: the same bits.
+template <int T>
+struct q8_0_scratch_tile {
+  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
+    const std::int64_t nb = g.cols / qk8_0;
+    const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
+    const auto* scales = reinterpret_cast<const std::uint16_t*>(q + nb * 512);
+    const block_q8_0_act* x[T];
+    for (int t = 0; t < T; ++t)
+      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[T];
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm256_setzero_ps();
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* qb = q + b * 512 + 32 * h;
+        __m256i sum[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          sum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int k = 0; k < 8; ++k) {
+          const __m256i w = load256(qb + 64 * k);
+          const __m256i a = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t) {
+            std::int32_t four;
+            std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
+            sum[t] = _mm256_add_epi32(
+                sum[t], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(a, _mm256_sign_epi8(_mm256_set1_epi32(four), w)),
+                            ones));
+          }
+        }
+        const __m256 d = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows + 8 * h)));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]),
+                                   _mm256_mul_ps(d, _mm256_set1_ps(x[t][b].d)), acc[t]);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + p * panel_rows + 8 * h, acc[t]);
+    }
+  }
+};
+
+constexpr int q8_0_scratch_tokens = 4;
+
+void q8_0_scratch_tiles(const gemm_args& g) noexcept {
+  static constexpr tile_fn tiles[q8_0_scratch_tokens] = {
+      &q8_0_scratch_tile<1>::run, &q8_0_scratch_tile<2>::run, &q8_0_scratch_tile<3>::run,
+      &q8_0_scratch_tile<4>::run};
+  for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q8_0_scratch_tokens) {
+    const auto nt = static_cast<int>(std::min<std::int64_t>(q8_0_scratch_tokens, g.n_tokens - t0));
+    tiles[nt - 1](g, 0, t0);
+  }
+}
 
 // ---- q8_0 from GGUF's rows, exact block sums ---------------------------------------------------
 // The panel kernels' arithmetic from rows, as the AVX-512 file does (act_format::q8_0_panel
@@ -734,7 +792,7 @@ void gemm_q8_0_rows(const gemm_args& g) noexcept {
     one.w = scratch.data();
     one.rows = panel_rows;
     one.y = g.y + r0;
-    q8_0_panel_tiles<false>(one);
+    q8_0_scratch_tiles(one);
   }
   for (std::int64_t r = whole; r < g.rows; ++r)
     for (std::int64_t t = 0; t < g.n_tokens; ++t)
