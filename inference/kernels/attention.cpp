@@ -10,6 +10,7 @@
 #include "inference/kernels/cpu.hpp"
 #include "inference/kernels/gemm_kernels.hpp"
 #include "inference/kernels/ops.hpp"
+#include "inference/kernels/simd_exp.hpp"
 #include "inference/kernels/quant.hpp"
 
 // GCC 12's avx512fintrin.h initialises vectors from _mm512_undefined_*() (see gemm_avx512.cpp).
@@ -26,43 +27,6 @@ constexpr std::int64_t max_q8_0_key_blocks = 32;
 // Positions per chunk: whole key panels (a multiple of 16); the chunk's scores of a block's queries
 // stay in L1, and so do its values (16 KiB for head_dim 128 in f16) for the head's later lanes.
 constexpr std::int64_t attention_chunk = 64;
-
-// e^x for 8 floats (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial,
-// relative error ~1e-7); inputs below -87 flush to ~0, which is what softmax needs.
-__attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) noexcept {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-// The same e^x for 16 floats, with the same operations lane by lane.
-__attribute__((target("avx512f,avx2,fma"))) inline __m512 exp512(__m512 x) noexcept {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
-  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
 
 // One pass over the cache, a chunk of positions at a time (flash attention): the chunk's scores,
 // its softmax numerators against the running maximum, and the values weighted by them, so the
@@ -125,7 +89,7 @@ __attribute__((target("avx2,fma"))) void numerators_avx2(float* x, std::int64_t 
   __m256 lanes = _mm256_loadu_ps(sum);
   std::int64_t k = 0;
   for (; k + 8 <= n && j0 + k + 8 <= total; k += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + k), vm));
+    const __m256 e = detail::exp256(_mm256_sub_ps(_mm256_loadu_ps(x + k), vm));
     _mm256_storeu_ps(x + k, e);
     lanes = _mm256_add_ps(lanes, e);
   }
@@ -141,7 +105,7 @@ __attribute__((target("avx512f,avx2,fma"))) void numerators_avx512(float* x, std
   __m512 lanes = _mm512_loadu_ps(sum);
   std::int64_t k = 0;
   for (; k + 16 <= n && j0 + k + 16 <= total; k += 16) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + k), vm));
+    const __m512 e = detail::exp512(_mm512_sub_ps(_mm512_loadu_ps(x + k), vm));
     _mm512_storeu_ps(x + k, e);
     lanes = _mm512_add_ps(lanes, e);
   }
