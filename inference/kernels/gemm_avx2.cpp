@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "inference/kernels/gemm_tiles.hpp"
+#include "inference/kernels/gemm_x86.hpp"
 
 #define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TESSERA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
@@ -308,12 +309,17 @@ TESSERA_AVX2 void quantize_row_q8_0_avx2(const float* x, void* y, std::int64_t n
 namespace {
 
 // ---- q8_0 in panels (layout in gemm_kernels.hpp) ---------------------------------------------
-// The AVX-512 kernel's arithmetic in two ymm halves (rows 0-7, 8-15), without VNNI: the stored
-// w + 128 is turned back into w (an xor), multiplied in the maddubs form above and widened to
-// int32 lanes, each the row's exact block sum. The same integers, conversions, multiplies and
-// FMAs per lane as the AVX-512 and scalar kernels: the same bits.
-template <int T>
-struct q8_0_panel_tile {
+// The AVX-512 kernel's arithmetic without VNNI: the levels are multiplied in the maddubs form
+// above and widened to int32 lanes, each the row's exact block sum. The same integers,
+// conversions, multiplies and FMAs per lane as the AVX-512 and scalar kernels: the same bits.
+// A panel is read half by half: rows 0-7 over all blocks, then rows 8-15 (the second pass finds the
+// panel, 544 bytes a block, 48 KiB for 2816 columns, in L2). A token then needs 2 registers (its float sum
+// and its block's int32 sums), and 4 tokens share each weight load and its |w|; both halves at
+// once (3 tokens) spilled a third of the sums to the stack and ran ~1.4x slower. Flipped: the
+// levels are stored as w + 128 (weights and q8_0 keys in panels, turned back by an xor); a scratch
+// panel packed from rows (pack_rows16 below) holds w itself.
+template <int T, bool Flipped>
+struct q8_0_half_tile {
   TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
     const std::int64_t nb = g.cols / qk8_0;
     const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
@@ -321,47 +327,63 @@ struct q8_0_panel_tile {
     const block_q8_0_act* x[T];
     for (int t = 0; t < T; ++t)
       x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
-    __m256 lo[T], hi[T];
-    for (int t = 0; t < T; ++t)
-      lo[t] = hi[t] = _mm256_setzero_ps();
-    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m256i ones = _mm256_set1_epi16(1);
-    for (std::int64_t b = 0; b < nb; ++b) {
-      const std::uint8_t* qb = q + b * 512;
-      __m256i sl[T], sh[T];
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[T];
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t)
-        sl[t] = sh[t] = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
-        const __m256i wl = _mm256_xor_si256(load256(qb + 64 * k), bias);
-        const __m256i wh = _mm256_xor_si256(load256(qb + 64 * k + 32), bias);
-        const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
-        for (int t = 0; t < T; ++t) {
-          std::int32_t four;
-          std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
-          const __m256i xb = _mm256_set1_epi32(four);
-          sl[t] = _mm256_add_epi32(
-              sl[t], _mm256_madd_epi16(_mm256_maddubs_epi16(al, _mm256_sign_epi8(xb, wl)), ones));
-          sh[t] = _mm256_add_epi32(
-              sh[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ah, _mm256_sign_epi8(xb, wh)), ones));
+        acc[t] = _mm256_setzero_ps();
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* qb = q + b * 512 + 32 * h;
+        __m256i sum[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          sum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int k = 0; k < 8; ++k) {
+          __m256i w = load256(qb + 64 * k);
+          if constexpr (Flipped) w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+          const __m256i a = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t) {
+            std::int32_t four;
+            std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
+            sum[t] = _mm256_add_epi32(
+                sum[t], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(a, _mm256_sign_epi8(_mm256_set1_epi32(four), w)),
+                            ones));
+          }
         }
+        const __m256 d = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows + 8 * h)));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t)
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]),
+                                   _mm256_mul_ps(d, _mm256_set1_ps(x[t][b].d)), acc[t]);
       }
-      const __m256 dl = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows)));
-      const __m256 dh = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows + 8)));
-      for (int t = 0; t < T; ++t) {
-        const __m256 dx = _mm256_set1_ps(x[t][b].d);
-        lo[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sl[t]), _mm256_mul_ps(dl, dx), lo[t]);
-        hi[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh[t]), _mm256_mul_ps(dh, dx), hi[t]);
-      }
-    }
-    const std::int64_t r0 = p * panel_rows;
-    for (int t = 0; t < T; ++t) {
-      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0, lo[t]);
-      _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + r0 + 8, hi[t]);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + p * panel_rows + 8 * h, acc[t]);
     }
   }
 };
+
+constexpr int q8_0_half_tokens = 4;
+
+template <bool Flipped>
+void q8_0_half_tiles(const gemm_args& g) noexcept {
+  static constexpr tile_fn tiles[q8_0_half_tokens] = {
+      &q8_0_half_tile<1, Flipped>::run, &q8_0_half_tile<2, Flipped>::run,
+      &q8_0_half_tile<3, Flipped>::run, &q8_0_half_tile<4, Flipped>::run};
+  for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
+    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q8_0_half_tokens) {
+      const auto nt = static_cast<int>(std::min<std::int64_t>(q8_0_half_tokens, g.n_tokens - t0));
+      tiles[nt - 1](g, p, t0);
+    }
+  }
+}
+
+void gemm_q8_0_panels(const gemm_args& g) noexcept { q8_0_half_tiles<true>(g); }
 
 // ---- q4_K in panels ---------------------------------------------------------------------------
 // The AVX-512 kernel's integers, 8 rows (one ymm half of the panel) at a time: vpmaddubsw of the
@@ -536,87 +558,6 @@ void gemm_f16_panels(const gemm_args& g) noexcept {
   }
 }
 
-// Up to 3 tokens a tile: 4 accumulators a token and the 4 weight vectors fill the 16 ymm
-// registers.
-constexpr int q8_0_panel_tokens = 3;
-
-void gemm_q8_0_panels(const gemm_args& g) noexcept {
-  static constexpr tile_fn tiles[q8_0_panel_tokens] = {
-      &q8_0_panel_tile<1>::run, &q8_0_panel_tile<2>::run, &q8_0_panel_tile<3>::run};
-  for (std::int64_t p = 0; p < g.rows / panel_rows; ++p) {
-    for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q8_0_panel_tokens) {
-      const auto nt = static_cast<int>(std::min<std::int64_t>(q8_0_panel_tokens, g.n_tokens - t0));
-      tiles[nt - 1](g, p, t0);
-    }
-  }
-}
-
-// A scratch panel (packed from rows by pack_rows16 below: the signed levels, no xor) is in L1/L2,
-// so it is read half by half: rows 0-7 over all blocks, then rows 8-15. A token then needs 2
-// registers (its float sum and its block's int32 sums), and 4 tokens share each weight load and
-// its |w|; both halves at once (3 tokens) spilled a third of the sums to the stack. Per lane the
-// same integers and FMAs: the same bits.
-template <int T>
-struct q8_0_scratch_tile {
-  TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
-    const std::int64_t nb = g.cols / qk8_0;
-    const std::uint8_t* q = g.w + static_cast<std::size_t>(p) * q8_0_panel_bytes(g.cols);
-    const auto* scales = reinterpret_cast<const std::uint16_t*>(q + nb * 512);
-    const block_q8_0_act* x[T];
-    for (int t = 0; t < T; ++t)
-      x[t] = reinterpret_cast<const block_q8_0_act*>(g.x + (t0 + t) * g.x_stride);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int h = 0; h < 2; ++h) {
-      __m256 acc[T];
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t)
-        acc[t] = _mm256_setzero_ps();
-      for (std::int64_t b = 0; b < nb; ++b) {
-        const std::uint8_t* qb = q + b * 512 + 32 * h;
-        __m256i sum[T];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t)
-          sum[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int k = 0; k < 8; ++k) {
-          const __m256i w = load256(qb + 64 * k);
-          const __m256i a = _mm256_sign_epi8(w, w);
-#pragma GCC unroll 8
-          for (int t = 0; t < T; ++t) {
-            std::int32_t four;
-            std::memcpy(&four, x[t][b].qs + 4 * k, sizeof(four));
-            sum[t] = _mm256_add_epi32(
-                sum[t], _mm256_madd_epi16(
-                            _mm256_maddubs_epi16(a, _mm256_sign_epi8(_mm256_set1_epi32(four), w)),
-                            ones));
-          }
-        }
-        const __m256 d = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * panel_rows + 8 * h)));
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t)
-          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]),
-                                   _mm256_mul_ps(d, _mm256_set1_ps(x[t][b].d)), acc[t]);
-      }
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t)
-        _mm256_storeu_ps(g.y + (t0 + t) * g.y_stride + p * panel_rows + 8 * h, acc[t]);
-    }
-  }
-};
-
-constexpr int q8_0_scratch_tokens = 4;
-
-void q8_0_scratch_tiles(const gemm_args& g) noexcept {
-  static constexpr tile_fn tiles[q8_0_scratch_tokens] = {
-      &q8_0_scratch_tile<1>::run, &q8_0_scratch_tile<2>::run, &q8_0_scratch_tile<3>::run,
-      &q8_0_scratch_tile<4>::run};
-  for (std::int64_t t0 = 0; t0 < g.n_tokens; t0 += q8_0_scratch_tokens) {
-    const auto nt = static_cast<int>(std::min<std::int64_t>(q8_0_scratch_tokens, g.n_tokens - t0));
-    tiles[nt - 1](g, 0, t0);
-  }
-}
-
 // ---- q8_0 from GGUF's rows, exact block sums ---------------------------------------------------
 // The panel kernels' arithmetic from rows, as the AVX-512 file does (act_format::q8_0_panel
 // activations): each (row, token) adds its exact integer block sum times dw * dx with one FMA per
@@ -624,41 +565,6 @@ void q8_0_scratch_tiles(const gemm_args& g) noexcept {
 // the same bits. The old row tiles here summed 8 partial lanes in float and took 6-7 vector
 // instructions per row, token and block (sign, multiply-add twice, convert, scale, FMA); the panel
 // tile takes 4 per row group of 8, token and 4 columns, so prefill packs panels and runs it.
-
-// 8 rows' int32 lanes (one ymm per row) summed lane-wise: lane r of the result is row r's sum.
-TESSERA_AVX2_INLINE __m256i sum_rows8(const __m256i (&p)[8]) {
-  __m256i t[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j)
-    t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
-                            _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
-  const __m256i u0 =
-      _mm256_add_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
-  const __m256i u1 =
-      _mm256_add_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
-                          _mm256_permute2x128_si256(u0, u1, 0x31));
-}
-
-// 8 rows' block scales d (fp16), the first 2 bytes of each row's block (a gather is slower).
-template <int I>
-TESSERA_AVX2_INLINE __m128i insert_scale(__m128i v, const std::uint8_t* p) {
-  std::uint16_t d;
-  std::memcpy(&d, p, sizeof(d));
-  return _mm_insert_epi16(v, d, I);
-}
-TESSERA_AVX2_INLINE __m128i scales8(const std::uint8_t* col, std::int64_t stride) {
-  __m128i v = _mm_setzero_si128();
-  v = insert_scale<0>(v, col);
-  v = insert_scale<1>(v, col + stride);
-  v = insert_scale<2>(v, col + 2 * stride);
-  v = insert_scale<3>(v, col + 3 * stride);
-  v = insert_scale<4>(v, col + 4 * stride);
-  v = insert_scale<5>(v, col + 5 * stride);
-  v = insert_scale<6>(v, col + 6 * stride);
-  v = insert_scale<7>(v, col + 7 * stride);
-  return v;
-}
 
 // The signed q8_0 product of a weight block and an activation block, in 8 int32 lanes.
 TESSERA_AVX2_INLINE __m256i q8_dot8(__m256i w, __m256i x, __m256i ones) {
@@ -712,29 +618,6 @@ TESSERA_AVX2 void q8_0_row_exact(const gemm_args& g, std::int64_t r, std::int64_
     acc = std::fma(static_cast<float>(_mm_cvtsi128_si32(s)), half(w[b].d) * x[b].d, acc);
   }
   g.y[t * g.y_stride + r] = acc;
-}
-
-// 8 rows x 8 dwords (one ymm per row) transposed in place: r[k] then holds dword k of the 8
-// rows, i.e. columns 4k..4k+3 of rows 0-7: one 32-byte half of a panel's 64-byte group k.
-TESSERA_AVX2_INLINE void transpose8x8(__m256i (&r)[8]) {
-  __m256i a[8], b[8];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    a[2 * j] = _mm256_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
-    a[2 * j + 1] = _mm256_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
-  }
-#pragma GCC unroll 2
-  for (int j = 0; j < 2; ++j) {
-    b[4 * j + 0] = _mm256_unpacklo_epi64(a[4 * j + 0], a[4 * j + 2]);
-    b[4 * j + 1] = _mm256_unpackhi_epi64(a[4 * j + 0], a[4 * j + 2]);
-    b[4 * j + 2] = _mm256_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
-    b[4 * j + 3] = _mm256_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x20);
-    r[k + 4] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x31);
-  }
 }
 
 // 16 rows from r0 into a scratch panel: the panel layout with the signed levels themselves (the
@@ -792,7 +675,7 @@ void gemm_q8_0_rows(const gemm_args& g) noexcept {
     one.w = scratch.data();
     one.rows = panel_rows;
     one.y = g.y + r0;
-    q8_0_scratch_tiles(one);
+    q8_0_half_tiles<false>(one);
   }
   for (std::int64_t r = whole; r < g.rows; ++r)
     for (std::int64_t t = 0; t < g.n_tokens; ++t)

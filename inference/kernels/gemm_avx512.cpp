@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "inference/kernels/gemm_tiles.hpp"
+#include "inference/kernels/gemm_x86.hpp"
 
 #define TESSERA_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -145,26 +146,8 @@ using bf16_tile = float_tile<tensor_type::bf16, R, T>;
 // its tokens. Rows past the last whole group take one row at a time. Whichever path a (row,
 // token) takes, its value has the same bits.
 
-// The fp16 scales d of 16 rows' blocks (a gather was ~30% of a decode step here).
-template <int I>
-TESSERA_AVX512_INLINE __m128i insert_scale(__m128i v, const std::uint8_t* p) {
-  std::uint16_t d;
-  std::memcpy(&d, p, sizeof(d));
-  return _mm_insert_epi16(v, d, I);
-}
-// 8 rows' scales d (fp16) as one vector: the first 2 bytes of each row's block.
-TESSERA_AVX512_INLINE __m128i scales8(const std::uint8_t* col, std::int64_t stride) {
-  __m128i v = _mm_setzero_si128();
-  v = insert_scale<0>(v, col);
-  v = insert_scale<1>(v, col + stride);
-  v = insert_scale<2>(v, col + 2 * stride);
-  v = insert_scale<3>(v, col + 3 * stride);
-  v = insert_scale<4>(v, col + 4 * stride);
-  v = insert_scale<5>(v, col + 5 * stride);
-  v = insert_scale<6>(v, col + 6 * stride);
-  v = insert_scale<7>(v, col + 7 * stride);
-  return v;
-}
+// The fp16 scales d of 16 rows' blocks (a gather was ~30% of a decode step here; scales8 is in
+// gemm_x86.hpp).
 TESSERA_AVX512_INLINE __m256i scales16(const std::uint8_t* col, std::int64_t stride) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(scales8(col, stride)),
                                  scales8(col + 8 * stride, stride), 1);
@@ -175,20 +158,6 @@ TESSERA_AVX512_INLINE __m256i scales16(const std::uint8_t* col, std::int64_t str
 // prefetched 24 rows ahead, streamed DRAM ~25% faster here than 16 (large Q8_0 decode 76 -> 93
 // tok/s; 16 or 32 rows ahead: a few % slower) — as fast as the old lane-wise row tiles.
 constexpr int rows8_prefetch_rows = 24;
-TESSERA_AVX512_INLINE __m256i sum_rows8(const __m256i (&p)[8]) {
-  __m256i t[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j)
-    t[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * j], p[2 * j + 1]),
-                            _mm256_unpackhi_epi32(p[2 * j], p[2 * j + 1]));
-  const __m256i u0 =
-      _mm256_add_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
-  const __m256i u1 =
-      _mm256_add_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
-                          _mm256_permute2x128_si256(u0, u1, 0x31));
-}
-
 TESSERA_AVX512 void q8_0_rows8_decode(const gemm_args& g, std::int64_t r0,
                                       std::int64_t t0) noexcept {
   const std::int64_t nb = g.cols / qk8_0;
@@ -222,29 +191,6 @@ TESSERA_AVX512 void q8_0_rows8_decode(const gemm_args& g, std::int64_t r0,
                           _mm256_mul_ps(_mm256_cvtph_ps(v), _mm256_set1_ps(x[b].d)), acc);
   }
   _mm256_storeu_ps(g.y + t0 * g.y_stride + r0, acc);
-}
-
-// 8 rows x 8 dwords (one ymm per row) transposed in place: r[g] then holds dword g of the 8 rows.
-TESSERA_AVX512_INLINE void transpose8x8(__m256i (&r)[8]) {
-  __m256i a[8], b[8];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    a[2 * j] = _mm256_unpacklo_epi32(r[2 * j], r[2 * j + 1]);
-    a[2 * j + 1] = _mm256_unpackhi_epi32(r[2 * j], r[2 * j + 1]);
-  }
-#pragma GCC unroll 2
-  for (int j = 0; j < 2; ++j) {
-    b[4 * j + 0] = _mm256_unpacklo_epi64(a[4 * j + 0], a[4 * j + 2]);
-    b[4 * j + 1] = _mm256_unpackhi_epi64(a[4 * j + 0], a[4 * j + 2]);
-    b[4 * j + 2] = _mm256_unpacklo_epi64(a[4 * j + 1], a[4 * j + 3]);
-    b[4 * j + 3] = _mm256_unpackhi_epi64(a[4 * j + 1], a[4 * j + 3]);
-  }
-  // b[0..3]: rows 0-3, dwords (0,4), (1,5), (2,6), (3,7) per 128-bit half; b[4..7]: rows 4-7.
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x20);
-    r[k + 4] = _mm256_permute2x128_si256(b[k], b[4 + k], 0x31);
-  }
 }
 
 // Batches below q8_0_pack_tokens, up to 8 tokens a tile: the 16 rows' block transposed in

@@ -101,7 +101,12 @@ thread_pool* pool_of(int threads) {
   return p.get();
 }
 
+// isa argument widest_isa: the widest tier this CPU has (the label names it), so the shape lists
+// below also run on a CPU without AVX-512; 0, 1, 2 pick scalar, avx2, avx512 for comparisons.
+constexpr std::int64_t widest_isa = -1;
+
 bool select_isa(benchmark::State& state, std::int64_t level) {
+  if (level == widest_isa) level = static_cast<std::int64_t>(best_isa());
   if (!isa_supported(static_cast<isa>(level))) {
     state.SkipWithError("ISA not supported by this CPU");
     return false;
@@ -162,7 +167,7 @@ void matvec_args(benchmark::internal::Benchmark* b) {
                                     {2816, 1024}, {1024, 2816}, {32000, 1024}};
   for (std::int64_t t = 0; t < 7; ++t) {
     for (const auto& s : shapes) {
-      if (s[1] % block_elements(bench_types[t]) == 0) b->Args({t, s[0], s[1], 2, 1});
+      if (s[1] % block_elements(bench_types[t]) == 0) b->Args({t, s[0], s[1], widest_isa, 1});
     }
   }
   // The other ISA paths and 2 threads for the types the presets use (f16, q8_0).
@@ -171,7 +176,7 @@ void matvec_args(benchmark::internal::Benchmark* b) {
       b->Args({t, 1024, 1024, level, 1});
       b->Args({t, 32000, 1024, level, 1});
     }
-    b->Args({t, 32000, 1024, 2, 2});
+    b->Args({t, 32000, 1024, widest_isa, 2});
   }
 }
 BENCHMARK(BM_matvec)->Apply(matvec_args)->UseRealTime();
@@ -212,24 +217,24 @@ void matmul_args(benchmark::internal::Benchmark* b) {
     const std::int64_t cols = block_elements(bench_types[t]) == 256 ? 1024 : 512;
     for (std::int64_t level = 0; level < 3; ++level) b->Args({t, 1408, cols, 128, level, 1});
   }
-  for (std::int64_t t : {1, 3}) b->Args({t, 1408, 512, 128, 2, 2});
+  for (std::int64_t t : {1, 3}) b->Args({t, 1408, 512, 128, widest_isa, 2});
   // In-cache mat-vec (512 x 1024 stays in L2): the kernels' compute speed without DRAM.
   for (std::int64_t t = 0; t < 7; ++t) {
     for (std::int64_t level = 0; level < 3; ++level) b->Args({t, 512, 1024, 1, level, 1});
   }
-  // Batched decode (continuous batching's 2-16 rows), AVX-512, one thread: q8_0 from DRAM
+  // Batched decode (continuous batching's 2-16 rows), the best tier, one thread: q8_0 from DRAM
   // (32768 x 4096, 136 MiB, 4x this host's L3) and from L2 (512 x 1024).
   for (std::int64_t tokens : {1, 2, 4, 8, 16}) {
-    b->Args({3, 32768, 4096, tokens, 2, 1});
-    b->Args({3, 512, 1024, tokens, 2, 1});
+    b->Args({3, 32768, 4096, tokens, widest_isa, 1});
+    b->Args({3, 512, 1024, tokens, widest_isa, 1});
   }
 }
 BENCHMARK(BM_matmul)->Apply(matmul_args)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The same q8_0 mat-muls with the weights in panels (weight_layout::panels, packed once before
-// the timed loop): args rows, cols, tokens; AVX-512, one thread.
+// the timed loop): args rows, cols, tokens; the best tier, one thread.
 void BM_matmul_q8_0_panels(benchmark::State& state) {
-  if (!select_isa(state, 2)) return;
+  if (!select_isa(state, widest_isa)) return;
   time_matmul(state, tensor_type::q8_0, state.range(0), state.range(1), state.range(2), 1,
               weight_layout::panels);
 }
@@ -250,10 +255,10 @@ BENCHMARK(BM_matmul_q8_0_panels)
 // One decode token's attention at depth n of the large preset's shape: 24 layers x 4 KV heads of
 // head_dim 64, 4 query heads per KV head, every head's cache a distinct region (96 heads x n
 // positions: 100 MB of f16 at 4096, from DRAM as in the model). args: positions, huge pages (0: 4
-// KiB pages, where a 100 MB stream's TLB misses show), cache type (0 f16, 1 q8_0); AVX-512, one
-// thread.
+// KiB pages, where a 100 MB stream's TLB misses show), cache type (0 f16, 1 q8_0); the widest
+// tier, one thread.
 void BM_attention_decode(benchmark::State& state) {
-  if (!select_isa(state, 2)) return;
+  if (!select_isa(state, widest_isa)) return;
   const std::int64_t n = state.range(0), hd = 64, heads = 96, group = 4;
   const bool huge = state.range(1) != 0;
   const auto type = state.range(2) != 0 ? kv_cache_type::q8_0 : kv_cache_type::f16;
