@@ -138,6 +138,7 @@ struct gateway::impl {
 
   // ------------------------------------------------------------------ streams (gateway_stream.cpp)
   std::shared_ptr<gateway_detail::relay> start_relay(std::shared_ptr<const api_request> r);
+  std::optional<api_error> error_before_first_token(gateway_detail::relay& rl, api_kind kind);
   void stream(const std::shared_ptr<api_request>& r, httplib::Response& res);
   bool write_stream(gateway_detail::relay& rl, const api_request& r, httplib::DataSink& sink);
   void stream_choices(const std::shared_ptr<api_request>& r, httplib::Response& res);

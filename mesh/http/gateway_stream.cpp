@@ -401,21 +401,24 @@ std::shared_ptr<relay> gateway::impl::start_relay(std::shared_ptr<const api_requ
   return rl;
 }
 
+// Waits for the relay's first token (or its end, or the gateway stopping) before the status line
+// goes out: a request that fails before streaming anything gets its HTTP status, as the
+// non-streaming API would. Returns that error, if so.
+std::optional<api_error> gateway::impl::error_before_first_token(gateway_detail::relay& rl,
+                                                                 api_kind kind) {
+  std::unique_lock lock(rl.mu);
+  while (rl.tokens == 0 && !rl.end && !stopping)
+    rl.cv.wait_for(lock, std::chrono::milliseconds(100));
+  if (rl.end && !*rl.end) return error_of(rl.end->error(), kind);
+  return std::nullopt;
+}
+
 void gateway::impl::stream(const std::shared_ptr<api_request>& r, httplib::Response& res) {
   auto rl = start_relay(r);
-  // Wait for the first token (or the end) before the status line goes out: a request that fails
-  // before streaming anything gets its HTTP status, as the non-streaming API would.
-  {
-    std::unique_lock lock(rl->mu);
-    while (rl->tokens == 0 && !rl->end && !stopping)
-      rl->cv.wait_for(lock, std::chrono::milliseconds(100));
-    if (rl->end && !*rl->end) {
-      const auto e = error_of(rl->end->error(), r->kind);
-      lock.unlock();
-      rl->join();
-      in_flight.fetch_sub(1);
-      return send_error(res, e, r->dialect);
-    }
+  if (const auto e = error_before_first_token(*rl, r->kind)) {
+    rl->join();
+    in_flight.fetch_sub(1);
+    return send_error(res, *e, r->dialect);
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // a proxy in front must not hold the tokens back
@@ -448,15 +451,10 @@ void gateway::impl::stream_choices(const std::shared_ptr<api_request>& r, httpli
   };
   // As stream(): an error before any token gets its HTTP status.
   for (auto& rl : *relays) {
-    std::unique_lock lock(rl->mu);
-    while (rl->tokens == 0 && !rl->end && !stopping)
-      rl->cv.wait_for(lock, std::chrono::milliseconds(100));
-    if (rl->end && !*rl->end) {
-      const auto e = error_of(rl->end->error(), r->kind);
-      lock.unlock();
+    if (const auto e = error_before_first_token(*rl, r->kind)) {
       join_all();
       in_flight.fetch_sub(1);
-      return send_error(res, e, r->dialect);
+      return send_error(res, *e, r->dialect);
     }
   }
   res.set_header("Cache-Control", "no-cache");
