@@ -408,19 +408,9 @@ TESSERA_AVX2_INLINE void q4_k_half_scales(const std::uint8_t* sb, int h, __m256i
   __m128i S[12];
   for (int k = 0; k < 12; ++k)
     S[k] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 2048 + 16 * k + 8 * h));
-  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
-  auto top2 = [&](__m128i v) {  // (v >> 6) << 4, per byte
-    return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, 6), m3), 4);
-  };
   for (int j = 0; j < 8; ++j) {
     __m128i s8, m8;
-    if (j < 4) {
-      s8 = _mm_and_si128(S[j], m63);
-      m8 = _mm_and_si128(S[j + 4], m63);
-    } else {
-      s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m15), top2(S[j - 4]));
-      m8 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m15), top2(S[j]));
-    }
+    q4_k_scale_bytes(S, j, s8, m8);
     sc[j] = widen_twice(s8);
     mm[j] = widen_twice(m8);
   }

@@ -73,6 +73,23 @@ TESSERA_X86_INLINE void transpose8x8(__m256i (&r)[8]) {
   }
 }
 
+// Sub-block j's 6-bit scales (s8) and mins (m8), one byte per row, from the 12 packed scale bytes
+// of the rows stored k-major (S[k] holds byte k of every row): q4_k_unpack_scales (quant.hpp) for
+// all the rows at once.
+TESSERA_X86_INLINE void q4_k_scale_bytes(const __m128i (&S)[12], int j, __m128i& s8, __m128i& m8) {
+  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+  const auto top2 = [m3](__m128i v) {  // (v >> 6) << 4, per byte
+    return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, 6), m3), 4);
+  };
+  if (j < 4) {
+    s8 = _mm_and_si128(S[j], m63);
+    m8 = _mm_and_si128(S[j + 4], m63);
+  } else {
+    s8 = _mm_or_si128(_mm_and_si128(S[j + 4], m15), top2(S[j - 4]));
+    m8 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(S[j + 4], 4), m15), top2(S[j]));
+  }
+}
+
 }  // namespace
 
 }  // namespace tessera::inference::detail
