@@ -312,12 +312,12 @@ namespace {
 // The AVX-512 kernel's arithmetic without VNNI: the levels are multiplied in the maddubs form
 // above and widened to int32 lanes, each the row's exact block sum. The same integers,
 // conversions, multiplies and FMAs per lane as the AVX-512 and scalar kernels: the same bits.
-// A panel is read half by half: rows 0-7 over all blocks, then rows 8-15 (the second pass finds the
-// panel, 544 bytes a block, 48 KiB for 2816 columns, in L2). A token then needs 2 registers (its float sum
-// and its block's int32 sums), and 4 tokens share each weight load and its |w|; both halves at
-// once (3 tokens) spilled a third of the sums to the stack and ran ~1.4x slower. Flipped: the
-// levels are stored as w + 128 (weights and q8_0 keys in panels, turned back by an xor); a scratch
-// panel packed from rows (pack_rows16 below) holds w itself.
+// A panel is read half by half: rows 0-7 over all blocks, then rows 8-15 (the second pass finds
+// the panel, 544 bytes a block, 48 KiB for 2816 columns, in L2). A token then needs 2 registers
+// (its float sum and its block's int32 sums), and 4 tokens share each weight load and its |w|;
+// both halves at once (3 tokens) spilled a third of the sums to the stack and ran ~1.4x slower.
+// Flipped: the levels are stored as w + 128 (weights and q8_0 keys in panels, turned back by an
+// xor); a scratch panel packed from rows (pack_rows16 below) holds w itself.
 template <int T, bool Flipped>
 struct q8_0_half_tile {
   TESSERA_AVX2 static void run(const gemm_args& g, std::int64_t p, std::int64_t t0) noexcept {
