@@ -249,8 +249,10 @@ result<void> matmul(const weight_view& w, const float* x, std::int64_t n_tokens,
     return ok();
   }
   // Contiguous row ranges, multiples of 4 rows (the widest row tile) or of whole panels, except
-  // the last.
-  const std::int64_t unit = panels ? detail::panel_rows : 4;
+  // the last. q8_0 from rows on AVX2/AVX-512 (the panel activations) also works in groups of 16
+  // rows: a range of 4k rows would leave its last rows to the one-row path.
+  const std::int64_t unit =
+      panels || format == detail::act_format::q8_0_panel ? detail::panel_rows : 4;
   const std::int64_t chunk = (w.rows + n_threads - 1) / n_threads;
   const std::int64_t aligned = (chunk + unit - 1) / unit * unit;
   pool->run([&](int index, int) {
