@@ -102,6 +102,10 @@ void client_port::start() {
 void client_port::stop() {
   if (stopping_.exchange(true)) return;
   if (io_thread_.joinable()) io_thread_.join();
+  if (guard_) {  // the monitors stop while their sockets are open (see connection_guard::forget)
+    guard_->forget(0);
+    guard_->forget(1);
+  }
   sub_.close();
   xpub_.close();
   pull_.close();

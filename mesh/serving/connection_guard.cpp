@@ -97,12 +97,32 @@ void connection_guard::watch(int slot, zmq::socket_t& s) {
   if (::zmq_socket_monitor(s.handle(), ep.c_str(), ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) !=
       0)
     throw zmq::error_t();
+  watched_[slot] = s.handle();
   auto& m = monitors_[slot].emplace(ctx_, zmq::socket_type::pair);
   m.set(zmq::sockopt::linger, 0);
+  m.set(zmq::sockopt::rcvhwm, kMaxQueuedEvents);
   m.connect(ep);
 }
 
 void connection_guard::forget(int slot) {
+  // libzmq sends each event from its I/O thread with a blocking send on the monitor's PAIR
+  // socket, under the watched socket's monitor lock. Closing our end first left that send with
+  // no peer: the next event (the watched socket's connections ending as it closes) blocked the
+  // context's only I/O thread for good, and no client socket of the node moved again (the
+  // response-port reset hung every later request). So: read what is queued — a send blocked
+  // on a full queue would hold the lock the stop below takes — then stop the monitor while
+  // the socket is open, then close our end.
+  if (watched_[slot] != nullptr) {
+    if (monitors_[slot]) {
+      for (int n = 0; n < kMaxQueuedEvents; ++n) {
+        zmq::message_t frame;
+        if (!monitors_[slot]->recv(frame, zmq::recv_flags::dontwait)) break;
+        while (frame.more()) (void)monitors_[slot]->recv(frame, zmq::recv_flags::none);
+      }
+    }
+    (void)::zmq_socket_monitor(watched_[slot], nullptr, 0);
+    watched_[slot] = nullptr;
+  }
   monitors_[slot].reset();
   ledger_.forget(slot);
 }

@@ -57,7 +57,8 @@ class connection_guard {
       : ctx_(ctx), ledger_(limits), who_(std::move(who)) {}
   /// Watches `s` as endpoint `slot` (call before it binds: no accepted connection goes unseen).
   void watch(int slot, zmq::socket_t& s);
-  /// `slot`'s socket is closing (its connections with it): stop watching it.
+  /// `slot`'s socket is about to close (its connections with it): stop watching it. Must be
+  /// called while that socket is still open — before `close()` — and before the guard ends.
   void forget(int slot);
   /// The monitor socket of `slot`, to poll (null when not watched).
   [[nodiscard]] void* monitor_handle(int slot);
@@ -71,7 +72,11 @@ class connection_guard {
   zmq::context_t& ctx_;
   connection_ledger ledger_;
   std::string who_;
+  /// Events queued for us before libzmq's I/O thread waits for us to read (ACCEPTED and
+  /// DISCONNECTED: two per connection; the io loop reads up to 1024 per turn).
+  static constexpr int kMaxQueuedEvents = 16384;
   std::optional<zmq::socket_t> monitors_[max_slots];
+  void* watched_[max_slots] = {};  // the sockets monitored, until forget()
   std::uint64_t refused_ = 0;
   std::uint64_t generation_ = 0;  // monitor endpoints are unique per watch
   std::chrono::steady_clock::time_point last_log_{};

@@ -2,12 +2,15 @@
 // takes or answers each request), the leader's plan from a view (sticky epochs), the client's
 // stream follower (re-publication, order, resumption, give-up), peer parsing.
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <zmq.hpp>
 
 #include "mesh/serving/client.hpp"
 #include "mesh/serving/connection_guard.hpp"
@@ -597,6 +600,54 @@ TEST(ServingConnections, OneAddressPerEndpointAndAllTogetherAreBounded) {
   EXPECT_EQ(l.open(), 2u);
   EXPECT_EQ(l.open_from(0, "10.0.0.1"), 0u);
   EXPECT_EQ(l.open_from(1, "10.0.0.1"), 1u);
+}
+
+// libzmq sends a monitor's events with a blocking send from the context's I/O thread. The guard
+// once closed its end of the monitor before stopping it: the next event of the watched socket —
+// its connections ending as it closed — then had no reader, blocked that thread for good, and no
+// socket of the context moved again (a response-port reset left every later request unread).
+TEST(ServingConnections, ForgettingAWatchedSocketLeavesTheContextsIoThreadFree) {
+  using namespace std::chrono_literals;
+  // Leaked if the I/O thread is stuck: ending the context would wait for it forever.
+  auto* ctx = new zmq::context_t(1);
+  zmq::context_t client_ctx(1);
+  {
+    connection_guard g(*ctx, {}, "test");
+    zmq::socket_t server(*ctx, zmq::socket_type::xpub);
+    server.set(zmq::sockopt::linger, 0);
+    g.watch(1, server);
+    server.bind("tcp://127.0.0.1:*");
+    const std::string ep = server.get(zmq::sockopt::last_endpoint);
+    zmq::socket_t sub(client_ctx, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::linger, 0);
+    sub.connect(ep);
+    sub.set(zmq::sockopt::subscribe, "t");
+    // The connection is up (its subscription arrived) and the guard counted it.
+    zmq::pollitem_t in[] = {{server.handle(), 0, ZMQ_POLLIN, 0}};
+    ASSERT_EQ(zmq::poll(in, 1, 5000ms), 1);
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (g.ledger().open() == 0 && std::chrono::steady_clock::now() < until) {
+      g.drain(1);
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_EQ(g.ledger().open(), 1u);
+
+    g.forget(1);
+    EXPECT_EQ(g.ledger().open(), 0u);
+    sub.close();  // its connection ends while `server` is open: an event nobody reads
+    std::this_thread::sleep_for(200ms);
+
+    // The context's I/O thread still carries messages.
+    zmq::socket_t pull(*ctx, zmq::socket_type::pull), push(*ctx, zmq::socket_type::push);
+    pull.set(zmq::sockopt::linger, 0);
+    push.set(zmq::sockopt::linger, 0);
+    pull.bind("tcp://127.0.0.1:*");
+    push.connect(pull.get(zmq::sockopt::last_endpoint));
+    (void)push.send(zmq::str_buffer("still moving"), zmq::send_flags::dontwait);
+    zmq::pollitem_t got[] = {{pull.handle(), 0, ZMQ_POLLIN, 0}};
+    EXPECT_EQ(zmq::poll(got, 1, 5000ms), 1) << "the I/O thread is blocked on the monitor";
+  }
+  if (!::testing::Test::HasFailure()) delete ctx;
 }
 
 // ------------------------------------------------------------------ stream follower
