@@ -24,23 +24,17 @@
 // Liveness: a pidfd of the peer (readable once it exits) is checked by a poll that finds nothing
 // (at most once per millisecond; every 10 ms slice in wait()) and every 16th post (at most once
 // per millisecond); a peer that closes sets `closed` in our header. Either takes the link down
-// after the slots already published.
-#include <fcntl.h>
-#include <linux/futex.h>
+//
+// This file is the link; shm_inbox.hpp the inbox layout; shm_setup.cpp the set-up (mapping and
+// checking the peer's inbox).
 #include <poll.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <ctime>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <random>
 #include <thread>
@@ -49,162 +43,10 @@
 #include "transport/bulk/backends.hpp"
 #include "transport/bulk/biased_lock.hpp"
 #include "transport/bulk/completion_queue.hpp"
+#include "transport/bulk/shm_inbox.hpp"
 
-namespace tessera::transport::bulk::detail {
+namespace tessera::transport::bulk::detail::shm {
 namespace {
-
-using clock = std::chrono::steady_clock;
-
-constexpr std::uint32_t inbox_magic = 0x54425348;  // "TBSH"
-// The inbox layout and ring protocol, in the header's `version`. 4: a slot may carry a group of
-// writes from one post_writes() list (slot_write_list). 3: the header says whether its owner can
-// run membarrier(GLOBAL_EXPEDITED) before it sleeps (fence-free publishes). 2: slots carry their
-// sequence number, no head index. (1 was the ring with a head index; the field then held
-// connect_params' version, also 1.)
-constexpr std::uint32_t inbox_format = 4;
-constexpr std::uint32_t slot_write = 1;       // one write: imm and bytes in the slot_head
-constexpr std::uint32_t slot_send = 2;        // one send: its bytes in the payload
-constexpr std::uint32_t slot_write_list = 3;  // slot_head.imm writes: a list_record each, in order
-
-struct inbox_header {
-  std::uint32_t magic;
-  std::uint32_t version;
-  std::uint64_t owner_nonce;
-  std::uint32_t depth;         // slots in the ring
-  std::uint32_t slot_payload;  // bytes per slot (the owner's max_send_bytes)
-  std::uint32_t max_buffers;   // entries in the registration table
-  // 1: the owner registered for membarrier(GLOBAL_EXPEDITED) and runs it before it sleeps, so a
-  // producer that registered too may publish without a fence (asymmetric handshake, see wait()).
-  std::uint32_t fence_free;
-  std::atomic<std::uint64_t> attached_nonce;  // the producer's nonce once it mapped us
-  std::atomic<std::uint32_t> closed;          // set by the producer when it closes its end
-  std::atomic<std::uint32_t> sleeping;        // consumer is (about to be) in futex_wait
-  std::atomic<std::uint32_t> doorbell;        // futex word
-  alignas(64) std::atomic<std::uint64_t> tail;  // written by the consumer
-  alignas(64) char end[1];
-};
-
-struct reg_entry {
-  std::atomic<std::uint32_t> rkey;  // 0 = not a write target
-  std::int32_t fd;                  // the shared_buffer's memfd in the owner's process
-  std::uint64_t size;
-};
-
-struct slot_head {
-  std::uint32_t kind;
-  std::uint32_t imm;
-  std::uint64_t bytes;
-};
-
-// One write of a slot_write_list slot, in its payload (at slot_fields, packed, in list order).
-struct list_record {
-  std::uint32_t imm;
-  std::uint32_t reserved;
-  std::uint64_t bytes;
-};
-
-// A slot's sequence number comes first, then its slot_head, then the payload.
-constexpr std::size_t slot_head_offset = sizeof(std::uint64_t);
-constexpr std::size_t slot_fields = slot_head_offset + sizeof(slot_head);
-
-// Writes one slot of `payload` bytes can carry: at least 1 (a plain slot_write, for slots too
-// small to hold two records).
-std::size_t records_per_slot(std::uint32_t payload) {
-  return std::max<std::size_t>(1, payload / sizeof(list_record));
-}
-std::atomic<std::uint64_t>* slot_seq(std::byte* slot) {
-  return std::launder(reinterpret_cast<std::atomic<std::uint64_t>*>(slot));
-}
-
-static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
-
-std::size_t table_offset() { return offsetof(inbox_header, end); }
-std::size_t slot_stride(std::uint32_t payload) {
-  return (slot_fields + payload + 63) / 64 * 64;
-}
-std::size_t slots_offset(std::uint32_t buffers) {
-  return (table_offset() + buffers * sizeof(reg_entry) + 63) / 64 * 64;
-}
-std::size_t inbox_bytes(std::uint32_t depth, std::uint32_t payload, std::uint32_t buffers) {
-  return slots_offset(buffers) + depth * slot_stride(payload);
-}
-// The largest inbox either side may announce (prepare_shm_link refuses larger limits): keeps
-// inbox_bytes() from overflowing on a forged header.
-constexpr std::uint32_t max_geometry = 1u << 24;
-constexpr std::uint32_t max_slot_payload = 1u << 30;
-
-struct inbox_view {
-  std::byte* base = nullptr;
-  std::size_t size = 0;
-  // The ring's geometry, read once (our own limits, or the peer's header checked against the
-  // mapping's size at connect) and never again from the shared header, which the other process
-  // can write: a depth or a table size changed later must not move our accesses out of the mapping.
-  std::uint32_t depth = 0;
-  std::uint32_t slot_payload = 0;
-  std::uint32_t max_buffers = 0;
-  std::size_t first_slot = 0;
-  std::size_t stride = 0;
-
-  static inbox_view of(std::byte* base, std::size_t size, std::uint32_t depth,
-                       std::uint32_t payload, std::uint32_t buffers) {
-    return {base, size, depth, payload, buffers, slots_offset(buffers), slot_stride(payload)};
-  }
-  inbox_header* header() const { return reinterpret_cast<inbox_header*>(base); }
-  reg_entry* table() const { return reinterpret_cast<reg_entry*>(base + table_offset()); }
-  // The slot at ring position `pos` (< depth). The link keeps positions beside its sequence
-  // numbers and wraps them by comparison, so no division sits on the hot path.
-  std::byte* slot(std::uint32_t pos) const { return base + first_slot + pos * stride; }
-};
-
-// The liveness checks' clock: CLOCK_MONOTONIC_COARSE is read from the vDSO without a TSC read (a
-// few loads, where steady_clock costs ~25 ns here, half a 4 KiB memcpy, and the checks sit on
-// every post and every empty poll). It moves once per kernel tick (1-4 ms), so "once a
-// millisecond" below means once a tick: a dead peer is noticed that much later, still bounded.
-std::chrono::nanoseconds coarse_now() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-}
-
-long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* ts) {
-  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
-  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, ts, nullptr, 0);
-}
-
-error shm_error(errc code, std::string_view what) {
-  return make_error(code, "bulk shm: {}: {}", what, std::strerror(errno));
-}
-
-// Maps /proc/<pid>/fd/<fd>-style paths.
-result<inbox_view> map_path(const std::string& path, std::size_t expect_min) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return shm_error(errc::io, fmt::format("open {}", path));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < expect_min) {
-    ::close(fd);
-    return make_error(errc::protocol, "bulk shm: {} is smaller than expected ({} bytes)", path,
-                      expect_min);
-  }
-  void* p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE,
-                   MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return shm_error(errc::io, fmt::format("mmap {}", path));
-  return inbox_view{static_cast<std::byte*>(p), static_cast<std::size_t>(st.st_size)};
-}
-
-struct local_registration {
-  std::byte* addr = nullptr;
-  std::uint64_t size = 0;
-  bool shared = false;  // a write target the peer can map
-  bool used = false;
-};
-
-struct peer_mapping {
-  std::uint32_t rkey = 0;
-  std::byte* addr = nullptr;
-  std::size_t size = 0;
-};
 
 class shm_link final : public link {
  public:
@@ -922,165 +764,12 @@ class shm_link final : public link {
   bool down_delivered_ = false;
 };
 
-// --- set-up ------------------------------------------------------------------------------------
-
-// What our inbox header's fence_free says (computed again at connect, not read back from the
-// header, which the peer can write).
-bool announces_fence_free(const link_options& options) {
-  return options.shm_fence_free && membarrier_support().global_expedited;
-}
-
-class shm_setup final : public link_setup {
- public:
-  shm_setup(inbox_view own, int fd, connect_params params, const link_options& options)
-      : own_(own), fd_(fd), params_(std::move(params)), options_(options) {}
-  ~shm_setup() override {
-    if (own_.base != nullptr) ::munmap(own_.base, own_.size);
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  const connect_params& local_params() const noexcept override { return params_; }
-
-  result<std::unique_ptr<link>> connect(const connect_params& remote) override {
-    if (own_.base == nullptr) return make_error(errc::invalid_argument, "bulk shm: connect twice");
-    if (remote.backend != static_cast<std::uint8_t>(backend_kind::shm)) {
-      return make_error(errc::invalid_argument, "bulk shm: peer params are for backend {}",
-                        remote.backend);
-    }
-    if (remote.host_id != params_.host_id) {
-      return make_error(errc::invalid_argument, "bulk shm: peer is on host {}, we are on {}",
-                        remote.host_id, params_.host_id);
-    }
-    if (remote.nonce == params_.nonce) {
-      return make_error(errc::invalid_argument, "bulk shm: peer params carry our own nonce");
-    }
-    auto peer = map_path(remote.shm_name, sizeof(inbox_header));
-    if (!peer) return std::move(peer).error();
-    inbox_header* ph = peer->header();
-    if (ph->magic == inbox_magic && ph->version != inbox_format) {
-      const std::uint32_t theirs = ph->version;
-      ::munmap(peer->base, peer->size);
-      return make_error(errc::unsupported,
-                        "bulk shm: the peer's inbox has format {}, we speak {} (different builds)",
-                        theirs, inbox_format);
-    }
-    // Read once: the peer can change its header at any time, and what we checked is what we use.
-    const std::uint32_t depth = ph->depth;
-    const std::uint32_t payload = ph->slot_payload;
-    const std::uint32_t buffers = ph->max_buffers;
-    // Fence-free only when both announced it: each of us runs membarrier() before sleeping and
-    // registered so that the other's membarrier() reaches our publishing threads.
-    const bool fence_free = ph->fence_free == 1 && announces_fence_free(options_);
-    if (ph->magic != inbox_magic || ph->owner_nonce != remote.nonce || depth == 0 ||
-        depth > max_geometry || buffers > max_geometry || payload > max_slot_payload ||
-        peer->size < inbox_bytes(depth, payload, buffers)) {
-      ::munmap(peer->base, peer->size);
-      return make_error(errc::unauthorized, "bulk shm: {} is not the inbox the peer announced",
-                        remote.shm_name);
-    }
-    *peer = inbox_view::of(peer->base, peer->size, depth, payload, buffers);
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, remote.pid, 0));
-    if (pidfd < 0) {
-      auto err = shm_error(errc::closed, fmt::format("peer process {}", remote.pid));
-      ::munmap(peer->base, peer->size);
-      return err;
-    }
-    std::uint64_t expected = 0;
-    if (!ph->attached_nonce.compare_exchange_strong(expected, params_.nonce)) {
-      ::munmap(peer->base, peer->size);
-      ::close(pidfd);
-      return make_error(errc::unauthorized, "bulk shm: another process attached to {}",
-                        remote.shm_name);
-    }
-    // Wait for the peer to attach to our inbox too, so both ends are live when connect returns.
-    auto attached = wait_attached(remote, pidfd);
-    if (!attached) {
-      ::munmap(peer->base, peer->size);
-      ::close(pidfd);
-      return std::move(attached).error();
-    }
-    auto l = std::unique_ptr<link>(
-        new shm_link(std::exchange(own_, inbox_view{}), std::exchange(fd_, -1), *peer, pidfd,
-                     remote.pid, options_, fence_free));
-    return l;
-  }
-
- private:
-  result<void> wait_attached(const connect_params& remote, int pidfd) {
-    const auto deadline = clock::now() + options_.connect_timeout_ms;
-    for (;;) {
-      const std::uint64_t who = own_.header()->attached_nonce.load(std::memory_order_acquire);
-      if (who == remote.nonce) return ok();
-      if (who != 0) {
-        return make_error(errc::unauthorized, "bulk shm: a process other than the peer attached");
-      }
-      pollfd p{pidfd, POLLIN, 0};
-      if (::poll(&p, 1, 0) > 0) {
-        return make_error(errc::closed, "bulk shm: peer process {} exited during set-up",
-                          remote.pid);
-      }
-      if (clock::now() >= deadline) {
-        return make_error(errc::timeout, "bulk shm: peer did not attach within {} ms",
-                          options_.connect_timeout_ms.count());
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-
-  inbox_view own_;
-  int fd_;
-  connect_params params_;
-  link_options options_;
-};
-
 }  // namespace
 
-result<std::unique_ptr<link_setup>> prepare_shm_link(const link_options& options) {
-  const auto& l = options.limits;
-  if (l.max_received > max_geometry || l.max_buffers > max_geometry ||
-      l.max_send_bytes > max_slot_payload) {
-    return make_error(errc::invalid_argument,
-                      "bulk shm: limits too large for an inbox (max_received and max_buffers at "
-                      "most {}, max_send_bytes at most {})",
-                      max_geometry, max_slot_payload);
-  }
-  const std::size_t bytes = inbox_bytes(l.max_received, l.max_send_bytes, l.max_buffers);
-  const int fd = ::memfd_create("tessera-bulk-inbox", MFD_CLOEXEC);
-  if (fd < 0) return shm_error(errc::io, "memfd_create");
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    auto err = shm_error(errc::io, "ftruncate inbox");
-    ::close(fd);
-    return err;
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    auto err = shm_error(errc::io, "mmap inbox");
-    ::close(fd);
-    return err;
-  }
-  inbox_view own = inbox_view::of(static_cast<std::byte*>(p), bytes, l.max_received,
-                                  l.max_send_bytes, l.max_buffers);
-  // The memfd is zero-filled: every atomic starts at 0. Placement-new the header's atomics anyway
-  // so their lifetime begins formally.
-  auto* h = new (own.base) inbox_header{};
-  h->magic = inbox_magic;
-  h->version = inbox_format;
-  h->owner_nonce = random_u64();
-  h->depth = l.max_received;
-  h->slot_payload = l.max_send_bytes;
-  h->max_buffers = l.max_buffers;
-  h->fence_free = announces_fence_free(options) ? 1 : 0;
-  for (std::uint32_t i = 0; i < l.max_buffers; ++i) new (&own.table()[i]) reg_entry{};
-  for (std::uint32_t i = 0; i < l.max_received; ++i)
-    new (own.slot(i)) std::atomic<std::uint64_t>{0};
-
-  connect_params params;
-  params.backend = static_cast<std::uint8_t>(backend_kind::shm);
-  params.host_id = this_host_id();
-  params.nonce = h->owner_nonce;
-  params.pid = static_cast<std::int32_t>(::getpid());
-  params.shm_name = fmt::format("/proc/{}/fd/{}", params.pid, fd);
-  return std::unique_ptr<link_setup>(new shm_setup(own, fd, std::move(params), options));
+std::unique_ptr<link> make_link(inbox_view own, int own_fd, inbox_view peer, int peer_pidfd,
+                                std::int32_t peer_pid, const link_options& options,
+                                bool fence_free) {
+  return std::make_unique<shm_link>(own, own_fd, peer, peer_pidfd, peer_pid, options, fence_free);
 }
 
-}  // namespace tessera::transport::bulk::detail
+}  // namespace tessera::transport::bulk::detail::shm
