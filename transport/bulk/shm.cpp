@@ -24,6 +24,7 @@
 // Liveness: a pidfd of the peer (readable once it exits) is checked by a poll that finds nothing
 // (at most once per millisecond; every 10 ms slice in wait()) and every 16th post (at most once
 // per millisecond); a peer that closes sets `closed` in our header. Either takes the link down
+// after the slots already published.
 //
 // This file is the link; shm_inbox.hpp the inbox layout; shm_setup.cpp the set-up (mapping and
 // checking the peer's inbox).
