@@ -24,11 +24,7 @@
 
 namespace tessera::mesh::serving {
 
-namespace bulk = transport::bulk;
-namespace gguf = inference::gguf;
-namespace fs = std::filesystem;
-using clock_type = std::chrono::steady_clock;
-using namespace share_detail;
+using namespace share_detail;  // with the namespace aliases both halves use
 
 // ------------------------------------------------------------------ fetcher side
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -25,6 +26,9 @@
 namespace tessera::mesh::serving::share_detail {
 
 namespace bulk = transport::bulk;
+namespace gguf = inference::gguf;
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
 
 /// The in-band messages of a share session (link send()).
 struct share_wire {
