@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "inference/kernels/attention.hpp"
 #include "inference/kernels/cpu.hpp"
@@ -40,6 +41,17 @@ void apply_rope(float* x, std::int64_t n_heads, std::int64_t head_dim, const flo
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What chunk [done, done + chunk) of an n-token eval writes of its logits, and where: every row
+// (`all`, at the chunk's rows), the last token's only in the last chunk (`last`), none (`none`).
+std::pair<logits_mode, float*> chunk_logits(logits_mode mode, std::span<float> logits,
+                                            std::int64_t n_vocab, std::int64_t done,
+                                            std::int64_t chunk, std::int64_t n) {
+  if (mode == logits_mode::all) return {mode, logits.data() + done * n_vocab};
+  if (mode == logits_mode::last)
+    return {done + chunk == n ? logits_mode::last : logits_mode::none, logits.data()};
+  return {mode, nullptr};
 }
 
 }  // namespace
@@ -231,14 +243,7 @@ result<void> context::eval(std::span<const token_id> tokens, logits_mode mode,
   TESSERA_TRY(check_tokens(tokens, H.n_vocab, "eval"));
   for (std::int64_t done = 0; done < n;) {
     const std::int64_t chunk = std::min(max_batch_, n - done);
-    logits_mode m = mode;
-    float* out = nullptr;
-    if (mode == logits_mode::all) {
-      out = logits.data() + done * H.n_vocab;
-    } else if (mode == logits_mode::last) {
-      m = done + chunk == n ? logits_mode::last : logits_mode::none;
-      out = logits.data();
-    }
+    const auto [m, out] = chunk_logits(mode, logits, H.n_vocab, done, chunk, n);
     TESSERA_TRY(forward_chunk(tokens.data() + done, nullptr,
                               hidden_out.empty() ? nullptr : hidden_out.data() + done * H.dim, chunk,
                               m, out));
@@ -256,14 +261,7 @@ result<void> context::eval_hidden(std::span<float> hidden, std::int64_t n, logit
                       n * H.dim, hidden.size());
   for (std::int64_t done = 0; done < n;) {
     const std::int64_t chunk = std::min(max_batch_, n - done);
-    logits_mode m = mode;
-    float* out = nullptr;
-    if (mode == logits_mode::all) {
-      out = logits.data() + done * H.n_vocab;
-    } else if (mode == logits_mode::last) {
-      m = done + chunk == n ? logits_mode::last : logits_mode::none;
-      out = logits.data();
-    }
+    const auto [m, out] = chunk_logits(mode, logits, H.n_vocab, done, chunk, n);
     float* h = hidden.data() + done * H.dim;
     TESSERA_TRY(forward_chunk(nullptr, h, h, chunk, m, out));
     done += chunk;
